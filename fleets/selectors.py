@@ -1,0 +1,42 @@
+"""Shared reads. Visibility lives here and only here (F8)."""
+
+from django.db.models import Q, QuerySet
+
+from tuneplane.api.permissions import is_admin
+from tuneplane.deployment_settings import ConfigWarning, unread_keys
+from tuneplane.errors import NotFound
+from tuneplane.models import Membership
+
+from .choices import FleetVisibility
+from .models import Fleet
+
+
+def fleets_visible_to(user) -> QuerySet[Fleet]:
+    """Public Fleets, and the project Fleets of the caller's projects; admins see all."""
+    fleets = Fleet.objects.select_related("project")
+    if user is None or not user.is_authenticated:
+        return fleets.none()
+    if is_admin(user):
+        return fleets
+    own_projects = Membership.objects.filter(user=user).values("project_id")
+    return fleets.filter(
+        Q(visibility=FleetVisibility.PUBLIC)
+        | Q(visibility=FleetVisibility.PROJECT, project_id__in=own_projects)
+    )
+
+
+def fleet_not_found(fleet_id: str) -> NotFound:
+    """The one answer for a Fleet that is missing or invisible: they must read the same."""
+    return NotFound(f"Fleet '{fleet_id}' not found.")
+
+
+def fleet_get_visible(user, fleet_id: str) -> Fleet:
+    fleet = fleets_visible_to(user).filter(pk=fleet_id).first()
+    if fleet is None:
+        raise fleet_not_found(fleet_id)
+    return fleet
+
+
+def fleet_config_warnings(fleet: Fleet) -> list[ConfigWarning]:
+    """F4: config keys that no setting of this Fleet's kind reads."""
+    return unread_keys(fleet.kind, fleet.config)

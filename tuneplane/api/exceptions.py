@@ -1,0 +1,57 @@
+"""Every API error has one body: ``{"error": {"code": ..., "message": ...}}``."""
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from tuneplane.errors import ApplicationError
+
+
+def error_body(code: str, message: str, **details) -> dict:
+    return {"error": {"code": code, "message": message, **details}}
+
+
+def _flatten(detail, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested validation detail as ``{"field.sub": ["message", ...]}``."""
+    if isinstance(detail, dict):
+        flat = {}
+        for key, value in detail.items():
+            name = str(key) if key != "non_field_errors" else ""
+            flat.update(_flatten(value, f"{prefix}.{name}" if prefix and name else prefix or name))
+        return flat
+    if isinstance(detail, list):
+        if all(not isinstance(item, (dict, list)) for item in detail):
+            return {prefix or "body": [str(item) for item in detail]}
+        flat = {}
+        for index, item in enumerate(detail):
+            flat.update(_flatten(item, f"{prefix}[{index}]" if prefix else f"[{index}]"))
+        return flat
+    return {prefix or "body": [str(detail)]}
+
+
+def validation_body(detail) -> dict:
+    fields = _flatten(detail)
+    field, messages = next(iter(fields.items()))
+    message = messages[0] if field == "body" else f"{field}: {messages[0]}"
+    return error_body("invalid", message, field=field, fields=fields)
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, ApplicationError):
+        return Response(exc.as_body(), status=exc.status)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        response.data = validation_body(exc.detail)
+        response.status_code = status.HTTP_400_BAD_REQUEST
+    else:
+        code = exc.get_codes() if isinstance(exc.get_codes(), str) else "error"
+        response.data = error_body(code, str(exc.detail))
+    return response

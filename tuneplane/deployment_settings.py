@@ -1,0 +1,152 @@
+"""The registry of deployment settings a Fleet's ``config`` may override.
+
+One place lists every key, the Fleet kinds whose code reads it, and what its
+value must look like. A key that no setting reads is not an error (F4): it is
+accepted and reported, because a misspelled override is a setting an operator
+believes is in effect and is not. A known key with a value of the wrong shape
+is an error.
+"""
+
+import difflib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from urllib.parse import urlsplit
+
+from .errors import ValidationFailed
+
+MAX_VALUE_LENGTH = 2048
+_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_SLURM_API_VERSION = re.compile(r"^v\d+\.\d+\.\d+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _string(value) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, not {_json_type(value)}")
+    if not value.strip():
+        raise ValueError("must not be empty")
+    if len(value) > MAX_VALUE_LENGTH:
+        raise ValueError(f"must be at most {MAX_VALUE_LENGTH} characters")
+    return value
+
+
+def _http_url(value) -> str:
+    value = _string(value)
+    parts = urlsplit(value)
+    if parts.scheme not in {"http", "https"} or not parts.netloc:
+        raise ValueError("must be an http:// or https:// URL")
+    return value
+
+
+def _absolute_path(value) -> str:
+    value = _string(value)
+    if not PurePosixPath(value).is_absolute():
+        raise ValueError("must be an absolute path")
+    return value
+
+
+def _matching(pattern: re.Pattern, description: str):
+    def check(value) -> str:
+        value = _string(value)
+        if not pattern.match(value):
+            raise ValueError(f"must be {description}")
+        return value
+
+    return check
+
+
+def _json_type(value) -> str:
+    return {
+        bool: "a boolean", int: "a number", float: "a number", list: "a list",
+        dict: "an object", type(None): "null",
+    }.get(type(value), "a string")
+
+
+@dataclass(frozen=True)
+class DeploymentSetting:
+    key: str
+    kinds: frozenset[str]
+    check: Callable[[object], str]
+    help: str
+
+
+SETTINGS = {
+    s.key: s
+    for s in [
+        DeploymentSetting("storage_root", frozenset({"node"}), _absolute_path,
+                          "Shared storage root every node of the Fleet mounts."),
+        DeploymentSetting("slurm_rest_url", frozenset({"slurm"}), _http_url,
+                          "slurmrestd base URL."),
+        DeploymentSetting("slurm_api_version", frozenset({"slurm"}),
+                          _matching(_SLURM_API_VERSION, "a version such as v0.0.38"),
+                          "slurmrestd API version."),
+        DeploymentSetting("slurm_partition", frozenset({"slurm"}), _string,
+                          "Partition (or comma-separated partitions) that belong to the Fleet."),
+        DeploymentSetting("slurm_user", frozenset({"slurm"}), _string,
+                          "User name sent as X-SLURM-USER-NAME."),
+        DeploymentSetting("slurm_token_env", frozenset({"slurm"}),
+                          _matching(_ENV_NAME, "an environment variable name"),
+                          "Environment variable holding the slurmrestd JWT."),
+        DeploymentSetting("slurm_token_file", frozenset({"slurm"}), _absolute_path,
+                          "File holding the slurmrestd JWT."),
+        DeploymentSetting("kube_api_url", frozenset({"kubernetes"}), _http_url,
+                          "Kubernetes API server URL."),
+        DeploymentSetting("kube_context", frozenset({"kubernetes"}), _string,
+                          "kubeconfig context to use instead of an API URL."),
+        DeploymentSetting("kuberay_namespace", frozenset({"kubernetes"}),
+                          _matching(_DNS_LABEL, "a Kubernetes namespace name"),
+                          "Namespace KubeRay clusters run in."),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class ConfigWarning:
+    code: str
+    key: str
+    message: str
+
+    def as_dict(self) -> dict:
+        return {"code": self.code, "key": self.key, "message": self.message}
+
+
+def check_config(kind: str, config) -> dict:
+    """Validate a Fleet config for ``kind``; return it unchanged or raise ValidationFailed."""
+    if not isinstance(config, dict):
+        raise ValidationFailed(f"config must be a JSON object, not {_json_type(config)}.",
+                               field="config")
+    for key, value in config.items():
+        setting = SETTINGS.get(key)
+        if setting is None or kind not in setting.kinds:
+            continue
+        try:
+            setting.check(value)
+        except ValueError as exc:
+            raise ValidationFailed(f"config.{key} {exc}.", field=f"config.{key}") from None
+    return config
+
+
+def unread_keys(kind: str, config: dict) -> list[ConfigWarning]:
+    """Keys of ``config`` that no setting of a ``kind`` Fleet reads (F4)."""
+    warnings = []
+    for key in sorted(config):
+        setting = SETTINGS.get(key)
+        if setting is None:
+            close = difflib.get_close_matches(key, keys_for(kind), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            message = (f"config key '{key}' is not read by any setting; it is saved but has "
+                       f"no effect.{hint} Known keys for {kind} Fleets: "
+                       f"{', '.join(keys_for(kind))}.")
+        elif kind not in setting.kinds:
+            message = (f"config key '{key}' is read only for {', '.join(sorted(setting.kinds))} "
+                       f"Fleets; on a {kind} Fleet it is saved but has no effect.")
+        else:
+            continue
+        warnings.append(ConfigWarning("unknown_config_key", key, message))
+    return warnings
+
+
+def keys_for(kind: str) -> list[str]:
+    return sorted(key for key, s in SETTINGS.items() if kind in s.kinds)

@@ -1,0 +1,41 @@
+import secrets
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+
+from .models import ApiToken, hash_secret
+
+
+def api_token_create(*, actor, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
+    """Make a token for ``user``; the plaintext is returned here and nowhere else."""
+    secret = ApiToken.PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            user=user, name=name, prefix=secret[:12], digest=hash_secret(secret)
+        )
+        audit_record(
+            actor=actor,
+            action="api_token.created",
+            target=token,
+            after={"user": user.get_username(), "name": name, "prefix": token.prefix},
+        )
+    return token, secret
+
+
+def api_token_revoke(*, actor, token: ApiToken) -> ApiToken:
+    with transaction.atomic():
+        token = ApiToken.objects.select_for_update().get(pk=token.pk)
+        if token.revoked_at is None:
+            token.revoked_at = timezone.now()
+            token.save(update_fields=["revoked_at"])
+            audit_record(
+                actor=actor,
+                action="api_token.revoked",
+                target=token,
+                before={"revoked_at": None},
+                after={"revoked_at": token.revoked_at.isoformat()},
+            )
+    return token

@@ -1,0 +1,217 @@
+"""Settings come from the environment; every default is the product's own.
+
+With nothing set, the console runs on embedded parts: a SQLite file and a
+filesystem Celery broker under ``var/``. ``DATABASE_URL`` and ``REDIS_URL``
+move it onto PostgreSQL and Redis without a code change.
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("TUNEPLANE_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if raw.lower() in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), not {raw!r}")
+
+
+def env_seconds(name: str, default: int) -> int:
+    """A duration setting: whole seconds, e.g. ``TUNEPLANE_QUIET_SERVE=45``."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be whole seconds, not {raw!r}") from None
+    if value <= 0:
+        raise ImproperlyConfigured(f"{name} must be a positive number of seconds, not {value}")
+    return value
+
+
+def _secret_key() -> str:
+    key = os.environ.get("TUNEPLANE_SECRET_KEY")
+    if key:
+        return key
+    # Embedded default: one random key per checkout, kept beside the SQLite file.
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("TUNEPLANE_DEBUG", False)
+ALLOWED_HOSTS = os.environ.get("TUNEPLANE_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_celery_beat",
+    "tuneplane",
+    "audit",
+    "fleets",
+    "nodes",
+    "placement",
+]
+
+MIDDLEWARE = [
+    "tuneplane.middleware.CorrelationIdMiddleware",
+    "tuneplane.middleware.ApiRequestMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "tuneplane.urls"
+# Paths never need a trailing slash, and a POST is never redirected to one.
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "tuneplane.wsgi.application"
+
+DATABASES = {
+    "default": dj_database_url.config(
+        env="DATABASE_URL",
+        default=f"sqlite:///{VAR_DIR / 'tuneplane.sqlite3'}",
+        conn_max_age=int(os.environ.get("TUNEPLANE_DB_CONN_MAX_AGE", "0")),
+        conn_health_checks=True,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The web, worker and beat share one file: wait for the lock instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# Bodies over 1 MiB are refused before they are parsed.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Bearer first: its challenge makes an anonymous request a 401, not a 403.
+        "tuneplane.api.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "tuneplane.api.pagination.Pagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "tuneplane.api.exceptions.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Tuneplane console API",
+    "DESCRIPTION": "Fleets of GPU machines, join tokens, nodes and admission.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Celery: Redis when REDIS_URL is set, otherwise a broker that needs no server.
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+else:
+    _broker_dir = VAR_DIR / "broker"
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "control_folder": str(_broker_dir / "control"),
+        "store_processed": False,
+    }
+    for _folder in ("queue", "control"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = TIME_ZONE
+
+# The product's numbers. Durations are whole seconds; tests shorten them.
+TUNEPLANE_PUBLIC_URL = os.environ.get("TUNEPLANE_PUBLIC_URL", "http://127.0.0.1:8000")
+TUNEPLANE_GATEWAY_TARGET = os.environ.get("TUNEPLANE_GATEWAY_TARGET", "127.0.0.1:8443")
+TUNEPLANE_PKI_DIR = Path(os.environ.get("TUNEPLANE_PKI_DIR", VAR_DIR / "pki"))
+TUNEPLANE_JOIN_TOKEN_TTL = env_seconds("TUNEPLANE_JOIN_TOKEN_TTL", 24 * 3600)
+TUNEPLANE_NODE_CREDENTIAL_TTL = env_seconds("TUNEPLANE_NODE_CREDENTIAL_TTL", 24 * 3600)
+TUNEPLANE_PLACEMENT_FRESHNESS = env_seconds("TUNEPLANE_PLACEMENT_FRESHNESS", 45)
+TUNEPLANE_QUIET_TRAIN = env_seconds("TUNEPLANE_QUIET_TRAIN", 300)
+TUNEPLANE_QUIET_SERVE = env_seconds("TUNEPLANE_QUIET_SERVE", 45)
+TUNEPLANE_QUIET_ENV = env_seconds("TUNEPLANE_QUIET_ENV", 45)
+TUNEPLANE_SWEEP_INTERVAL = env_seconds("TUNEPLANE_SWEEP_INTERVAL", 5)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+    },
+    "root": {"handlers": ["console"], "level": "INFO"},
+    "loggers": {
+        "tuneplane": {"level": os.environ.get("TUNEPLANE_LOG_LEVEL", "INFO")},
+    },
+}

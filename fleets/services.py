@@ -87,7 +87,7 @@ def fleet_update(
 ) -> Fleet:
     """Change what may change. A refused field leaves the whole change unapplied (F1)."""
     with transaction.atomic():
-        fleet = Fleet.objects.select_for_update().select_related("project").get(pk=fleet.pk)
+        fleet = Fleet.objects.select_for_update(of=("self",)).select_related("project").get(pk=fleet.pk)
         before = fleet.snapshot()
         if kind is not UNSET:
             rules.refuse_change("kind", fleet.kind, kind)
@@ -123,7 +123,7 @@ def fleet_set_state(*, actor, fleet: Fleet, state: str) -> Fleet:
 def fleet_delete(*, actor, fleet: Fleet) -> None:
     """F7: deletable only when no registered blocker objects."""
     with transaction.atomic():
-        fleet = Fleet.objects.select_for_update().select_related("project").get(pk=fleet.pk)
+        fleet = Fleet.objects.select_for_update(of=("self",)).select_related("project").get(pk=fleet.pk)
         blockers = deletion_blockers(fleet)
         if blockers:
             raise Conflict(

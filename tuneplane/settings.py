@@ -121,6 +121,8 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The web, worker and beat share one file: wait for the lock instead of failing.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # A file, not memory, so a test can hand the database to a subprocess.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

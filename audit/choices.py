@@ -2,6 +2,6 @@ from django.db import models
 
 
 class ActorType(models.TextChoices):
-    USER = "user"
-    NODE = "node"
-    SYSTEM = "system"
+    USER = "user", "user"
+    NODE = "node", "node"
+    SYSTEM = "system", "system"

@@ -1,33 +1,35 @@
 from django.db import models
 
+# Labels are the values: the admin shows the product page's own words.
+
 
 class FleetKind(models.TextChoices):
-    NODE = "node"
-    KUBERNETES = "kubernetes"
-    SLURM = "slurm"
+    NODE = "node", "node"
+    KUBERNETES = "kubernetes", "kubernetes"
+    SLURM = "slurm", "slurm"
 
 
 class FleetDelivery(models.TextChoices):
-    SHARED_MOUNT = "shared-mount"
-    OBJECT_PULL = "object-pull"
+    SHARED_MOUNT = "shared-mount", "shared-mount"
+    OBJECT_PULL = "object-pull", "object-pull"
 
 
 class FleetCapability(models.TextChoices):
-    TRAIN = "train"
-    EVAL = "eval"
-    SERVE = "serve"
-    ENV = "env"
+    TRAIN = "train", "train"
+    EVAL = "eval", "eval"
+    SERVE = "serve", "serve"
+    ENV = "env", "env"
 
 
 class FleetVisibility(models.TextChoices):
-    PUBLIC = "public"
-    PROJECT = "project"
+    PUBLIC = "public", "public"
+    PROJECT = "project", "project"
 
 
 class FleetState(models.TextChoices):
-    ACTIVE = "active"
-    DRAINING = "draining"
-    DISABLED = "disabled"
+    ACTIVE = "active", "active"
+    DRAINING = "draining", "draining"
+    DISABLED = "disabled", "disabled"
 
 
 # F2: the delivery follows the backend unless the operator picks one.

@@ -18,8 +18,13 @@ def _flatten(detail, prefix: str = "") -> dict[str, list[str]]:
     if isinstance(detail, dict):
         flat = {}
         for key, value in detail.items():
-            name = str(key) if key != "non_field_errors" else ""
-            flat.update(_flatten(value, f"{prefix}.{name}" if prefix and name else prefix or name))
+            if isinstance(key, int):  # a list item's errors, keyed by its index
+                path = f"{prefix}[{key}]"
+            elif key == "non_field_errors":
+                path = prefix
+            else:
+                path = f"{prefix}.{key}" if prefix else str(key)
+            flat.update(_flatten(value, path))
         return flat
     if isinstance(detail, list):
         if all(not isinstance(item, (dict, list)) for item in detail):

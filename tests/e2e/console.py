@@ -1,0 +1,82 @@
+"""Run the console's own commands as subprocesses against the test database."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(settings.BASE_DIR)
+
+
+def database_url(name: str | None = None) -> str:
+    db = connection.settings_dict
+    if connection.vendor == "postgresql":
+        user = db["USER"] or "postgres"
+        return f"postgres://{user}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name or db['NAME']}"
+    return f"sqlite:///{name or db['NAME']}"
+
+
+def console_env(var_dir: Path, **extra) -> dict:
+    env = {**os.environ, "DATABASE_URL": database_url(), "TUNEPLANE_VAR_DIR": str(var_dir),
+           "TUNEPLANE_DEBUG": "1", "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+def manage(*args, env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class Console:
+    """``manage.py runconsole`` — what ``make run`` starts — with its output collected."""
+
+    def __init__(self, env: dict, port: int):
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runconsole", "--bind", f"127.0.0.1:{port}"],
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"never printed {text!r}:\n{self.output[-4000:]}")
+            time.sleep(0.2)
+
+    def stop(self, timeout: float = 30) -> int:
+        self.process.send_signal(2)  # Ctrl-C
+        code = self.process.wait(timeout)
+        self._reader.join(5)
+        return code
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """PIDs of live processes whose environment contains ``marker``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (proc / "environ").read_bytes():
+                status = (proc / "status").read_text()
+                if "State:\tZ" not in status:
+                    found.append(int(proc.name))
+        except OSError:
+            continue
+    return found

@@ -1,0 +1,70 @@
+"""`make run`: the console comes up on its defaults, takes the product page's
+request, prints the admin login once, stops everything on Ctrl-C — and never
+creates a Fleet, on a first start or any restart (F6)."""
+
+import json
+import re
+import urllib.request
+import uuid
+
+import pytest
+
+from fleets.models import Fleet
+
+from ..conftest import free_port
+from .console import Console, console_env, manage, processes_with_env
+
+PRODUCT_PAGE_BODY = {"id": "gpu-lab", "kind": "node", "delivery": "shared-mount",
+                     "capabilities": ["train", "serve"]}
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def call(method, url, token, body=None):
+    request = urllib.request.Request(url, method=method, data=json.dumps(body).encode()
+                                     if body is not None else None,
+                                     headers={"Authorization": f"Bearer {token}",
+                                              "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_F6_console_starts_serves_and_stops_and_never_makes_a_fleet(tmp_path):
+    marker = f"tuneplane-e2e-{uuid.uuid4().hex}"
+    env = console_env(tmp_path, TUNEPLANE_E2E_MARKER=marker)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+
+    console = Console(env, port)
+    try:
+        console.wait_for("Tuneplane console is up")
+        login = re.findall(r"Admin login, shown this once: username (\S+)  password (\S+)",
+                           console.output)
+        assert len(login) == 1 and login[0][0] == "admin"
+        assert Fleet.objects.count() == 0
+        token = manage("create_api_token", "admin", env=env).stdout.strip()
+        status, body = call("POST", f"{base}/api/fleets", token, PRODUCT_PAGE_BODY)
+        assert status == 201, body
+        assert json.loads(body)["delivery"] == "shared-mount"
+        assert call("DELETE", f"{base}/api/fleets/gpu-lab", token)[0] == 204
+        with urllib.request.urlopen(f"{base}/admin/login/", timeout=10) as page:
+            assert b"Tuneplane console" in page.read()
+    finally:
+        code = console.stop()
+    assert code == 0, console.output[-3000:]
+    assert "Stopped." in console.output
+    assert processes_with_env(marker) == [], "a process outlived Ctrl-C"
+
+    again = Console(env, port)
+    try:
+        again.wait_for("Tuneplane console is up")
+        assert "shown this once" not in again.output
+        assert "existing superuser" in again.output
+        assert Fleet.objects.count() == 0
+    finally:
+        assert again.stop() == 0
+    assert processes_with_env(marker) == []
+    assert Fleet.objects.count() == 0

@@ -86,6 +86,9 @@ class FleetAdmin(StaffAdmin):
     def capability_list(self, fleet: Fleet) -> str:
         return ", ".join(fleet.capabilities) or "—"
 
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {**(extra_context or {}), "title": "Fleets"})
+
     def add_view(self, request, form_url="", extra_context=None):
         return super().add_view(request, form_url, {**(extra_context or {}), "title": "New fleet"})
 
@@ -141,7 +144,7 @@ class FleetAdmin(StaffAdmin):
             else:
                 changed.append(fleet.id)
         if changed:
-            self.message_user(request, f"{', '.join(changed)}: now {state}. Running work "
+            self.message_user(request, f"Now {state}: {', '.join(changed)}. Running work "
                               "continues; only new work is affected.", messages.SUCCESS)
 
     @admin.action(description="Activate selected Fleets (take new work)")

@@ -1,6 +1,5 @@
 import json
 import os
-import socket
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -39,12 +38,6 @@ def require_redis():
             pytest.fail(f"Redis is required in CI and does not answer at {url!r}")
         pytest.skip("no Redis: set REDIS_URL")
     return url
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Api:

@@ -1,6 +1,7 @@
 """Run the console's own commands as subprocesses against the test database."""
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -11,6 +12,12 @@ from django.conf import settings
 from django.db import connection
 
 ROOT = Path(settings.BASE_DIR)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def database_url(name: str | None = None) -> str:

@@ -1,30 +1,10 @@
-import uuid
-
-import psycopg
 import pytest
-from django.db import connection
 
-from .console import console_env, database_url, manage
+from .console import console_env, manage
 
 COUNT_FLEETS = "from fleets.models import Fleet; print(Fleet.objects.count())"
 
 
-@pytest.fixture
-def empty_database(tmp_path):
-    if connection.vendor != "postgresql":
-        yield database_url(str(tmp_path / "fresh.sqlite3"))
-        return
-    name = f"tuneplane_fresh_{uuid.uuid4().hex[:8]}"
-    admin = psycopg.connect(database_url("postgres"), autocommit=True)
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield database_url(name)
-    finally:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
-
-
-@pytest.mark.django_db
 def test_F6_migrating_from_zero_creates_no_fleet(empty_database, tmp_path):
     env = console_env(tmp_path, DATABASE_URL=empty_database)
     migrated = manage("migrate", "--noinput", env=env)

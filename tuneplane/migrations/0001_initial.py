@@ -29,6 +29,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['-created_at'],
+                'verbose_name': 'API token',
             },
         ),
         migrations.CreateModel(

@@ -39,23 +39,31 @@ def audit_record(
     *,
     actor: "Actor | AbstractBaseUser",
     action: str,
-    target: models.Model,
+    target: "models.Model | tuple[str, str]",
     before: dict | None = None,
     after: dict | None = None,
     forced: bool = False,
 ) -> AuditEvent:
-    """Record one change. Call it inside the transaction that makes the change (A1)."""
+    """Record one change. Call it inside the transaction that makes the change (A1).
+
+    ``target`` is the changed object, or ``(type, id)`` for something that has no
+    row — a refused join names the token it was offered by what it knows of it.
+    """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError(f"audit_record({action!r}) must run inside the change's transaction")
     actor = as_actor(actor)
+    if isinstance(target, tuple):
+        target_type, target_id = target
+    else:
+        target_type, target_id = target._meta.label_lower, str(target.pk)
     return AuditEvent.objects.create(
         at=timezone.now(),
         actor_type=actor.type,
         actor_id=actor.id,
         actor_label=actor.label,
         action=action,
-        target_type=target._meta.label_lower,
-        target_id=str(target.pk),
+        target_type=target_type,
+        target_id=target_id,
         before=before,
         after=after,
         forced=forced,

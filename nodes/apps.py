@@ -2,7 +2,14 @@ from django.apps import AppConfig
 
 
 class NodesConfig(AppConfig):
-    """Machines of node Fleets: join tokens, identities, control sessions (issues to come)."""
+    """Machines of node Fleets: join tokens, identities, credentials, the card registry."""
 
     name = "nodes"
     verbose_name = "Nodes"
+
+    def ready(self):
+        from fleets.deletion import register_deletion_blocker
+
+        from .selectors import fleet_nodes_blocking_deletion
+
+        register_deletion_blocker(fleet_nodes_blocking_deletion)

@@ -122,3 +122,48 @@ def make_fleet(db):
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     return {**browser_type_launch_args, "executable_path": "/usr/bin/chromium"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def console_pki(tmp_path_factory):
+    """One CA for the session, in a directory of its own."""
+    from django.conf import settings
+
+    from nodes import pki
+
+    directory = tmp_path_factory.mktemp("pki")
+    settings.TUNEPLANE_PKI_DIR = directory
+    pki.ca_init(directory)
+    return directory
+
+
+@pytest.fixture(autouse=True)
+def _join_rate(settings):
+    # Tests join far faster than any operator; the throttle test sets its own rate.
+    settings.TUNEPLANE_JOIN_RATE = "100000/minute"
+
+
+@pytest.fixture
+def node_fleet(make_fleet):
+    return make_fleet("gpu-lab", kind="node", capabilities=["train", "serve"])
+
+
+@pytest.fixture
+def mint(admin_user):
+    from nodes.services import join_token_mint
+
+    def mint_for(fleet):
+        return join_token_mint(actor=admin_user, fleet=fleet)
+
+    return mint_for
+
+
+def make_csr(hostname="gpu-01"):
+    from nodes.agent.enroll import new_key_and_csr
+
+    return new_key_and_csr(hostname)
+
+
+H100_INVENTORY = {"cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}], "driver": "550.54",
+                  "container_runtime": "docker 28.2.2", "storage_root_visible": True,
+                  "cpu_budget": 64, "memory_budget_bytes": 512 * 2**30}

@@ -187,6 +187,12 @@ else:
     for _folder in ("queue", "control"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 CELERY_TASK_IGNORE_RESULT = True
+
+# Throttles (the join endpoint's) count in a cache every replica shares.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
@@ -195,6 +201,7 @@ CELERY_TIMEZONE = TIME_ZONE
 TUNEPLANE_PUBLIC_URL = os.environ.get("TUNEPLANE_PUBLIC_URL", "http://127.0.0.1:8000")
 TUNEPLANE_GATEWAY_TARGET = os.environ.get("TUNEPLANE_GATEWAY_TARGET", "127.0.0.1:8443")
 TUNEPLANE_PKI_DIR = Path(os.environ.get("TUNEPLANE_PKI_DIR", VAR_DIR / "pki"))
+TUNEPLANE_DOWNLOADS_DIR = Path(os.environ.get("TUNEPLANE_DOWNLOADS_DIR", VAR_DIR / "downloads"))
 TUNEPLANE_JOIN_TOKEN_TTL = env_seconds("TUNEPLANE_JOIN_TOKEN_TTL", 24 * 3600)
 TUNEPLANE_NODE_CREDENTIAL_TTL = env_seconds("TUNEPLANE_NODE_CREDENTIAL_TTL", 24 * 3600)
 TUNEPLANE_PLACEMENT_FRESHNESS = env_seconds("TUNEPLANE_PLACEMENT_FRESHNESS", 45)
@@ -202,6 +209,8 @@ TUNEPLANE_QUIET_TRAIN = env_seconds("TUNEPLANE_QUIET_TRAIN", 300)
 TUNEPLANE_QUIET_SERVE = env_seconds("TUNEPLANE_QUIET_SERVE", 45)
 TUNEPLANE_QUIET_ENV = env_seconds("TUNEPLANE_QUIET_ENV", 45)
 TUNEPLANE_SWEEP_INTERVAL = env_seconds("TUNEPLANE_SWEEP_INTERVAL", 5)
+# Joins per client address, in DRF's rate syntax.
+TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")
 
 LOGGING = {
     "version": 1,

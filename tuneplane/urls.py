@@ -5,6 +5,8 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from nodes import views as node_views
+
 from . import views
 
 admin.site.site_header = "Tuneplane console"
@@ -14,6 +16,7 @@ admin.site.index_title = "Fleets, machines and the audit log"
 api = [
     path("", include("fleets.api.urls")),
     path("", include("audit.api.urls")),
+    path("", include("nodes.api.urls")),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     path("docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]
@@ -23,6 +26,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include(api)),
     path("healthz", views.healthz, name="healthz"),
+    path("install.sh", node_views.install_script, name="install-sh"),
+    path("downloads/", node_views.download_index, name="downloads"),
+    path("downloads/<str:filename>", node_views.download, name="download"),
 ]
 
 handler404 = "tuneplane.views.not_found"

@@ -31,6 +31,10 @@ class TestFleetContract(ApiResourceContract):
     def make_visible(self):
         return self.make_fleet("visible", capabilities=["train"]).id
 
+    def nested_paths(self, target_id):
+        return [("GET", f"/api/fleets/{target_id}/join-tokens"),
+                ("POST", f"/api/fleets/{target_id}/join-tokens")]
+
     def make_invisible(self):
         from tuneplane.models import Project
         other = Project.objects.create(slug="secret", name="Secret project")

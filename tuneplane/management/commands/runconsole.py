@@ -12,7 +12,7 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 ADMIN_USERNAME = "admin"
 STOP_GRACE_SECONDS = 10
@@ -26,6 +26,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, bind, **options):
         call_command("migrate", interactive=False, verbosity=0)
+        call_command("pki", "init")
+        self._ensure_agent_wheels()
         self._ensure_admin()
         manage = str(Path(settings.BASE_DIR) / "manage.py")
         celery = [sys.executable, "-m", "celery", "-A", "tuneplane"]
@@ -57,6 +59,14 @@ class Command(BaseCommand):
             time.sleep(0.5)
         self._stop(children)
         sys.exit(exit_code)
+
+    def _ensure_agent_wheels(self) -> None:
+        """install.sh installs the agent from the console itself; build it once."""
+        try:
+            call_command("build_agent", "--if-missing")
+        except CommandError as exc:
+            self.stderr.write(f"install.sh will fail until `python manage.py build_agent` "
+                              f"succeeds: {exc}")
 
     def _ensure_admin(self) -> None:
         users = get_user_model().objects

@@ -1,0 +1,103 @@
+"""What this machine has: cards, driver, container runtime, storage root, budgets (J4)."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROBE_TIMEOUT = 10
+
+
+def _run(*command: str) -> str | None:
+    if shutil.which(command[0]) is None:
+        return None
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+@dataclass
+class Gpus:
+    cards: list[dict] = field(default_factory=list)
+    driver: str | None = None
+    uuids: list[str] = field(default_factory=list)
+
+
+def probe_gpus() -> Gpus:
+    out = _run("nvidia-smi", "--query-gpu=name,driver_version,uuid", "--format=csv,noheader")
+    gpus = Gpus()
+    if not out:
+        return gpus
+    counts: dict[str, int] = {}
+    for line in out.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) < 2 or not parts[0]:
+            continue
+        counts[parts[0]] = counts.get(parts[0], 0) + 1
+        gpus.driver = gpus.driver or parts[1]
+        if len(parts) > 2:
+            gpus.uuids.append(parts[2])
+    gpus.cards = [{"name": name, "count": count} for name, count in sorted(counts.items())]
+    return gpus
+
+
+def probe_container_runtime() -> str | None:
+    for runtime in ("docker", "podman"):
+        out = _run(runtime, "--version")
+        if out:
+            return out.strip().splitlines()[0]
+    return None
+
+
+def memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def storage_root_visible(root: str | None) -> bool:
+    return bool(root) and os.path.isdir(root) and os.access(root, os.R_OK | os.X_OK)
+
+
+def probe(*, storage_root: str | None, cpu_budget: int | None,
+          memory_budget_bytes: int | None) -> tuple[dict, list[str]]:
+    """The inventory, and the GPU UUIDs (which go only into the fingerprint)."""
+    gpus = probe_gpus()
+    return {
+        "cards": gpus.cards,
+        "driver": gpus.driver,
+        "container_runtime": probe_container_runtime(),
+        "storage_root_visible": storage_root_visible(storage_root),
+        "cpu_budget": cpu_budget or os.cpu_count(),
+        "memory_budget_bytes": memory_budget_bytes or memory_bytes(),
+    }, gpus.uuids
+
+
+def from_file(path: str) -> dict:
+    """``--inventory-file``: the console's inventory format, in place of probing."""
+    with open(path) as handle:
+        data = json.load(handle)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an inventory file holds one JSON object")
+    return data
+
+
+def fingerprint(gpu_uuids: list[str], machine_id_path: str = "/etc/machine-id") -> str:
+    """A hash of machine-id and GPU UUIDs: says "same machine", never used as identity."""
+    try:
+        machine_id = Path(machine_id_path).read_text().strip()
+    except OSError:
+        machine_id = ""
+    if not machine_id and not gpu_uuids:
+        return ""
+    material = "\n".join([machine_id, *sorted(gpu_uuids)])
+    return hashlib.sha256(material.encode()).hexdigest()

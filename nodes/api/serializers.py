@@ -1,0 +1,121 @@
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from tuneplane.api.fields import StrictCharField, StrictSerializer
+
+from ..models import JoinToken, Node
+
+
+class JoinTokenSerializer(serializers.ModelSerializer):
+    """A token as listed later: never the secret or the commands that carry it."""
+
+    fleet = serializers.CharField(source="fleet_id", read_only=True)
+    node = serializers.CharField(source="node_id", read_only=True, allow_null=True)
+    created_by = serializers.CharField(source="created_by.username", read_only=True,
+                                       allow_null=True, default=None)
+
+    class Meta:
+        model = JoinToken
+        fields = ["id", "fleet", "prefix", "created_by", "created_at", "expires_at", "used_at",
+                  "node", "revoked_at"]
+        read_only_fields = fields
+
+
+class MintedJoinTokenSerializer(serializers.Serializer):
+    """The mint response, the only place the token is ever shown (J2)."""
+
+    id = serializers.IntegerField()
+    fleet = serializers.CharField()
+    token = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+    install_command = serializers.CharField()
+    join_command = serializers.CharField()
+
+
+class InventorySerializer(serializers.Serializer):
+    cards = serializers.ListField(child=serializers.DictField(), required=False)
+    driver = serializers.CharField(required=False, allow_null=True)
+    container_runtime = serializers.CharField(required=False, allow_null=True)
+    storage_root_visible = serializers.BooleanField(required=False)
+    cpu_budget = serializers.IntegerField(required=False, allow_null=True)
+    memory_budget_bytes = serializers.IntegerField(required=False, allow_null=True)
+
+
+class JoinRequestSerializer(StrictSerializer):
+    fleet = StrictCharField(max_length=63)
+    token = StrictCharField(max_length=200)
+    csr = StrictCharField(max_length=16384, trim_whitespace=False)
+    address = StrictCharField(max_length=300, required=False, allow_blank=True, default="")
+    hostname = StrictCharField(max_length=253, required=False, allow_blank=True, default="")
+    fingerprint = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
+    agent_version = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
+    # Checked by the service (nodes.inventory), which names the exact field at fault.
+    inventory = serializers.JSONField()
+
+    class Meta:
+        ref_name = "JoinRequest"
+
+
+class JoinWarningSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class JoinResponseSerializer(serializers.Serializer):
+    node_id = serializers.CharField()
+    fleet = serializers.CharField()
+    certificate = serializers.CharField()
+    ca_bundle = serializers.CharField()
+    credential_expires_at = serializers.DateTimeField()
+    gateway_target = serializers.CharField()
+    warnings = JoinWarningSerializer(many=True)
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    """The three things the Fleet page shows apart: connection, scheduling, inventory (L7)."""
+
+    fleet = serializers.CharField(source="fleet_id")
+    connection = serializers.SerializerMethodField()
+    scheduling = serializers.SerializerMethodField()
+    inventory = serializers.SerializerMethodField()
+    liveness = serializers.SerializerMethodField()
+    address_shared = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = ["id", "fleet", "address", "hostname", "connection", "scheduling", "inventory",
+                  "liveness", "address_shared", "agent_version", "created_at"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.DictField())
+    def get_connection(self, node):
+        # The control stream arrives with the gateway; until then no node is connected.
+        return {"state": "disconnected", "session": None, "last_heartbeat_at": None}
+
+    @extend_schema_field(serializers.DictField())
+    def get_scheduling(self, node):
+        return {"state": node.scheduling_state, "cordons": []}
+
+    @extend_schema_field(serializers.DictField())
+    def get_inventory(self, node):
+        series = self.context.get("card_series", {})
+        inventory = node.inventory
+        return {
+            "cards": [{**card, "series": series.get(card["name"])}
+                      for card in inventory.get("cards", [])],
+            "driver": inventory.get("driver"),
+            "container_runtime": inventory.get("container_runtime"),
+            "storage_root_visible": inventory.get("storage_root_visible"),
+            "cpu_budget": inventory.get("cpu_budget"),
+            "memory_budget_bytes": inventory.get("memory_budget_bytes"),
+            "observed_at": node.inventory_observed_at,
+        }
+
+    @extend_schema_field(serializers.DictField())
+    def get_liveness(self, node):
+        # Without a control session no capability has heard from the node.
+        return {capability: "quiet" for capability in node.fleet.capabilities
+                if capability in ("train", "serve", "env")}
+
+    def get_address_shared(self, node) -> bool:
+        return node.address in self.context.get("shared_addresses", set())

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from .views import (FleetJoinTokensView, JoinTokenDetailView, NodeDetailView, NodeJoinView,
+                    NodeListView)
+
+urlpatterns = [
+    path("fleets/<str:fleet_id>/join-tokens", FleetJoinTokensView.as_view(),
+         name="fleet-join-tokens"),
+    path("join-tokens/<int:token_id>", JoinTokenDetailView.as_view(), name="join-token-detail"),
+    path("nodes/join", NodeJoinView.as_view(), name="node-join"),
+    path("nodes", NodeListView.as_view(), name="node-list"),
+    path("nodes/<str:node_id>", NodeDetailView.as_view(), name="node-detail"),
+]

@@ -1,0 +1,145 @@
+from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.generics import GenericAPIView
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.throttling import SimpleRateThrottle
+
+from fleets.selectors import fleet_get_visible
+from tuneplane.api.permissions import IsAdmin, require_admin
+from tuneplane.api.schema import errors
+from tuneplane.errors import NotFound
+
+from .. import services
+from ..models import JoinToken
+from ..selectors import addresses_shared, card_series, join_tokens_of, nodes_visible_to
+from .serializers import (JoinRequestSerializer, JoinResponseSerializer, JoinTokenSerializer,
+                          MintedJoinTokenSerializer, NodeSerializer)
+
+
+def join_commands(fleet_id: str, secret: str) -> dict:
+    server = settings.TUNEPLANE_PUBLIC_URL.rstrip("/")
+    return {
+        "install_command": f"curl -fsSL {server}/install.sh | TUNEPLANE_FLEET={fleet_id} "
+                           f"TUNEPLANE_JOIN_TOKEN={secret} sh",
+        "join_command": f"tuneplane-node join --server {server} --fleet {fleet_id} "
+                        f"--token {secret}",
+    }
+
+
+class FleetJoinTokensView(GenericAPIView):
+    serializer_class = JoinTokenSerializer
+
+    @extend_schema(summary="List a Fleet's join tokens, without secrets (administrators)",
+                   responses={200: JoinTokenSerializer(many=True), **errors(401, 403, 404)})
+    def get(self, request, fleet_id: str):
+        fleet = fleet_get_visible(request.user, fleet_id)
+        require_admin(request, "see join tokens")
+        page = self.paginate_queryset(join_tokens_of(fleet))
+        return self.get_paginated_response(JoinTokenSerializer(page, many=True).data)
+
+    @extend_schema(summary="Mint a join token; the token is shown in this response only",
+                   request=None,
+                   responses={201: MintedJoinTokenSerializer, **errors(401, 403, 404, 409)})
+    def post(self, request, fleet_id: str):
+        fleet = fleet_get_visible(request.user, fleet_id)
+        require_admin(request, "mint join tokens")
+        token, secret = services.join_token_mint(actor=request.user, fleet=fleet)
+        body = {"id": token.pk, "fleet": fleet.id, "token": secret,
+                "expires_at": token.expires_at, **join_commands(fleet.id, secret)}
+        response = Response(MintedJoinTokenSerializer(body).data, status=status.HTTP_201_CREATED)
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class JoinTokenDetailView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = JoinTokenSerializer
+
+    @extend_schema(summary="Revoke a join token (administrators)",
+                   responses={200: JoinTokenSerializer, **errors(401, 403, 404)})
+    def delete(self, request, token_id: int):
+        token = JoinToken.objects.filter(pk=token_id).first()
+        if token is None:
+            raise NotFound(f"Join token {token_id} not found.")
+        token = services.join_token_revoke(actor=request.user, token=token)
+        return Response(JoinTokenSerializer(token).data)
+
+
+class JoinThrottle(SimpleRateThrottle):
+    """Per client address, so tokens cannot be guessed at speed (TUNEPLANE_JOIN_RATE)."""
+
+    scope = "node-join"
+
+    def get_rate(self):
+        return settings.TUNEPLANE_JOIN_RATE
+
+    def get_cache_key(self, request, view):
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+class NodeJoinView(GenericAPIView):
+    """The join token is the whole authorization; callers are throttled per address."""
+
+    authentication_classes = []
+    permission_classes = [AllowAny]
+    throttle_classes = [JoinThrottle]
+    serializer_class = JoinRequestSerializer
+
+    @extend_schema(summary="Join a node Fleet with a join token",
+                   request=JoinRequestSerializer,
+                   responses={201: JoinResponseSerializer, **errors(400, 403, 413)})
+    def post(self, request):
+        serializer = JoinRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        result = services.node_join(
+            token=data["token"], fleet_id=data["fleet"], csr=data["csr"],
+            inventory=data["inventory"], address=data["address"], hostname=data["hostname"],
+            fingerprint=data["fingerprint"], agent_version=data["agent_version"],
+            client_address=request.META.get("REMOTE_ADDR", ""),
+        )
+        body = {
+            "node_id": result.node.id, "fleet": result.node.fleet_id,
+            "certificate": result.certificate.pem, "ca_bundle": result.ca_bundle,
+            "credential_expires_at": result.certificate.not_after,
+            "gateway_target": settings.TUNEPLANE_GATEWAY_TARGET, "warnings": result.warnings,
+        }
+        response = Response(body, status=status.HTTP_201_CREATED)
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+def _node_context(nodes) -> dict:
+    return {"card_series": card_series(name for node in nodes for name in node.card_names()),
+            "shared_addresses": addresses_shared(nodes)}
+
+
+class NodeListView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = NodeSerializer
+
+    @extend_schema(summary="List nodes (administrators)",
+                   responses={200: NodeSerializer(many=True), **errors(401, 403)})
+    def get(self, request):
+        nodes = nodes_visible_to(request.user)
+        fleet = request.query_params.get("fleet")
+        if fleet:
+            nodes = nodes.filter(fleet_id=fleet)
+        page = self.paginate_queryset(nodes)
+        return self.get_paginated_response(
+            NodeSerializer(page, many=True, context=_node_context(page)).data)
+
+
+class NodeDetailView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = NodeSerializer
+
+    @extend_schema(summary="A node (administrators)",
+                   responses={200: NodeSerializer, **errors(401, 403, 404)})
+    def get(self, request, node_id: str):
+        node = nodes_visible_to(request.user).filter(pk=node_id).first()
+        if node is None:
+            raise NotFound(f"Node '{node_id}' not found.")
+        return Response(NodeSerializer(node, context=_node_context([node])).data)

@@ -1,0 +1,112 @@
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+from fleets.models import Fleet
+
+from .choices import SchedulingState
+
+
+def new_node_id() -> str:
+    """Console-issued and unguessable (128 bits); never derived from an address."""
+    return "n-" + secrets.token_hex(16)
+
+
+class HardwareSeries(models.Model):
+    """What a job pins: ``h100``, ``a100-80gb``. Card names map onto it through CardAlias."""
+
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    vendor = models.CharField(max_length=32, blank=True)
+
+    class Meta:
+        ordering = ["slug"]
+        verbose_name_plural = "hardware series"
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class CardAlias(models.Model):
+    """An exact card name as machines report it. No series yet means an admin has to map it."""
+
+    name = models.CharField(max_length=200, unique=True)
+    series = models.ForeignKey(HardwareSeries, null=True, blank=True, on_delete=models.PROTECT,
+                               related_name="aliases")
+    first_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "card name"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    """A machine of a node Fleet, known by the id the console issued it (J3, J5)."""
+
+    id = models.CharField(primary_key=True, max_length=40, default=new_node_id, editable=False)
+    fleet = models.ForeignKey(Fleet, on_delete=models.PROTECT, related_name="nodes")
+    hostname = models.CharField(max_length=253, blank=True)
+    # Where it answers. Two records may share one: an address is not an identity.
+    address = models.CharField(max_length=300, blank=True, db_index=True)
+    # machine-id and GPU UUIDs, hashed: a hint that two records are one machine, never identity.
+    fingerprint = models.CharField(max_length=64, blank=True, db_index=True)
+    agent_version = models.CharField(max_length=64, blank=True)
+    scheduling_state = models.CharField(max_length=16, choices=SchedulingState.choices,
+                                        default=SchedulingState.ENROLLED)
+    inventory = models.JSONField(default=dict, blank=True)
+    inventory_observed_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    removed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["fleet_id", "hostname", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.hostname or self.id} ({self.id})"
+
+    def card_names(self) -> list[str]:
+        return [card["name"] for card in self.inventory.get("cards", [])]
+
+
+class NodeCredential(models.Model):
+    """A certificate the console issued a node: serial, fingerprint, lifetime; never a key."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="credentials")
+    serial = models.CharField(max_length=64, unique=True)
+    fingerprint_sha256 = models.CharField(max_length=64, unique=True)
+    not_before = models.DateTimeField()
+    not_after = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-not_after"]
+
+
+class JoinToken(models.Model):
+    """Single-use, expiring, stored only as a hash (J2). The whole authorization of a join."""
+
+    PREFIX = "tpj_"
+
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="join_tokens")
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    node = models.OneToOneField(Node, null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="join_token")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… for {self.fleet_id}"

@@ -1,0 +1,74 @@
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from fleets.selectors import fleets_visible_to
+
+from .choices import SchedulingState
+from .models import CardAlias, JoinToken, Node
+
+
+def card_series(names) -> dict[str, str | None]:
+    """Each card name's hardware series slug, or None while no admin has mapped it (J4).
+
+    Read at query time, so a mapping takes effect without a re-join.
+    """
+    names = set(names)
+    mapped = dict(CardAlias.objects.filter(name__in=names, series__isnull=False)
+                  .values_list("name", "series__slug"))
+    return {name: mapped.get(name) for name in names}
+
+
+def unknown_cards(inventory: dict) -> list[str]:
+    series = card_series(card["name"] for card in inventory.get("cards", []))
+    return sorted(name for name, slug in series.items() if slug is None)
+
+
+def nodes_visible_to(user) -> QuerySet[Node]:
+    return Node.objects.select_related("fleet").filter(fleet__in=fleets_visible_to(user))
+
+
+def nodes_answering_at(address: str, *, now=None, exclude_id: str = "") -> QuerySet[Node]:
+    """Other live records at one address: live = seen within the placement freshness window."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
+    return (Node.objects.filter(address=address, last_seen_at__gte=since)
+            .exclude(scheduling_state=SchedulingState.REMOVED).exclude(pk=exclude_id))
+
+
+def nodes_with_fingerprint(fingerprint: str, *, exclude_id: str = "") -> QuerySet[Node]:
+    if not fingerprint:
+        return Node.objects.none()
+    return (Node.objects.filter(fingerprint=fingerprint)
+            .exclude(scheduling_state=SchedulingState.REMOVED).exclude(pk=exclude_id))
+
+
+def addresses_shared(nodes) -> set[str]:
+    """Which of these nodes' addresses another live record answers at too (J5)."""
+    addresses = {node.address for node in nodes if node.address}
+    since = timezone.now() - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
+    rows = (Node.objects.filter(address__in=addresses, last_seen_at__gte=since)
+            .exclude(scheduling_state=SchedulingState.REMOVED)
+            .values_list("address", "id"))
+    seen: dict[str, int] = {}
+    for address, _ in rows:
+        seen[address] = seen.get(address, 0) + 1
+    return {address for address, count in seen.items() if count > 1}
+
+
+def join_tokens_of(fleet) -> QuerySet[JoinToken]:
+    return JoinToken.objects.filter(fleet=fleet).select_related("created_by", "node")
+
+
+def fleet_nodes_blocking_deletion(fleet) -> list[str]:
+    """F7's node half: a Fleet with nodes is not deletable."""
+    ids = list(Node.objects.filter(fleet=fleet).exclude(scheduling_state=SchedulingState.REMOVED)
+               .values_list("id", flat=True)[:6])
+    if not ids:
+        return []
+    total = Node.objects.filter(fleet=fleet).exclude(
+        scheduling_state=SchedulingState.REMOVED).count()
+    shown = ", ".join(ids[:5]) + (", …" if total > 5 else "")
+    return [f"{total} node{'s' if total != 1 else ''} ({shown}); remove them first"]

@@ -1,0 +1,96 @@
+"""install.sh end to end: from the console it came from into a temporary prefix."""
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from nodes.downloads import build_agent_wheels
+from nodes.models import Node
+from tests.conftest import H100_INVENTORY
+
+from .agent_process import inventory_file, machine
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="session")
+def agent_wheels(tmp_path_factory):
+    from django.conf import settings
+
+    settings.TUNEPLANE_DOWNLOADS_DIR = tmp_path_factory.mktemp("downloads")
+    result = build_agent_wheels()
+    assert result.returncode == 0, result.stderr
+    return settings.TUNEPLANE_DOWNLOADS_DIR
+
+
+@pytest.fixture
+def server(live_server, settings, agent_wheels):
+    settings.TUNEPLANE_PUBLIC_URL = live_server.url
+    settings.TUNEPLANE_DOWNLOADS_DIR = agent_wheels
+    return live_server.url
+
+
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+def run_install(server, env: dict) -> subprocess.CompletedProcess:
+    script = fetch(f"{server}/install.sh")
+    base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+            "TUNEPLANE_PYTHON": sys.executable}
+    return subprocess.run(["sh", "-s"], input=script, env={**base, **env}, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_install_sh_installs_joins_and_configures_but_does_not_start(server, node_fleet, mint,
+                                                                     tmp_path):
+    prefix = tmp_path / "root"
+    _, secret = mint(node_fleet)
+    result = run_install(server, {
+        **machine(tmp_path), "TUNEPLANE_PREFIX": str(prefix), "TUNEPLANE_FLEET": "gpu-lab",
+        "TUNEPLANE_JOIN_TOKEN": secret, "TUNEPLANE_STORAGE_ROOT": "/mnt/shared",
+        "TUNEPLANE_CPU_BUDGET": "32", "TUNEPLANE_MEMORY_BUDGET_BYTES": "68719476736",
+        "TUNEPLANE_INVENTORY_FILE": inventory_file(tmp_path, H100_INVENTORY),
+        "TUNEPLANE_NODE_STATE_DIR": "",
+    })
+    assert result.returncode == 0, result.stdout + result.stderr
+    node = Node.objects.get()
+    assert f"as node {node.id}" in result.stdout
+    assert "NOT started" in result.stdout and "Enrollment alone does not make" in result.stdout
+    assert node.scheduling_state == "enrolled"
+
+    state = prefix / "var/lib/tuneplane-node"
+    assert json.loads((state / "node.json").read_text())["node_id"] == node.id
+    conf = (prefix / "etc/tuneplane-node/node.env").read_text()
+    for line in (f"TUNEPLANE_NODE_STATE_DIR={state}", "TUNEPLANE_STORAGE_ROOT=/mnt/shared",
+                 "TUNEPLANE_CPU_BUDGET=32", "TUNEPLANE_MEMORY_BUDGET_BYTES=68719476736",
+                 "TUNEPLANE_GATEWAY_TARGET=127.0.0.1:8443", f"TUNEPLANE_CA_BUNDLE={state}/ca.pem"):
+        assert line in conf.splitlines(), line
+    unit = (prefix / "etc/systemd/system/tuneplane-node.service").read_text()
+    assert f"ExecStart={prefix}/opt/tuneplane-node/bin/tuneplane-node" in unit
+    assert "serve --target 127.0.0.1:8443" in unit
+    assert secret not in result.stdout + result.stderr + conf + unit
+
+    # The agent's venv has no Django: it is the agent alone.
+    python = prefix / "opt/tuneplane-node/bin/python"
+    assert subprocess.run([python, "-c", "import django"], capture_output=True).returncode != 0
+    help_text = subprocess.run([prefix / "opt/tuneplane-node/bin/tuneplane-node", "--help"],
+                               capture_output=True, text=True)
+    assert help_text.returncode == 0 and "join" in help_text.stdout
+
+
+def test_install_sh_needs_fleet_and_token(server):
+    result = run_install(server, {"TUNEPLANE_PREFIX": "/nonexistent"})
+    assert result.returncode != 0 and "TUNEPLANE_FLEET" in result.stderr
+
+
+def test_downloads_index_lists_the_agent_wheel(server):
+    page = fetch(f"{server}/downloads/")
+    assert "tuneplane_node-" in page and "cryptography-" in page
+    with pytest.raises(urllib.error.HTTPError):
+        fetch(f"{server}/downloads/..%2Fsettings.py")

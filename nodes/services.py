@@ -57,6 +57,16 @@ def join_token_mint(*, actor, fleet: Fleet) -> tuple[JoinToken, str]:
     return token, secret
 
 
+def join_commands(fleet_id: str, secret: str) -> dict:
+    server = settings.TUNEPLANE_PUBLIC_URL.rstrip("/")
+    return {
+        "install_command": f"curl -fsSL {server}/install.sh | TUNEPLANE_FLEET={fleet_id} "
+                           f"TUNEPLANE_JOIN_TOKEN={secret} sh",
+        "join_command": f"tuneplane-node join --server {server} --fleet {fleet_id} "
+                        f"--token {secret}",
+    }
+
+
 def join_token_revoke(*, actor, token: JoinToken) -> JoinToken:
     with transaction.atomic():
         token = JoinToken.objects.select_for_update().get(pk=token.pk)
@@ -190,13 +200,13 @@ def _remember_cards(inventory: dict, now) -> None:
     )
 
 
-def card_alias_map(*, actor, alias: CardAlias, series: HardwareSeries) -> CardAlias:
-    """Map a card name to a series; every node reporting it is placed by it from now (J4)."""
+def card_alias_map(*, actor, alias: CardAlias, series: HardwareSeries | None) -> CardAlias:
+    """Map a card name to a series (or unmap it); nodes reporting it follow at once (J4)."""
     with transaction.atomic():
         alias = CardAlias.objects.select_for_update().get(pk=alias.pk)
         before = {"series": alias.series.slug if alias.series_id else None}
         alias.series = series
         alias.save(update_fields=["series"])
         audit_record(actor=actor, action="card_alias.mapped", target=alias, before=before,
-                     after={"series": series.slug})
+                     after={"series": series.slug if series else None})
     return alias

@@ -12,20 +12,11 @@ from tuneplane.api.schema import errors
 from tuneplane.errors import NotFound
 
 from .. import services
+from ..services import join_commands
 from ..models import JoinToken
 from ..selectors import addresses_shared, card_series, join_tokens_of, nodes_visible_to
 from .serializers import (JoinRequestSerializer, JoinResponseSerializer, JoinTokenSerializer,
                           MintedJoinTokenSerializer, NodeSerializer)
-
-
-def join_commands(fleet_id: str, secret: str) -> dict:
-    server = settings.TUNEPLANE_PUBLIC_URL.rstrip("/")
-    return {
-        "install_command": f"curl -fsSL {server}/install.sh | TUNEPLANE_FLEET={fleet_id} "
-                           f"TUNEPLANE_JOIN_TOKEN={secret} sh",
-        "join_command": f"tuneplane-node join --server {server} --fleet {fleet_id} "
-                        f"--token {secret}",
-    }
 
 
 class FleetJoinTokensView(GenericAPIView):

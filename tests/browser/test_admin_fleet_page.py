@@ -61,3 +61,24 @@ def test_new_fleet_then_drain_it(page, live_server, admin_user, tmp_path):
     actions = list(AuditEvent.objects.filter(target_id="gpu-lab")
                    .order_by("at").values_list("action", "actor_label"))
     assert actions == [("fleet.created", "ops"), ("fleet.state_changed", "ops")]
+
+
+def test_add_a_machine_shows_the_one_liner_once_with_a_copy_button(page, live_server,
+                                                                    admin_user, make_fleet,
+                                                                    settings, tmp_path):
+    settings.TUNEPLANE_PUBLIC_URL = live_server.url
+    make_fleet("gpu-lab", kind="node", capabilities=["train"])
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/admin/fleets/fleet/gpu-lab/change/")
+    page.click("text=Add a machine")
+    page.click("input[name=mint]")
+    command = page.locator("#install-command")
+    expect(command).to_contain_text("| TUNEPLANE_FLEET=gpu-lab TUNEPLANE_JOIN_TOKEN=tpj_")
+    page.click("[data-copy=install-command]")
+    expect(page.locator("[data-copy=install-command]")).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == command.inner_text()
+    page.screenshot(path=str(tmp_path / "add-machine.png"), full_page=True)
+    secret = re.search(r"tpj_[A-Za-z0-9_-]+", command.inner_text()).group(0)
+    page.reload()  # a reload re-asks; it never shows the old token again
+    assert secret not in page.content()

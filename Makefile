@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-sqlite install clean
+.PHONY: run test test-sqlite bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -27,7 +27,13 @@ test: $(STAMP)
 ## The suite on the embedded defaults (SQLite), without what needs PostgreSQL or Redis.
 test-sqlite: $(STAMP)
 	env -u DATABASE_URL -u REDIS_URL TUNEPLANE_VAR_DIR=$$(mktemp -d) \
-	$(PYTHON) -m pytest -m "not postgres and not redis and not browser" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not postgres and not redis and not browser and not bench" $(PYTEST_ARGS)
+
+## Benchmarks: figures printed, not asserted (PostgreSQL as for `make test`).
+bench: $(STAMP)
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/tuneplane} \
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/15} \
+	$(PYTHON) -m pytest -m bench -q tests/bench $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var

@@ -1,4 +1,5 @@
 import secrets
+import uuid
 
 from django.conf import settings
 from django.db import models
@@ -110,3 +111,30 @@ class JoinToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… for {self.fleet_id}"
+
+
+class ControlSession(models.Model):
+    """One control stream from a node to a gateway replica; its lease is renewed by heartbeats.
+
+    A closed session is not evidence that anything the node runs has stopped (L5).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="sessions")
+    gateway = models.CharField(max_length=200)
+    agent_version = models.CharField(max_length=64, blank=True)
+    opened_at = models.DateTimeField()
+    last_heartbeat_at = models.DateTimeField()
+    lease_expires_at = models.DateTimeField(db_index=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    close_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-opened_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["node"], condition=models.Q(closed_at__isnull=True),
+                                    name="one_open_session_per_node"),
+        ]
+
+    def __str__(self) -> str:
+        return f"session {self.id} of {self.node_id}"

@@ -7,7 +7,7 @@ from django.utils import timezone
 from fleets.selectors import fleets_visible_to
 
 from .choices import SchedulingState
-from .models import CardAlias, JoinToken, Node
+from .models import CardAlias, ControlSession, JoinToken, Node
 
 
 def card_series(names) -> dict[str, str | None]:
@@ -72,3 +72,11 @@ def fleet_nodes_blocking_deletion(fleet) -> list[str]:
         scheduling_state=SchedulingState.REMOVED).count()
     shown = ", ".join(ids[:5]) + (", …" if total > 5 else "")
     return [f"{total} node{'s' if total != 1 else ''} ({shown}); remove them first"]
+
+
+def live_sessions_of(nodes) -> dict:
+    """Each node's open session whose lease has not expired (L1's "live lease"), by node id."""
+    sessions = ControlSession.objects.filter(node__in=[node.pk for node in nodes],
+                                             closed_at__isnull=True,
+                                             lease_expires_at__gt=timezone.now())
+    return {session.node_id: session for session in sessions}

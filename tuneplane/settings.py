@@ -161,6 +161,9 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
+# django-grpc-framework: the composition root that adds every servicer to the server.
+GRPC_FRAMEWORK = {"ROOT_HANDLERS_HOOK": "tuneplane.grpc_handlers.grpc_handlers"}
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tuneplane console API",
     "DESCRIPTION": "Fleets of GPU machines, join tokens, nodes and admission.",
@@ -209,6 +212,12 @@ TUNEPLANE_QUIET_TRAIN = env_seconds("TUNEPLANE_QUIET_TRAIN", 300)
 TUNEPLANE_QUIET_SERVE = env_seconds("TUNEPLANE_QUIET_SERVE", 45)
 TUNEPLANE_QUIET_ENV = env_seconds("TUNEPLANE_QUIET_ENV", 45)
 TUNEPLANE_SWEEP_INTERVAL = env_seconds("TUNEPLANE_SWEEP_INTERVAL", 5)
+# The control stream: how often a node heartbeats, and how long a lease outlives silence.
+TUNEPLANE_HEARTBEAT_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_INTERVAL", 10)
+TUNEPLANE_LEASE_TTL = env_seconds("TUNEPLANE_LEASE_TTL", 30)
+# Heartbeats are written in one batch per replica per flush interval, never one per message.
+TUNEPLANE_HEARTBEAT_FLUSH_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_FLUSH_INTERVAL", 1)
+TUNEPLANE_GATEWAY_BIND = os.environ.get("TUNEPLANE_GATEWAY_BIND", "127.0.0.1:8443")
 # Joins per client address, in DRF's rate syntax.
 TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")
 

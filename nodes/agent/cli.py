@@ -1,7 +1,9 @@
-"""``tuneplane-node join`` and ``tuneplane-node status``."""
+"""``tuneplane-node join``, ``serve`` and ``status``."""
 
 import argparse
+import logging
 import os
+import signal
 import socket
 import sys
 from datetime import datetime, timezone
@@ -53,6 +55,24 @@ def _join(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    from .serve import Agent  # grpc is needed only here
+
+    directory = state.state_dir(args.state_dir)
+    identity = state.read_identity(directory)
+    if identity is None:
+        raise enroll.JoinFailed(f"not joined: no identity in {directory}; run join first")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s tuneplane-node %(message)s")
+    agent = Agent(directory=directory,
+                  target=args.target or os.environ.get("TUNEPLANE_GATEWAY_TARGET")
+                  or identity["gateway_target"],
+                  inventory_file=args.inventory_file, storage_root=args.storage_root,
+                  cpu_budget=args.cpu_budget, memory_budget_bytes=args.memory_budget_bytes)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: agent.stop())
+    return agent.run()
+
+
 def _status(args) -> int:
     directory = state.state_dir(args.state_dir)
     identity = state.read_identity(directory)
@@ -84,20 +104,30 @@ def parser() -> argparse.ArgumentParser:
     join.add_argument("--fleet", required=True, help="The Fleet's id.")
     join.add_argument("--token", help="The join token (or TUNEPLANE_JOIN_TOKEN).")
     join.add_argument("--inventory-file", help="Report this inventory instead of probing.")
-    join.add_argument("--storage-root", default=os.environ.get("TUNEPLANE_STORAGE_ROOT"),
-                      help="Shared storage root to check (TUNEPLANE_STORAGE_ROOT).")
-    join.add_argument("--cpu-budget", type=int, default=_env_int("TUNEPLANE_CPU_BUDGET"),
-                      help="CPUs work may use (TUNEPLANE_CPU_BUDGET; default all).")
-    join.add_argument("--memory-budget-bytes", type=int,
-                      default=_env_int("TUNEPLANE_MEMORY_BUDGET_BYTES"),
-                      help="Memory work may use (TUNEPLANE_MEMORY_BUDGET_BYTES; default all).")
+    _budget_options(join)
     join.add_argument("--address", help="Address to report (default: the one facing the console).")
     join.add_argument("--ca-file", help="CA bundle to trust for the console's HTTPS.")
     join.set_defaults(run=_join)
 
+    serve = commands.add_parser("serve", help="Hold the control stream to the gateway.")
+    serve.add_argument("--target", help="Gateway HOST:PORT (default: what join was told).")
+    serve.add_argument("--inventory-file", help="Report this inventory instead of probing.")
+    _budget_options(serve)
+    serve.set_defaults(run=_serve)
+
     status = commands.add_parser("status", help="Identity, Fleet and credential expiry.")
     status.set_defaults(run=_status)
     return root
+
+
+def _budget_options(command) -> None:
+    command.add_argument("--storage-root", default=os.environ.get("TUNEPLANE_STORAGE_ROOT"),
+                         help="Shared storage root to check (TUNEPLANE_STORAGE_ROOT).")
+    command.add_argument("--cpu-budget", type=int, default=_env_int("TUNEPLANE_CPU_BUDGET"),
+                         help="CPUs work may use (TUNEPLANE_CPU_BUDGET; default all).")
+    command.add_argument("--memory-budget-bytes", type=int,
+                         default=_env_int("TUNEPLANE_MEMORY_BUDGET_BYTES"),
+                         help="Memory work may use (TUNEPLANE_MEMORY_BUDGET_BYTES; default all).")
 
 
 def _env_int(name: str) -> int | None:

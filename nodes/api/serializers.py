@@ -89,8 +89,11 @@ class NodeSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.DictField())
     def get_connection(self, node):
-        # The control stream arrives with the gateway; until then no node is connected.
-        return {"state": "disconnected", "session": None, "last_heartbeat_at": None}
+        session = self.context.get("live_sessions", {}).get(node.id)
+        if session is None:
+            return {"state": "disconnected", "session": None, "last_heartbeat_at": None}
+        return {"state": "connected", "session": str(session.id),
+                "last_heartbeat_at": session.last_heartbeat_at, "gateway": session.gateway}
 
     @extend_schema_field(serializers.DictField())
     def get_scheduling(self, node):

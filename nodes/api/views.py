@@ -14,7 +14,8 @@ from tuneplane.errors import NotFound
 from .. import services
 from ..services import join_commands
 from ..models import JoinToken
-from ..selectors import addresses_shared, card_series, join_tokens_of, nodes_visible_to
+from ..selectors import (addresses_shared, card_series, join_tokens_of, live_sessions_of,
+                         nodes_visible_to)
 from .serializers import (JoinRequestSerializer, JoinResponseSerializer, JoinTokenSerializer,
                           MintedJoinTokenSerializer, NodeSerializer)
 
@@ -104,7 +105,7 @@ class NodeJoinView(GenericAPIView):
 
 def _node_context(nodes) -> dict:
     return {"card_series": card_series(name for node in nodes for name in node.card_names()),
-            "shared_addresses": addresses_shared(nodes)}
+            "shared_addresses": addresses_shared(nodes), "live_sessions": live_sessions_of(nodes)}
 
 
 class NodeListView(GenericAPIView):

@@ -43,10 +43,12 @@ def manage(*args, env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
 class Console:
     """``manage.py runconsole`` — what ``make run`` starts — with its output collected."""
 
-    def __init__(self, env: dict, port: int):
+    def __init__(self, env: dict, port: int, gateway_port: int | None = None):
         self.lines: list[str] = []
+        self.gateway = f"127.0.0.1:{gateway_port or free_port()}"
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runconsole", "--bind", f"127.0.0.1:{port}"],
+            [sys.executable, str(ROOT / "manage.py"), "runconsole", "--bind", f"127.0.0.1:{port}",
+             "--gateway-bind", self.gateway],
             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -4,6 +4,7 @@ creates a Fleet, on a first start or any restart (F6)."""
 
 import json
 import re
+import socket
 import urllib.request
 import uuid
 
@@ -51,6 +52,9 @@ def test_F6_console_starts_serves_and_stops_and_never_makes_a_fleet(tmp_path, em
         assert call("DELETE", f"{base}/api/fleets/gpu-lab", token)[0] == 204
         with urllib.request.urlopen(f"{base}/admin/login/", timeout=10) as page:
             assert b"Tuneplane console" in page.read()
+        console.wait_for("gateway serving NodeControl")
+        gateway_host, gateway_port = console.gateway.rsplit(":", 1)
+        socket.create_connection((gateway_host, int(gateway_port)), timeout=5).close()
     finally:
         code = console.stop()
     assert code == 0, console.output[-3000:]

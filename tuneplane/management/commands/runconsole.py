@@ -19,12 +19,14 @@ STOP_GRACE_SECONDS = 10
 
 
 class Command(BaseCommand):
-    help = "Migrate, make the first admin login, then run web, worker and beat until Ctrl-C."
+    help = "Migrate, make the first admin login, then run web, gateway, worker and beat."
 
     def add_arguments(self, parser):
         parser.add_argument("--bind", default="127.0.0.1:8000", help="HOST:PORT for the web.")
+        parser.add_argument("--gateway-bind", default=settings.TUNEPLANE_GATEWAY_BIND,
+                            help="HOST:PORT for the gRPC gateway (TUNEPLANE_GATEWAY_BIND).")
 
-    def handle(self, *args, bind, **options):
+    def handle(self, *args, bind, gateway_bind, **options):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("pki", "init")
         self._ensure_agent_wheels()
@@ -33,6 +35,7 @@ class Command(BaseCommand):
         celery = [sys.executable, "-m", "celery", "-A", "tuneplane"]
         processes = {
             "web": [sys.executable, manage, "runserver", bind, "--noreload"],
+            "gateway": [sys.executable, manage, "grpcserve", "--bind", gateway_bind],
             "worker": celery + ["worker", "-l", "INFO", "--concurrency", "2"],
             "beat": celery + ["beat", "-l", "INFO"],
         }
@@ -48,7 +51,7 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
-        self._announce(bind, children)
+        self._announce(bind, gateway_bind, children)
         exit_code = 0
         while not stopping:
             for name, child in children.items():
@@ -80,7 +83,7 @@ class Command(BaseCommand):
             f"Admin login, shown this once: username {ADMIN_USERNAME}  password {password}"
         ))
 
-    def _announce(self, bind: str, children: dict) -> None:
+    def _announce(self, bind: str, gateway_bind: str, children: dict) -> None:
         base = f"http://{bind}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and children["web"].poll() is None:
@@ -96,8 +99,9 @@ class Command(BaseCommand):
             f"  API      {base}/api/fleets\n"
             f"  API docs {base}/api/docs\n"
             f"  health   {base}/healthz\n"
+            f"  gateway  {gateway_bind} (gRPC, mutual TLS)\n"
             f"  token    python manage.py create_api_token {ADMIN_USERNAME}\n"
-            "Ctrl-C stops web, worker and beat.\n"
+            "Ctrl-C stops web, gateway, worker and beat.\n"
         )
 
     def _stop(self, children: dict) -> None:

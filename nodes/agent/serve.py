@@ -1,0 +1,124 @@
+"""``tuneplane-node serve``: hold the control stream — Hello, heartbeats, inventory, reconnect."""
+
+import logging
+import queue
+import random
+import threading
+from pathlib import Path
+
+import grpc
+
+from . import __version__, inventory, state
+from .proto import control_pb2 as pb
+from .proto import control_pb2_grpc
+
+logger = logging.getLogger("tuneplane-node")
+
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 60.0
+INVENTORY_EVERY_SECONDS = 300
+
+
+def channel_credentials(directory: Path) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=(directory / state.CA_BUNDLE).read_bytes(),
+        private_key=(directory / state.KEY).read_bytes(),
+        certificate_chain=(directory / state.CERTIFICATE).read_bytes())
+
+
+def inventory_message(report: dict) -> pb.InventoryReport:
+    return pb.InventoryReport(
+        cards=[pb.Card(name=c["name"], count=c["count"]) for c in report.get("cards", [])],
+        driver=report.get("driver") or "", container_runtime=report.get("container_runtime") or "",
+        storage_root_visible=bool(report.get("storage_root_visible")),
+        cpu_budget=report.get("cpu_budget") or 0,
+        memory_budget_bytes=report.get("memory_budget_bytes") or 0)
+
+
+class Agent:
+    def __init__(self, *, directory: Path, target: str, inventory_file: str | None,
+                 storage_root: str | None, cpu_budget: int | None,
+                 memory_budget_bytes: int | None):
+        self.directory = directory
+        self.target = target
+        self.identity = state.read_identity(directory)
+        self.inventory_file = inventory_file
+        self.storage_root = storage_root
+        self.budgets = {"cpu_budget": cpu_budget, "memory_budget_bytes": memory_budget_bytes}
+        self.stopping = threading.Event()
+        self.call = None
+
+    def report(self) -> dict:
+        if self.inventory_file:
+            return inventory.from_file(self.inventory_file)
+        return inventory.probe(storage_root=self.storage_root, **self.budgets)[0]
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.call is not None:
+            self.call.cancel()
+
+    def run(self) -> int:
+        attempt = 0
+        while not self.stopping.is_set():
+            connected = self._stream()
+            if self.stopping.is_set():
+                break
+            attempt = 0 if connected else attempt + 1
+            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** attempt) * random.uniform(0.5, 1.0)
+            logger.info("reconnecting in %.1fs", delay)
+            self.stopping.wait(delay)
+        logger.info("stopped")
+        return 0
+
+    def _stream(self) -> bool:
+        """One stream, until it ends. Returns whether it got as far as a Welcome."""
+        outgoing: queue.Queue = queue.Queue()
+        outgoing.put(pb.NodeMessage(hello=pb.Hello(node_id=self.identity["node_id"],
+                                                   agent_version=__version__)))
+
+        def requests():
+            while True:
+                message = outgoing.get()
+                if message is None:
+                    return
+                yield message
+
+        welcomed = False
+        with grpc.secure_channel(self.target, channel_credentials(self.directory)) as channel:
+            stub = control_pb2_grpc.NodeControlStub(channel)
+            self.call = stub.Connect(requests())
+            beats = None
+            try:
+                for message in self.call:
+                    kind = message.WhichOneof("body")
+                    if kind == "welcome":
+                        welcomed = True
+                        logger.info("connected to %s (session %s)", self.target,
+                                    message.welcome.session_id)
+                        outgoing.put(pb.NodeMessage(inventory=inventory_message(self.report())))
+                        beats = threading.Thread(
+                            target=self._heartbeat, daemon=True,
+                            args=(outgoing, message.welcome.heartbeat_interval_seconds))
+                        beats.start()
+                    elif kind == "close":
+                        logger.info("console closed the stream: %s", message.close.reason)
+            except grpc.RpcError as error:
+                if not self.stopping.is_set():
+                    logger.info("stream ended: %s %s", error.code().name, error.details())
+            finally:
+                outgoing.put(None)
+        return welcomed
+
+    def _heartbeat(self, outgoing: queue.Queue, interval: int) -> None:
+        sequence = 0
+        since_inventory = 0.0
+        while not self.stopping.wait(interval) and self.call is not None and self.call.is_active():
+            sequence += 1
+            outgoing.put(pb.NodeMessage(heartbeat=pb.Heartbeat(
+                sequence=sequence,
+                storage_root_visible=inventory.storage_root_visible(self.storage_root))))
+            since_inventory += interval
+            if since_inventory >= INVENTORY_EVERY_SECONDS:
+                since_inventory = 0.0
+                outgoing.put(pb.NodeMessage(inventory=inventory_message(self.report())))

@@ -1,0 +1,135 @@
+"""Services of the control stream: sessions, leases, inventory reports.
+
+Every write validated, in one transaction, audited where it changes what an
+operator sees — except heartbeats, which only renew a lease and are written in
+one batch per gateway replica per flush interval (``leases_renew``), so the
+statements per second do not grow with the number of nodes.
+"""
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from audit.services import Actor, audit_record
+from tuneplane.errors import ApplicationError
+
+from .choices import SchedulingState
+from .inventory import normalize_inventory
+from .models import ControlSession, Node, NodeCredential
+
+logger = logging.getLogger("tuneplane.gateway")
+
+
+class SessionRefused(ApplicationError):
+    status = 403
+    code = "session_refused"
+
+
+def _lease_until(now: datetime) -> datetime:
+    return now + timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
+
+
+def session_open(*, node_id: str, serial: str, gateway: str,
+                 agent_version: str = "") -> ControlSession:
+    """Open a node's session; a newer stream replaces an older one (its session is closed)."""
+    now = timezone.now()
+    with transaction.atomic():
+        credential = (NodeCredential.objects.select_related("node")
+                      .filter(node_id=node_id, serial=serial).first())
+        if credential is None:
+            raise SessionRefused(f"no credential {serial} for node {node_id}")
+        if credential.revoked_at is not None:
+            raise SessionRefused(f"credential {serial} is revoked")
+        if credential.not_after <= now:
+            raise SessionRefused(f"credential {serial} has expired")
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.scheduling_state == SchedulingState.REMOVED:
+            raise SessionRefused(f"node {node_id} is removed")
+        for old in ControlSession.objects.select_for_update().filter(node=node,
+                                                                     closed_at__isnull=True):
+            _close(old, "replaced by a newer stream", now)
+        session = ControlSession.objects.create(
+            node=node, gateway=gateway, agent_version=agent_version[:64], opened_at=now,
+            last_heartbeat_at=now, lease_expires_at=_lease_until(now))
+        node.last_seen_at = now
+        node.agent_version = agent_version[:64]
+        node.save(update_fields=["last_seen_at", "agent_version"])
+        audit_record(actor=Actor.of_node(node_id), action="control_session.opened",
+                     target=session, after={"node": node_id, "gateway": gateway,
+                                            "credential_serial": serial})
+    logger.info("node %s connected to %s (session %s)", node_id, gateway, session.id)
+    return session
+
+
+def _close(session: ControlSession, reason: str, now: datetime) -> None:
+    session.closed_at = now
+    session.close_reason = reason[:200]
+    session.save(update_fields=["closed_at", "close_reason"])
+    audit_record(actor=Actor.system("gateway"), action="control_session.closed",
+                 target=session, after={"node": session.node_id, "reason": session.close_reason})
+
+
+def session_close(*, session_id, reason: str) -> None:
+    """The stream ended. Not evidence that anything the node runs has stopped (L5)."""
+    with transaction.atomic():
+        session = (ControlSession.objects.select_for_update()
+                   .filter(pk=session_id, closed_at__isnull=True).first())
+        if session is not None:
+            _close(session, reason, timezone.now())
+            logger.info("node %s disconnected: %s", session.node_id, reason)
+
+
+def leases_renew(heartbeats: dict[str, datetime]) -> int:
+    """Renew many leases at once: two statements, whatever the number of sessions."""
+    if not heartbeats:
+        return 0
+    ids = list(heartbeats)
+    seen = [heartbeats[i] for i in ids]
+    leases = [_lease_until(at) for at in seen]
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "UPDATE nodes_controlsession AS s SET last_heartbeat_at = v.seen, "
+                "lease_expires_at = v.lease FROM unnest(%s::uuid[], %s::timestamptz[], "
+                "%s::timestamptz[]) AS v(id, seen, lease) "
+                "WHERE s.id = v.id AND s.closed_at IS NULL", [ids, seen, leases])
+            renewed = cursor.rowcount
+            cursor.execute(
+                "UPDATE nodes_node AS n SET last_seen_at = v.seen FROM unnest(%s::uuid[], "
+                "%s::timestamptz[]) AS v(id, seen), nodes_controlsession AS s "
+                "WHERE s.id = v.id AND n.id = s.node_id", [ids, seen])
+            return renewed
+        renewed = 0
+        for session_id, at in heartbeats.items():  # SQLite: the embedded, one-machine default
+            renewed += ControlSession.objects.filter(pk=session_id, closed_at__isnull=True) \
+                .update(last_heartbeat_at=at, lease_expires_at=_lease_until(at))
+            Node.objects.filter(sessions__pk=session_id).update(last_seen_at=at)
+        return renewed
+
+
+def node_report_inventory(*, node_id: str, inventory) -> Node:
+    """A report over the stream: stored with its observation time (J4's mapping applies).
+
+    Enrollment alone does not make a node ready: the first report on a live
+    session makes an enrolled node schedulable.
+    """
+    inventory = normalize_inventory(inventory)
+    now = timezone.now()
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        before = {"inventory": node.inventory, "scheduling_state": node.scheduling_state}
+        node.inventory = inventory
+        node.inventory_observed_at = now
+        live = ControlSession.objects.filter(node=node, closed_at__isnull=True,
+                                             lease_expires_at__gt=now).exists()
+        if node.scheduling_state == SchedulingState.ENROLLED and live:
+            node.scheduling_state = SchedulingState.SCHEDULABLE
+        node.save(update_fields=["inventory", "inventory_observed_at", "scheduling_state"])
+        after = {"inventory": node.inventory, "scheduling_state": node.scheduling_state}
+        if after != before:
+            audit_record(actor=Actor.of_node(node_id), action="node.inventory_reported",
+                         target=node, before=before, after=after)
+    return node

@@ -1,0 +1,60 @@
+"""``manage.py grpcserve``: the control gateway, over mutual TLS, on grpc.aio.
+
+django-grpc-framework's own ``grpcrunserver`` cannot start on Django 5 and
+serves only insecure ports; this serves its Service classes with TLS instead.
+"""
+
+import asyncio
+import signal
+
+import grpc
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django_grpc_framework.settings import grpc_settings
+
+from nodes import pki
+from nodes.gateway import NodeControlService
+
+STOP_GRACE_SECONDS = 5
+
+
+def server_credentials() -> grpc.ServerCredentials:
+    directory = pki.pki_dir()
+    return grpc.ssl_server_credentials(
+        [((directory / "gateway.key").read_bytes(), (directory / "gateway.pem").read_bytes())],
+        root_certificates=pki.load_ca().pem.encode(),
+        require_client_auth=True,
+    )
+
+
+class Command(BaseCommand):
+    help = "Serve NodeControl and grpc.health.v1 with client certificates required."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default=settings.TUNEPLANE_GATEWAY_BIND,
+                            help="HOST:PORT (TUNEPLANE_GATEWAY_BIND).")
+
+    def handle(self, *args, bind, **options):
+        settings.TUNEPLANE_GATEWAY_BIND = bind
+        if not (pki.pki_dir() / "gateway.pem").exists():
+            host = bind.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
+            pki.issue_server_certificate(sorted({host, "127.0.0.1", "localhost"}))
+        asyncio.run(self._serve(bind))
+
+    async def _serve(self, bind: str) -> None:
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024 * 1024)])
+        grpc_settings.ROOT_HANDLERS_HOOK(server)
+        server.add_secure_port(bind, server_credentials())
+        await server.start()
+        flusher = asyncio.create_task(NodeControlService.batcher.run())
+        stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stopped.set)
+        self.stdout.write(f"gateway serving NodeControl on {bind} (mTLS)")
+        self.stdout.flush()
+        await stopped.wait()
+        await server.stop(STOP_GRACE_SECONDS)
+        flusher.cancel()
+        await NodeControlService.batcher.flush()
+        self.stdout.write("gateway stopped")

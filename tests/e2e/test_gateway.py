@@ -1,0 +1,219 @@
+"""The control gateway for real: a grpcserve subprocess, mTLS, the real agent (L1 lease, L5)."""
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from audit.models import AuditEvent
+from nodes.agent.proto import control_pb2 as pb
+from nodes.agent.proto import control_pb2_grpc
+from nodes.choices import SchedulingState
+from nodes.models import ControlSession, Node, NodeCredential
+from nodes.services import node_join
+from tests.conftest import H100_INVENTORY, make_csr
+from tests.nodes.agent_process import inventory_file, machine
+
+from .console import ROOT, console_env, free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_until(check, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def gateway(tmp_path, console_pki):
+    port = free_port()
+    env = console_env(tmp_path, TUNEPLANE_PKI_DIR=str(console_pki),
+                      TUNEPLANE_HEARTBEAT_INTERVAL="1", TUNEPLANE_LEASE_TTL="3")
+    process = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind",
+                                f"127.0.0.1:{port}"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    line = process.stdout.readline()
+    assert "gateway serving" in line, line + process.stdout.read()
+    yield f"127.0.0.1:{port}"
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=20)[0]
+    assert process.returncode == 0, output
+
+
+@pytest.fixture
+def joined(node_fleet, mint, tmp_path):
+    """A node that joined through the real service, with its state dir laid out as join does."""
+    from nodes.agent import state
+
+    key_pem, csr = make_csr()
+    result = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=csr,
+                       inventory=H100_INVENTORY)
+    env = machine(tmp_path)
+    directory = Path(env["TUNEPLANE_NODE_STATE_DIR"])
+    state.save_credential(directory, identity={
+        "node_id": result.node.id, "fleet": "gpu-lab", "server": "http://127.0.0.1",
+        "gateway_target": "unused", "credential_expires_at": ""},
+        key_pem=key_pem, certificate_pem=result.certificate.pem, ca_bundle=result.ca_bundle)
+    return result.node, env, directory
+
+
+def credentials(directory: Path, *, key=None, cert=None, with_client=True):
+    root = (directory / "ca.pem").read_bytes()
+    if not with_client:
+        return grpc.ssl_channel_credentials(root_certificates=root)
+    return grpc.ssl_channel_credentials(
+        root_certificates=root, private_key=key or (directory / "node.key").read_bytes(),
+        certificate_chain=cert or (directory / "node.crt").read_bytes())
+
+
+def connect(target, creds, node_id, timeout=5):
+    """A hand-built client: Hello, then the first answer (or the RPC error)."""
+    with grpc.secure_channel(target, creds) as channel:
+        call = control_pb2_grpc.NodeControlStub(channel).Connect(
+            iter([pb.NodeMessage(hello=pb.Hello(node_id=node_id))]), timeout=timeout)
+        try:
+            return next(call)
+        except grpc.RpcError as error:
+            return error
+
+
+def serve(env, target, tmp_path):
+    return subprocess.Popen(
+        [sys.executable, "-m", "nodes.agent", "serve", "--target", target, "--inventory-file",
+         inventory_file(tmp_path, H100_INVENTORY)], cwd=ROOT, text=True,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE")}, **env},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_agent_connects_heartbeats_and_a_killed_agent_leaves_its_work_alone(
+        gateway, joined, admin_api, tmp_path):
+    node, env, _ = joined
+    assert node.scheduling_state == SchedulingState.ENROLLED
+    agent = serve(env, gateway, tmp_path)
+    try:
+        shown = wait_until(lambda: (lambda body: body if body["connection"]["state"] ==
+                                    "connected" and body["scheduling"]["state"] ==
+                                    "schedulable" else None)(
+            admin_api.get(f"/api/nodes/{node.id}").json()), what="connected and schedulable")
+        first_beat = shown["connection"]["last_heartbeat_at"]
+        wait_until(lambda: admin_api.get(f"/api/nodes/{node.id}").json()["connection"]
+                   ["last_heartbeat_at"] != first_beat, what="a renewed lease")
+    finally:
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+    session = wait_until(lambda: ControlSession.objects.filter(node=node,
+                                                               closed_at__isnull=False).first(),
+                         what="the session to close")
+    assert session.close_reason
+    assert admin_api.get(f"/api/nodes/{node.id}").json()["connection"]["state"] == "disconnected"
+    # L5: a lost connection is not a dead container; nothing about the node's work changed.
+    assert Node.objects.get(pk=node.id).scheduling_state == SchedulingState.SCHEDULABLE
+    actions = set(AuditEvent.objects.filter(target_id=str(session.id))
+                  .values_list("action", flat=True))
+    assert actions == {"control_session.opened", "control_session.closed"}
+
+
+def test_agent_stops_cleanly_on_sigterm(gateway, joined, tmp_path):
+    node, env, _ = joined
+    agent = serve(env, gateway, tmp_path)
+    wait_until(lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).exists(),
+               what="a session")
+    agent.send_signal(signal.SIGTERM)
+    output = agent.communicate(timeout=20)[0]
+    assert agent.returncode == 0, output
+    assert "connected to" in output and "stopped" in output
+
+
+def test_health_is_served_over_mtls(gateway, joined):
+    _, _, directory = joined
+    with grpc.secure_channel(gateway, credentials(directory)) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="tuneplane.node.v1.NodeControl"), timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def foreign_certificate(node_id: str) -> tuple[bytes, bytes]:
+    """A well-formed node certificate from a CA the console has never seen."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Somebody else's CA")])
+    now = dt.datetime.now(dt.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([
+        x509.NameAttribute(NameOID.COMMON_NAME, node_id)])).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1)).not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.UniformResourceIdentifier(f"spiffe://tuneplane/node/{node_id}")]), critical=False)
+        .sign(ca_key, hashes.SHA256()))
+    return (key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()),
+            cert.public_bytes(serialization.Encoding.PEM))
+
+
+def test_identity_is_the_certificate_and_every_other_claim_is_refused(gateway, joined,
+                                                                      node_fleet, mint):
+    node, _, directory = joined
+    other = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1],
+                      inventory=H100_INVENTORY).node
+    sessions_before = ControlSession.objects.count()
+
+    no_cert = connect(gateway, credentials(directory, with_client=False), node.id)
+    assert isinstance(no_cert, grpc.RpcError) and no_cert.code() == grpc.StatusCode.UNAVAILABLE
+    key, cert = foreign_certificate(node.id)
+    foreign = connect(gateway, credentials(directory, key=key, cert=cert), node.id)
+    assert isinstance(foreign, grpc.RpcError) and foreign.code() == grpc.StatusCode.UNAVAILABLE
+    impostor = connect(gateway, credentials(directory), other.id)
+    assert impostor.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "other than the certificate" in impostor.details()
+
+    NodeCredential.objects.filter(node=node).update(revoked_at=dt.datetime.now(dt.timezone.utc))
+    revoked = connect(gateway, credentials(directory), node.id)
+    assert revoked.code() == grpc.StatusCode.PERMISSION_DENIED and "revoked" in revoked.details()
+    NodeCredential.objects.filter(node=node).update(revoked_at=None)
+    Node.objects.filter(pk=node.id).update(scheduling_state=SchedulingState.REMOVED)
+    removed = connect(gateway, credentials(directory), node.id)
+    assert removed.code() == grpc.StatusCode.PERMISSION_DENIED and "removed" in removed.details()
+    assert ControlSession.objects.count() == sessions_before
+
+
+def held_open(first_message, release: threading.Event):
+    """A request stream that sends one message and stays open until released."""
+    yield first_message
+    release.wait(15)
+
+
+def test_a_second_stream_replaces_the_first(gateway, joined):
+    node, _, directory = joined
+    hello = pb.NodeMessage(hello=pb.Hello(node_id=node.id))
+    release = threading.Event()
+    with grpc.secure_channel(gateway, credentials(directory)) as one, \
+            grpc.secure_channel(gateway, credentials(directory)) as two:
+        first = control_pb2_grpc.NodeControlStub(one).Connect(held_open(hello, release),
+                                                              timeout=10)
+        assert next(first).WhichOneof("body") == "welcome"
+        second = control_pb2_grpc.NodeControlStub(two).Connect(held_open(hello, release),
+                                                               timeout=10)
+        assert next(second).WhichOneof("body") == "welcome"
+        closing = next(first)
+        release.set()
+    assert closing.WhichOneof("body") == "close"
+    assert closing.close.reason == "replaced by a newer stream"
+    assert ControlSession.objects.filter(node=node, close_reason="replaced by a newer stream",
+                                         closed_at__isnull=False).count() == 1

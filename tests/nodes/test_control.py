@@ -1,0 +1,63 @@
+"""Control-stream services: leases renewed in batches (statements independent of N)."""
+
+import subprocess
+import sys
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from nodes.control import leases_renew, node_report_inventory, session_open
+from nodes.models import ControlSession
+from nodes.services import node_join
+from tests.conftest import H100_INVENTORY, make_csr
+from tests.e2e.console import ROOT
+
+
+def sessions(fleet, mint, count):
+    opened = []
+    for _ in range(count):
+        result = node_join(token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1],
+                           inventory=H100_INVENTORY)
+        opened.append(session_open(node_id=result.node.id, serial=result.certificate.serial,
+                                   gateway="test"))
+    return opened
+
+
+def renew_statements(batch) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        assert leases_renew(batch) == len(batch)
+    return sum(1 for query in queries if query["sql"].startswith("UPDATE"))
+
+
+@pytest.mark.postgres  # SQLite, the one-machine default, renews session by session
+def test_lease_renewal_statements_do_not_grow_with_nodes(node_fleet, mint):
+    few = sessions(node_fleet, mint, 3)
+    many = few + sessions(node_fleet, mint, 30)
+    now = timezone.now()
+    small = renew_statements({str(s.id): now for s in few})
+    large = renew_statements({str(s.id): now for s in many})
+    assert small == large == 2
+    renewed = ControlSession.objects.get(pk=many[-1].id)
+    assert renewed.last_heartbeat_at == now and renewed.lease_expires_at > now
+
+
+def test_a_closed_session_is_not_renewed(node_fleet, mint):
+    from nodes.control import session_close
+    session = sessions(node_fleet, mint, 1)[0]
+    session_close(session_id=session.id, reason="stream ended")
+    assert leases_renew({str(session.id): timezone.now()}) == 0
+
+
+def test_first_inventory_on_a_live_session_makes_an_enrolled_node_schedulable(node_fleet, mint):
+    session = sessions(node_fleet, mint, 1)[0]
+    assert session.node.scheduling_state == "enrolled"
+    node = node_report_inventory(node_id=session.node_id, inventory=H100_INVENTORY)
+    assert node.scheduling_state == "schedulable"
+
+
+def test_generated_protobuf_modules_are_up_to_date():
+    result = subprocess.run([sys.executable, "proto/generate.py", "--check"], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -16,6 +16,7 @@ from django.utils import timezone
 from audit.services import Actor, audit_record
 from tuneplane.errors import ApplicationError
 
+from . import pki
 from .choices import SchedulingState
 from .inventory import normalize_inventory
 from .models import ControlSession, Node, NodeCredential
@@ -32,22 +33,27 @@ def _lease_until(now: datetime) -> datetime:
     return now + timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
 
 
+def _authenticated_node(node_id: str, serial: str, now: datetime) -> Node:
+    """The node a presented certificate speaks for, locked; refused if it may not speak."""
+    credential = NodeCredential.objects.filter(node_id=node_id, serial=serial).first()
+    if credential is None:
+        raise SessionRefused(f"no credential {serial} for node {node_id}")
+    if credential.revoked_at is not None:
+        raise SessionRefused(f"credential {serial} is revoked")
+    if credential.not_after <= now:
+        raise SessionRefused(f"credential {serial} has expired")
+    node = Node.objects.select_for_update().get(pk=node_id)
+    if node.scheduling_state == SchedulingState.REMOVED:
+        raise SessionRefused(f"node {node_id} is removed")
+    return node
+
+
 def session_open(*, node_id: str, serial: str, gateway: str,
                  agent_version: str = "") -> ControlSession:
     """Open a node's session; a newer stream replaces an older one (its session is closed)."""
     now = timezone.now()
     with transaction.atomic():
-        credential = (NodeCredential.objects.select_related("node")
-                      .filter(node_id=node_id, serial=serial).first())
-        if credential is None:
-            raise SessionRefused(f"no credential {serial} for node {node_id}")
-        if credential.revoked_at is not None:
-            raise SessionRefused(f"credential {serial} is revoked")
-        if credential.not_after <= now:
-            raise SessionRefused(f"credential {serial} has expired")
-        node = Node.objects.select_for_update().get(pk=node_id)
-        if node.scheduling_state == SchedulingState.REMOVED:
-            raise SessionRefused(f"node {node_id} is removed")
+        node = _authenticated_node(node_id, serial, now)
         for old in ControlSession.objects.select_for_update().filter(node=node,
                                                                      closed_at__isnull=True):
             _close(old, "replaced by a newer stream", now)
@@ -108,6 +114,29 @@ def leases_renew(heartbeats: dict[str, datetime]) -> int:
                 .update(last_heartbeat_at=at, lease_expires_at=_lease_until(at))
             Node.objects.filter(sessions__pk=session_id).update(last_seen_at=at)
         return renewed
+
+
+def credential_rotate(*, node_id: str, serial: str, csr: str) -> pki.IssuedCertificate:
+    """J6: a node, authenticated by its current certificate, gets a new one for a new key.
+
+    The current certificate stays valid until it expires (it is bounded), so a
+    node that crashes before it has written the new files keeps its identity.
+    """
+    parsed = pki.parse_csr(csr)
+    now = timezone.now()
+    with transaction.atomic():
+        node = _authenticated_node(node_id, serial, now)
+        issued = pki.sign_node_csr(parsed, node.id, timedelta(
+            seconds=settings.TUNEPLANE_NODE_CREDENTIAL_TTL))
+        NodeCredential.objects.create(node=node, serial=issued.serial,
+                                      fingerprint_sha256=issued.fingerprint_sha256,
+                                      not_before=issued.not_before, not_after=issued.not_after)
+        audit_record(actor=Actor.of_node(node_id), action="node.credential_rotated", target=node,
+                     before={"credential_serial": serial},
+                     after={"credential_serial": issued.serial,
+                            "expires_at": issued.not_after.isoformat()})
+    logger.info("node %s rotated its credential to %s", node_id, issued.serial)
+    return issued
 
 
 def node_report_inventory(*, node_id: str, inventory) -> Node:

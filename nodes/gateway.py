@@ -240,3 +240,17 @@ class NodeControlService(AsyncService):
             pass
         finally:
             outbox.put_nowait(None)
+
+    async def RotateCredential(self, request, context):
+        peer = peer_of(context)
+        if peer is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a node certificate is required")
+        try:
+            issued = await _db(control.credential_rotate)(node_id=peer.node_id,
+                                                          serial=peer.serial, csr=request.csr)
+        except ApplicationError as error:
+            logger.warning("node %s: rotation refused: %s", peer.node_id, error.message)
+            await context.abort(_STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED),
+                                error.message)
+        return pb.RotateCredentialResponse(certificate=issued.pem,
+                                           credential_expires_at=issued.not_after.isoformat())

@@ -45,6 +45,7 @@ def _join(args) -> int:
         "node_id": answer["node_id"], "fleet": answer["fleet"], "server": server,
         "gateway_target": answer["gateway_target"],
         "credential_expires_at": answer["credential_expires_at"],
+        "credential_issued_at": datetime.now(timezone.utc).isoformat(),
     }, key_pem=key_pem, certificate_pem=answer["certificate"], ca_bundle=answer["ca_bundle"])
     print(f"Joined fleet {answer['fleet']} as node {answer['node_id']}.")
     for warning in answer.get("warnings", []):

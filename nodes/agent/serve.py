@@ -3,12 +3,15 @@
 import logging
 import queue
 import random
+import socket
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
 
 import grpc
+from cryptography import x509
 
-from . import __version__, inventory, state
+from . import __version__, enroll, inventory, state
 from .proto import control_pb2 as pb
 from .proto import control_pb2_grpc
 
@@ -17,6 +20,8 @@ logger = logging.getLogger("tuneplane-node")
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
 INVENTORY_EVERY_SECONDS = 300
+ROTATE_AT = 2 / 3  # of the credential's lifetime
+ROTATION_RETRY_SECONDS = 30
 
 
 def channel_credentials(directory: Path) -> grpc.ChannelCredentials:
@@ -101,6 +106,8 @@ class Agent:
                             target=self._heartbeat, daemon=True,
                             args=(outgoing, message.welcome.heartbeat_interval_seconds))
                         beats.start()
+                        threading.Thread(target=self._rotate_when_due, args=(stub,),
+                                         daemon=True).start()
                     elif kind == "close":
                         logger.info("console closed the stream: %s", message.close.reason)
             except grpc.RpcError as error:
@@ -122,3 +129,34 @@ class Agent:
             if since_inventory >= INVENTORY_EVERY_SECONDS:
                 since_inventory = 0.0
                 outgoing.put(pb.NodeMessage(inventory=inventory_message(self.report())))
+
+    def _seconds_until_rotation(self) -> float:
+        cert = x509.load_pem_x509_certificate((self.directory / state.CERTIFICATE).read_bytes())
+        issued = self.identity.get("credential_issued_at")
+        start = datetime.fromisoformat(issued) if issued else cert.not_valid_before_utc
+        due = start + (cert.not_valid_after_utc - start) * ROTATE_AT
+        return (due - datetime.now(timezone.utc)).total_seconds()
+
+    def _rotate_when_due(self, stub) -> None:
+        """J6: a new key and certificate at two thirds of the lifetime; the stream stays up."""
+        call = self.call
+        while not self.stopping.wait(max(0.0, self._seconds_until_rotation())):
+            if not call.is_active():
+                return
+            key_pem, csr = enroll.new_key_and_csr(socket.gethostname())
+            try:
+                reply = stub.RotateCredential(pb.RotateCredentialRequest(csr=csr), timeout=30)
+            except grpc.RpcError as error:
+                logger.info("rotation failed (%s); retrying in %ds", error.code().name,
+                            ROTATION_RETRY_SECONDS)
+                if self.stopping.wait(ROTATION_RETRY_SECONDS):
+                    return
+                continue
+            self.identity = {**self.identity,
+                             "credential_expires_at": reply.credential_expires_at,
+                             "credential_issued_at": datetime.now(timezone.utc).isoformat()}
+            state.save_credential(
+                self.directory, identity=self.identity, key_pem=key_pem,
+                certificate_pem=reply.certificate,
+                ca_bundle=(self.directory / state.CA_BUNDLE).read_text())
+            logger.info("credential rotated; expires %s", reply.credential_expires_at)

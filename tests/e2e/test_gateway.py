@@ -41,11 +41,10 @@ def wait_until(check, timeout=20.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture
-def gateway(tmp_path, console_pki):
+def start_gateway(tmp_path, console_pki, **settings):
     port = free_port()
     env = console_env(tmp_path, TUNEPLANE_PKI_DIR=str(console_pki),
-                      TUNEPLANE_HEARTBEAT_INTERVAL="1", TUNEPLANE_LEASE_TTL="3")
+                      TUNEPLANE_HEARTBEAT_INTERVAL="1", TUNEPLANE_LEASE_TTL="3", **settings)
     process = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind",
                                 f"127.0.0.1:{port}"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
@@ -58,7 +57,27 @@ def gateway(tmp_path, console_pki):
 
 
 @pytest.fixture
+def gateway(tmp_path, console_pki):
+    yield from start_gateway(tmp_path, console_pki)
+
+
+@pytest.fixture
+def gateway_short_credentials(tmp_path, console_pki):
+    yield from start_gateway(tmp_path, console_pki, TUNEPLANE_NODE_CREDENTIAL_TTL="6")
+
+
+@pytest.fixture
 def joined(node_fleet, mint, tmp_path):
+    return lay_out_a_joined_node(node_fleet, mint, tmp_path)
+
+
+@pytest.fixture
+def joined_short(node_fleet, mint, tmp_path, settings):
+    settings.TUNEPLANE_NODE_CREDENTIAL_TTL = 6
+    return lay_out_a_joined_node(node_fleet, mint, tmp_path)
+
+
+def lay_out_a_joined_node(node_fleet, mint, tmp_path):
     """A node that joined through the real service, with its state dir laid out as join does."""
     from nodes.agent import state
 
@@ -69,7 +88,8 @@ def joined(node_fleet, mint, tmp_path):
     directory = Path(env["TUNEPLANE_NODE_STATE_DIR"])
     state.save_credential(directory, identity={
         "node_id": result.node.id, "fleet": "gpu-lab", "server": "http://127.0.0.1",
-        "gateway_target": "unused", "credential_expires_at": ""},
+        "gateway_target": "unused", "credential_expires_at": "",
+        "credential_issued_at": dt.datetime.now(dt.timezone.utc).isoformat()},
         key_pem=key_pem, certificate_pem=result.certificate.pem, ca_bundle=result.ca_bundle)
     return result.node, env, directory
 
@@ -217,3 +237,30 @@ def test_a_second_stream_replaces_the_first(gateway, joined):
     assert closing.close.reason == "replaced by a newer stream"
     assert ControlSession.objects.filter(node=node, close_reason="replaced by a newer stream",
                                          closed_at__isnull=False).count() == 1
+
+
+def test_J6_the_credential_rotates_by_itself_and_the_stream_stays(gateway_short_credentials,
+                                                                  joined_short, tmp_path):
+    node, env, directory = joined_short
+    first_cert = (directory / "node.crt").read_bytes()
+    agent = serve(env, gateway_short_credentials, tmp_path)
+    try:
+        wait_until(lambda: NodeCredential.objects.filter(node=node).count() >= 2, timeout=30,
+                   what="a rotated credential")
+        wait_until(lambda: (directory / "node.crt").read_bytes() != first_cert,
+                   what="the new certificate on disk")
+        open_sessions = ControlSession.objects.filter(node=node, closed_at__isnull=True)
+        assert open_sessions.count() == 1
+        assert not ControlSession.objects.filter(node=node, closed_at__isnull=False).exists()
+        event = AuditEvent.objects.filter(action="node.credential_rotated").first()
+        assert event.before["credential_serial"] != event.after["credential_serial"]
+        new_serial = x509.load_pem_x509_certificate((directory / "node.crt").read_bytes())
+        assert NodeCredential.objects.filter(
+            node=node, serial=format(new_serial.serial_number, "x")).exists()
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        output = agent.communicate(timeout=20)[0]
+    assert "credential rotated" in output
+    # The rotated credential opens a new stream too.
+    assert connect(gateway_short_credentials, credentials(directory), node.id) \
+        .WhichOneof("body") == "welcome"

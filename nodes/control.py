@@ -42,6 +42,8 @@ def _authenticated_node(node_id: str, serial: str, now: datetime) -> Node:
         raise SessionRefused(f"credential {serial} is revoked")
     if credential.not_after <= now:
         raise SessionRefused(f"credential {serial} has expired")
+    if credential.not_before > now:
+        raise SessionRefused(f"credential {serial} is not valid yet")
     node = Node.objects.select_for_update().get(pk=node_id)
     if node.scheduling_state == SchedulingState.REMOVED:
         raise SessionRefused(f"node {node_id} is removed")

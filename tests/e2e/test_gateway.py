@@ -264,3 +264,37 @@ def test_J6_the_credential_rotates_by_itself_and_the_stream_stays(gateway_short_
     # The rotated credential opens a new stream too.
     assert connect(gateway_short_credentials, credentials(directory), node.id) \
         .WhichOneof("body") == "welcome"
+
+
+def console_signed(node_id: str, not_before, not_after) -> tuple[bytes, bytes, str]:
+    """A node certificate from the console's own CA, with the validity window given."""
+    from nodes import pki
+
+    ca = pki.load_ca()
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([
+        x509.NameAttribute(NameOID.COMMON_NAME, node_id)])).issuer_name(ca.cert.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(not_before).not_valid_after(not_after)
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.UniformResourceIdentifier(pki.node_uri(node_id))]), critical=False)
+        .sign(ca.key, hashes.SHA256()))
+    return (key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()),
+            cert.public_bytes(serialization.Encoding.PEM), format(cert.serial_number, "x"))
+
+
+@pytest.mark.parametrize("window", ["expired", "not yet valid"])
+def test_a_certificate_outside_its_validity_is_refused(gateway, joined, window):
+    node, _, directory = joined
+    now = dt.datetime.now(dt.timezone.utc)
+    start, end = ((now - dt.timedelta(hours=2), now - dt.timedelta(hours=1))
+                  if window == "expired" else (now + dt.timedelta(hours=1),
+                                               now + dt.timedelta(hours=2)))
+    key, cert, serial = console_signed(node.id, start, end)
+    NodeCredential.objects.create(node=node, serial=serial, fingerprint_sha256=serial.zfill(64),
+                                  not_before=start, not_after=end)
+    refused = connect(gateway, credentials(directory, key=key, cert=cert), node.id)
+    assert isinstance(refused, grpc.RpcError), refused
+    assert refused.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED)
+    assert not ControlSession.objects.filter(node=node).exists()

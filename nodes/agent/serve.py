@@ -93,7 +93,6 @@ class Agent:
         with grpc.secure_channel(self.target, channel_credentials(self.directory)) as channel:
             stub = control_pb2_grpc.NodeControlStub(channel)
             self.call = stub.Connect(requests())
-            beats = None
             try:
                 for message in self.call:
                     kind = message.WhichOneof("body")
@@ -102,10 +101,9 @@ class Agent:
                         logger.info("connected to %s (session %s)", self.target,
                                     message.welcome.session_id)
                         outgoing.put(pb.NodeMessage(inventory=inventory_message(self.report())))
-                        beats = threading.Thread(
+                        threading.Thread(
                             target=self._heartbeat, daemon=True,
-                            args=(outgoing, message.welcome.heartbeat_interval_seconds))
-                        beats.start()
+                            args=(outgoing, message.welcome.heartbeat_interval_seconds)).start()
                         threading.Thread(target=self._rotate_when_due, args=(stub,),
                                          daemon=True).start()
                     elif kind == "close":

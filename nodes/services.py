@@ -1,7 +1,6 @@
 """Join tokens, joins and the card registry: every write validated, in one transaction, audited."""
 
 import logging
-import secrets
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -14,7 +13,7 @@ from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
 from fleets.models import Fleet
 from tuneplane.errors import ApplicationError, Conflict, ValidationFailed
-from tuneplane.models import hash_secret
+from tuneplane.models import hash_secret, new_secret
 
 from . import pki
 from .inventory import normalize_inventory
@@ -43,18 +42,18 @@ def join_token_mint(*, actor, fleet: Fleet) -> tuple[JoinToken, str]:
         raise Conflict(
             f"Fleet '{fleet.id}' is a {fleet.kind} Fleet: its machines come from the cluster "
             "manager, not from join tokens (rule J1).", rule="J1", code="not_a_node_fleet")
-    secret = JoinToken.PREFIX + secrets.token_urlsafe(32)
+    made = new_secret(JoinToken.PREFIX)
     now = timezone.now()
     with transaction.atomic():
         token = JoinToken.objects.create(
-            fleet=fleet, prefix=secret[:12], digest=hash_secret(secret),
+            fleet=fleet, prefix=made.prefix, digest=made.digest,
             created_by=actor if isinstance(actor, AbstractBaseUser) else None,
             expires_at=now + timedelta(seconds=settings.TUNEPLANE_JOIN_TOKEN_TTL),
         )
         audit_record(actor=actor, action="join_token.minted", target=token,
                      after={"fleet": fleet.id, "prefix": token.prefix,
                             "expires_at": token.expires_at.isoformat()})
-    return token, secret
+    return token, made.secret
 
 
 def join_commands(fleet_id: str, secret: str) -> dict:

@@ -1,4 +1,6 @@
 import hashlib
+import secrets
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.validators import RegexValidator
@@ -44,6 +46,20 @@ class Membership(models.Model):
 
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class NewSecret:
+    """A bearer secret (256 bits), the prefix an operator may see, and the hash we keep."""
+
+    secret: str
+    prefix: str
+    digest: str
+
+
+def new_secret(kind_prefix: str) -> NewSecret:
+    secret = kind_prefix + secrets.token_urlsafe(32)
+    return NewSecret(secret=secret, prefix=secret[:12], digest=hash_secret(secret))
 
 
 class ApiToken(models.Model):

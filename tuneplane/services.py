@@ -1,28 +1,25 @@
-import secrets
-
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
 
-from .models import ApiToken, hash_secret
+from .models import ApiToken, new_secret
 
 
 def api_token_create(*, actor, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
     """Make a token for ``user``; the plaintext is returned here and nowhere else."""
-    secret = ApiToken.PREFIX + secrets.token_urlsafe(32)
+    made = new_secret(ApiToken.PREFIX)
     with transaction.atomic():
-        token = ApiToken.objects.create(
-            user=user, name=name, prefix=secret[:12], digest=hash_secret(secret)
-        )
+        token = ApiToken.objects.create(user=user, name=name, prefix=made.prefix,
+                                        digest=made.digest)
         audit_record(
             actor=actor,
             action="api_token.created",
             target=token,
             after={"user": user.get_username(), "name": name, "prefix": token.prefix},
         )
-    return token, secret
+    return token, made.secret
 
 
 def api_token_revoke(*, actor, token: ApiToken) -> ApiToken:

@@ -1,5 +1,3 @@
-import pytest
-
 from .console import console_env, manage
 
 COUNT_FLEETS = "from fleets.models import Fleet; print(Fleet.objects.count())"

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from nodes import pki
-from nodes.models import CardAlias, HardwareSeries, JoinToken, Node, NodeCredential
+from nodes.models import CardAlias, HardwareSeries, Node, NodeCredential
 from nodes.services import JOIN_REFUSED, card_alias_map, join_token_revoke
 from tests.conftest import H100_INVENTORY, make_csr
 

@@ -50,9 +50,6 @@ class Fleet(models.Model):
     def __str__(self) -> str:
         return self.id
 
-    def has_capability(self, capability: str) -> bool:
-        return capability in self.capabilities
-
     def snapshot(self) -> dict:
         """The Fleet as the audit log keeps it before and after a change."""
         return {

@@ -110,12 +110,17 @@ def leases_renew(heartbeats: dict[str, datetime]) -> int:
                 "%s::timestamptz[]) AS v(id, seen), nodes_controlsession AS s "
                 "WHERE s.id = v.id AND n.id = s.node_id", [ids, seen])
             return renewed
-        renewed = 0
-        for session_id, at in heartbeats.items():  # SQLite: the embedded, one-machine default
-            renewed += ControlSession.objects.filter(pk=session_id, closed_at__isnull=True) \
-                .update(last_heartbeat_at=at, lease_expires_at=_lease_until(at))
-            Node.objects.filter(sessions__pk=session_id).update(last_seen_at=at)
-        return renewed
+        # Elsewhere (SQLite, the embedded default): the same, as set-based bulk updates.
+        sessions = list(ControlSession.objects.filter(pk__in=ids, closed_at__isnull=True)
+                        .only("id", "node_id"))
+        for session in sessions:
+            session.last_heartbeat_at = heartbeats[str(session.id)]
+            session.lease_expires_at = _lease_until(session.last_heartbeat_at)
+        ControlSession.objects.bulk_update(sessions, ["last_heartbeat_at", "lease_expires_at"])
+        Node.objects.bulk_update(
+            [Node(pk=s.node_id, last_seen_at=s.last_heartbeat_at) for s in sessions],
+            ["last_seen_at"])
+        return len(sessions)
 
 
 def credential_rotate(*, node_id: str, serial: str, csr: str) -> pki.IssuedCertificate:

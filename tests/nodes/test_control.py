@@ -3,7 +3,6 @@
 import subprocess
 import sys
 
-import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -31,7 +30,6 @@ def renew_statements(batch) -> int:
     return sum(1 for query in queries if query["sql"].startswith("UPDATE"))
 
 
-@pytest.mark.postgres  # SQLite, the one-machine default, renews session by session
 def test_lease_renewal_statements_do_not_grow_with_nodes(node_fleet, mint):
     few = sessions(node_fleet, mint, 3)
     many = few + sessions(node_fleet, mint, 30)

@@ -11,3 +11,26 @@ class SchedulingState(models.TextChoices):
     DRAINED = "drained", "drained"
     GONE = "gone", "gone"
     REMOVED = "removed", "removed"
+
+
+class CordonSource(models.TextChoices):
+    """Who cordoned: an operator decided, or the system observed (L6). Never one flag."""
+
+    OPERATOR = "operator", "operator"
+    STORAGE = "storage", "storage"
+
+
+class CommandState(models.TextChoices):
+    PENDING = "pending", "pending"  # recorded, not yet acknowledged by the node
+    RUNNING = "running", "running"  # the node persisted it and started it
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    LOST = "lost", "lost"  # the console had it running; the node, reconnecting, did not know it
+
+
+# A command in one of these may still be running on its node: drain waits for it.
+ACTIVE_COMMAND_STATES = (CommandState.PENDING, CommandState.RUNNING)
+
+
+class CommandKind(models.TextChoices):
+    RUN = "run", "run"  # a process under the agent: payload {"argv": [...]}

@@ -20,6 +20,7 @@ from . import pki
 from .choices import SchedulingState
 from .inventory import normalize_inventory
 from .models import ControlSession, Node, NodeCredential
+from .scheduling import node_observe_storage_root
 
 logger = logging.getLogger("tuneplane.gateway")
 
@@ -90,10 +91,14 @@ def session_close(*, session_id, reason: str) -> None:
             logger.info("node %s disconnected: %s", session.node_id, reason)
 
 
-def leases_renew(heartbeats: dict[str, datetime]) -> int:
-    """Renew many leases at once: two statements, whatever the number of sessions."""
+def leases_renew(heartbeats: dict[str, datetime]) -> set[str]:
+    """Renew many leases at once: two statements, whatever the number of sessions.
+
+    Returns the sessions renewed; one left out was closed meanwhile (its node was
+    removed, or its stream replaced on another replica), and its stream must end.
+    """
     if not heartbeats:
-        return 0
+        return set()
     ids = list(heartbeats)
     seen = [heartbeats[i] for i in ids]
     leases = [_lease_until(at) for at in seen]
@@ -103,8 +108,8 @@ def leases_renew(heartbeats: dict[str, datetime]) -> int:
                 "UPDATE nodes_controlsession AS s SET last_heartbeat_at = v.seen, "
                 "lease_expires_at = v.lease FROM unnest(%s::uuid[], %s::timestamptz[], "
                 "%s::timestamptz[]) AS v(id, seen, lease) "
-                "WHERE s.id = v.id AND s.closed_at IS NULL", [ids, seen, leases])
-            renewed = cursor.rowcount
+                "WHERE s.id = v.id AND s.closed_at IS NULL RETURNING s.id", [ids, seen, leases])
+            renewed = {str(row[0]) for row in cursor.fetchall()}
             cursor.execute(
                 "UPDATE nodes_node AS n SET last_seen_at = v.seen FROM unnest(%s::uuid[], "
                 "%s::timestamptz[]) AS v(id, seen), nodes_controlsession AS s "
@@ -120,7 +125,7 @@ def leases_renew(heartbeats: dict[str, datetime]) -> int:
         Node.objects.bulk_update(
             [Node(pk=s.node_id, last_seen_at=s.last_heartbeat_at) for s in sessions],
             ["last_seen_at"])
-        return len(sessions)
+        return {str(session.id) for session in sessions}
 
 
 def credential_rotate(*, node_id: str, serial: str, csr: str) -> pki.IssuedCertificate:
@@ -168,4 +173,5 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
         if after != before:
             audit_record(actor=Actor.of_node(node_id), action="node.inventory_reported",
                          target=node, before=before, after=after)
+        node_observe_storage_root(node_id=node_id, visible=inventory["storage_root_visible"])
     return node

@@ -7,12 +7,15 @@ place. Heartbeats only mark a lease in memory; ``LeaseBatcher`` writes them.
 
 import asyncio
 import inspect
+import json
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from functools import update_wrapper
 
 import grpc
+import redis.asyncio
 from asgiref.sync import sync_to_async
 from cryptography import x509
 from django.conf import settings
@@ -24,7 +27,7 @@ from google.protobuf.json_format import MessageToDict
 
 from tuneplane.errors import ApplicationError, ValidationFailed
 
-from . import control
+from . import bus, commands, control, scheduling, selectors
 from .agent.proto import control_pb2 as pb
 from .pki import NODE_URI_PREFIX
 
@@ -102,25 +105,73 @@ def peer_of(context) -> Peer | None:
     return Peer(node_id=ids[0], serial=format(cert.serial_number, "x")) if len(ids) == 1 else None
 
 
+@dataclass(eq=False)
+class Stream:
+    """One node's open stream on this replica: its outbox, and the commands sent on it."""
+
+    node_id: str
+    session_id: str
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    sent: set[str] = field(default_factory=set)
+
+    def deliver(self, commands) -> int:
+        """Queue commands not yet sent on this stream; the agent de-duplicates by id too."""
+        fresh = [command for command in commands if command.id not in self.sent]
+        for command in fresh:
+            self.sent.add(command.id)
+            self.outbox.put_nowait(pb.ControlMessage(command=pb.Command(
+                command_id=command.id, kind=command.kind,
+                payload_json=json.dumps(command.payload))))
+        return len(fresh)
+
+    def close(self, reason: str) -> None:
+        self.outbox.put_nowait(pb.ControlMessage(close=pb.Close(reason=reason)))
+        self.outbox.put_nowait(None)
+
+
+class Streams:
+    """The streams this replica holds, by node: a newer one closes the older."""
+
+    def __init__(self):
+        self.by_node: dict[str, Stream] = {}
+
+    def take(self, stream: Stream) -> None:
+        older = self.by_node.get(stream.node_id)
+        if older is not None:
+            older.close("replaced by a newer stream")
+        self.by_node[stream.node_id] = stream
+
+    def release(self, stream: Stream) -> None:
+        if self.by_node.get(stream.node_id) is stream:
+            del self.by_node[stream.node_id]
+
+    def close(self, node_id: str, reason: str, *, session_id: str | None = None) -> None:
+        stream = self.by_node.get(node_id)
+        if stream is not None and session_id in (None, stream.session_id):
+            self.release(stream)
+            stream.close(reason)
+
+
 class LeaseBatcher:
     """Collects heartbeats and renews their leases in one batch per flush interval."""
 
-    def __init__(self):
-        self.pending: dict[str, object] = {}
+    def __init__(self, streams: Streams):
+        self.streams = streams
+        self.pending: dict[str, tuple[str, datetime]] = {}
 
-    def touch(self, session_id: str) -> None:
-        self.pending[session_id] = timezone.now()
-
-    def _flush_sync(self, batch) -> None:
-        try:
-            control.leases_renew(batch)
-        finally:
-            close_old_connections()
+    def touch(self, stream: Stream) -> None:
+        self.pending[stream.session_id] = (stream.node_id, timezone.now())
 
     async def flush(self) -> None:
         batch, self.pending = self.pending, {}
-        if batch:
-            await sync_to_async(self._flush_sync, thread_sensitive=True)(batch)
+        if not batch:
+            return
+        renewed = await _db(control.leases_renew)({sid: at for sid, (_, at) in batch.items()})
+        for session_id in batch.keys() - renewed:
+            # Closed by the console meanwhile: its node was removed (D4), or it reconnected
+            # elsewhere. Either way this stream no longer speaks for the node.
+            self.streams.close(batch[session_id][0], "session closed by the console",
+                               session_id=session_id)
 
     async def run(self) -> None:
         while True:
@@ -129,24 +180,6 @@ class LeaseBatcher:
                 await self.flush()
             except Exception:  # a failed flush is retried with the next batch's timestamps
                 logger.exception("lease flush failed")
-
-
-class Streams:
-    """The streams this replica holds, by node: a newer one closes the older."""
-
-    def __init__(self):
-        self.outboxes: dict[str, asyncio.Queue] = {}
-
-    def take(self, node_id: str, outbox: asyncio.Queue) -> None:
-        older = self.outboxes.get(node_id)
-        if older is not None:
-            older.put_nowait(pb.ControlMessage(close=pb.Close(reason="replaced by a newer stream")))
-            older.put_nowait(None)
-        self.outboxes[node_id] = outbox
-
-    def release(self, node_id: str, outbox: asyncio.Queue) -> None:
-        if self.outboxes.get(node_id) is outbox:
-            del self.outboxes[node_id]
 
 
 def _db(function):
@@ -168,10 +201,72 @@ def inventory_from(report: pb.InventoryReport) -> dict:
     return data
 
 
+def replica_name() -> str:
+    """This gateway replica, as control sessions record it."""
+    return f"{socket.gethostname()}:{settings.TUNEPLANE_GATEWAY_BIND}"
+
+
+async def deliver_pending(streams: Streams, **which) -> int:
+    """Send the pending commands of the nodes whose streams this replica holds."""
+    pending = await _db(selectors.commands_pending)(**which)
+    by_node: dict[str, list] = {}
+    for command in pending:
+        by_node.setdefault(command.node_id, []).append(command)
+    return sum(stream.deliver(by_node[node_id]) for node_id, stream in
+               list(streams.by_node.items()) if node_id in by_node)
+
+
+async def on_event(streams: Streams, event: dict) -> None:
+    if event["node"] not in streams.by_node:
+        return
+    if event["type"] == bus.COMMANDS:
+        await deliver_pending(streams, node_id=event["node"])
+    elif event["type"] == bus.CLOSE:
+        streams.close(event["node"], str(event.get("reason") or "closed by the console")[:200])
+
+
+async def listen(streams: Streams) -> None:
+    """Events from every replica, web and worker through Redis; reconnects by itself."""
+    if not settings.REDIS_URL:
+        return
+    delay = 1
+    while True:
+        try:
+            async with redis.asyncio.Redis.from_url(settings.REDIS_URL) as client, \
+                    client.pubsub() as pubsub:
+                await pubsub.subscribe(bus.CHANNEL)
+                logger.info("listening for node-control events")
+                delay = 1
+                await deliver_pending(streams, gateway=replica_name())  # what was missed
+                async for message in pubsub.listen():
+                    event = bus.parse(message["data"]) if message["type"] == "message" else None
+                    if event is not None:
+                        await on_event(streams, event)
+        except (redis.RedisError, OSError) as error:
+            logger.warning("node-control events unavailable (%s); retrying in %ds", error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30)
+
+
+async def poll(streams: Streams) -> None:
+    """The record, not the nudge: pending commands for this replica's nodes, one statement
+    per interval whatever the number of nodes."""
+    while True:
+        await asyncio.sleep(settings.TUNEPLANE_COMMAND_POLL_INTERVAL)
+        try:
+            await deliver_pending(streams, gateway=replica_name())
+        except Exception:
+            logger.exception("polling for pending commands failed")
+
+
 class NodeControlService(AsyncService):
-    gateway_name = socket.gethostname()
     streams = Streams()
-    batcher = LeaseBatcher()
+    batcher = LeaseBatcher(streams)
+
+    @classmethod
+    def background(cls) -> list:
+        """What a gateway process runs beside its streams."""
+        return [cls.batcher.run(), listen(cls.streams), poll(cls.streams)]
 
     async def Connect(self, request_iterator, context):
         peer = peer_of(context)
@@ -183,63 +278,82 @@ class NodeControlService(AsyncService):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stream opens with Hello")
         if first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stream opens with Hello")
-        if first.hello.node_id != peer.node_id:
+        hello = first.hello
+        if hello.node_id != peer.node_id:
             logger.warning("node %s sent a Hello naming %s; refused", peer.node_id,
-                           first.hello.node_id[:64])
+                           hello.node_id[:64])
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 "Hello names a node other than the certificate's")
         try:
+            reported = [commands.Reported.of(c.command_id, c.state, c.exit_code)
+                        for c in hello.commands]
             session = await _db(control.session_open)(
-                node_id=peer.node_id, serial=peer.serial,
-                gateway=f"{self.gateway_name}:{settings.TUNEPLANE_GATEWAY_BIND}",
-                agent_version=first.hello.agent_version)
+                node_id=peer.node_id, serial=peer.serial, gateway=replica_name(),
+                agent_version=hello.agent_version)
         except ApplicationError as error:
             logger.warning("node %s refused: %s", peer.node_id, error.message)
             await context.abort(_STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED),
                                 error.message)
-        outbox: asyncio.Queue = asyncio.Queue()
-        self.streams.take(peer.node_id, outbox)
-        reader = asyncio.create_task(self._read(request_iterator, peer, session, outbox))
+        stream = Stream(peer.node_id, str(session.id))
+        self.streams.take(stream)
+        reader = None
         reason = "stream ended"
         try:
+            pending = await _db(commands.node_commands_reconcile)(node_id=peer.node_id,
+                                                                  reported=reported)
             yield pb.ControlMessage(welcome=pb.Welcome(
-                session_id=str(session.id),
+                session_id=stream.session_id,
                 heartbeat_interval_seconds=settings.TUNEPLANE_HEARTBEAT_INTERVAL,
                 lease_ttl_seconds=settings.TUNEPLANE_LEASE_TTL))
-            while (message := await outbox.get()) is not None:
+            stream.deliver(pending)
+            reader = asyncio.create_task(self._read(request_iterator, stream))
+            while (message := await stream.outbox.get()) is not None:
                 if message.WhichOneof("body") == "close":
                     reason = message.close.reason
                 yield message
         finally:
-            reader.cancel()
-            self.streams.release(peer.node_id, outbox)
+            if reader is not None:
+                reader.cancel()
+            self.streams.release(stream)
             await _db(control.session_close)(session_id=session.id, reason=reason)
 
-    async def _read(self, request_iterator, peer: Peer, session, outbox) -> None:
+    async def _read(self, request_iterator, stream: Stream) -> None:
+        node_id = stream.node_id
         last_sequence = -1
+        storage_visible = None
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("body")
-                if kind == "heartbeat":
-                    if message.heartbeat.sequence <= last_sequence:
-                        logger.warning("node %s: heartbeat %d after %d ignored", peer.node_id,
-                                       message.heartbeat.sequence, last_sequence)
-                        continue
-                    last_sequence = message.heartbeat.sequence
-                    self.batcher.touch(str(session.id))
-                    outbox.put_nowait(pb.ControlMessage(
-                        heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence)))
-                elif kind == "inventory":
-                    try:
+                try:
+                    if kind == "heartbeat":
+                        beat = message.heartbeat
+                        if beat.sequence <= last_sequence:
+                            logger.warning("node %s: heartbeat %d after %d ignored", node_id,
+                                           beat.sequence, last_sequence)
+                            continue
+                        last_sequence = beat.sequence
+                        self.batcher.touch(stream)
+                        stream.outbox.put_nowait(pb.ControlMessage(
+                            heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence)))
+                        if beat.storage_root_visible != storage_visible:
+                            storage_visible = beat.storage_root_visible
+                            await _db(scheduling.node_observe_storage_root)(
+                                node_id=node_id, visible=storage_visible)
+                    elif kind == "inventory":
                         await _db(control.node_report_inventory)(
-                            node_id=peer.node_id, inventory=inventory_from(message.inventory))
-                    except ValidationFailed as error:
-                        logger.warning("node %s: inventory refused: %s", peer.node_id,
-                                       error.message)
+                            node_id=node_id, inventory=inventory_from(message.inventory))
+                        storage_visible = message.inventory.storage_root_visible
+                    elif kind == "command_update":
+                        state = message.command_update.state
+                        await _db(commands.node_command_report)(
+                            node_id=node_id, reported=commands.Reported.of(
+                                state.command_id, state.state, state.exit_code))
+                except ValidationFailed as error:
+                    logger.warning("node %s: %s refused: %s", node_id, kind, error.message)
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             pass
         finally:
-            outbox.put_nowait(None)
+            stream.outbox.put_nowait(None)
 
     async def RotateCredential(self, request, context):
         peer = peer_of(context)

@@ -6,7 +6,7 @@ from django.db import models
 
 from fleets.models import Fleet
 
-from .choices import SchedulingState
+from .choices import CommandKind, CommandState, CordonSource, SchedulingState
 
 
 def new_node_id() -> str:
@@ -138,3 +138,72 @@ class ControlSession(models.Model):
 
     def __str__(self) -> str:
         return f"session {self.id} of {self.node_id}"
+
+
+class NodeCordon(models.Model):
+    """One reason a node takes no new work. At most one per source (L6).
+
+    An operator cordon is a decision and is lifted only by an operator; a
+    storage cordon is an observation, set and lifted by what the node reports.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="cordons")
+    source = models.CharField(max_length=16, choices=CordonSource.choices)
+    reason = models.CharField(max_length=200)
+    created_at = models.DateTimeField()
+    created_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "source"], name="one_cordon_per_source"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source} cordon on {self.node_id}: {self.reason}"
+
+
+def new_command_id() -> str:
+    return "c-" + secrets.token_hex(16)
+
+
+class NodeCommand(models.Model):
+    """Work the console asked a node to do, and the last state the node reported (L5)."""
+
+    id = models.CharField(primary_key=True, max_length=40, default=new_command_id,
+                          editable=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="commands")
+    kind = models.CharField(max_length=32, choices=CommandKind.choices)
+    payload = models.JSONField(default=dict)
+    state = models.CharField(max_length=16, choices=CommandState.choices,
+                             default=CommandState.PENDING, db_index=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} on {self.node_id}"
+
+
+class StrayCommand(models.Model):
+    """A command a node reports that the console never gave it: flagged, never killed (L5)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="stray_commands")
+    command_id = models.CharField(max_length=64)
+    state = models.CharField(max_length=16)
+    exit_code = models.IntegerField(null=True, blank=True)
+    first_reported_at = models.DateTimeField()
+    last_reported_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-last_reported_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "command_id"], name="one_stray_per_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"unknown command {self.command_id} on {self.node_id}"

@@ -6,8 +6,8 @@ from django.utils import timezone
 
 from fleets.selectors import fleets_visible_to
 
-from .choices import SchedulingState
-from .models import CardAlias, ControlSession, JoinToken, Node
+from .choices import CommandState, SchedulingState
+from .models import CardAlias, ControlSession, JoinToken, Node, NodeCommand
 
 
 def card_series(names) -> dict[str, str | None]:
@@ -80,3 +80,16 @@ def live_sessions_of(nodes) -> dict:
                                              closed_at__isnull=True,
                                              lease_expires_at__gt=timezone.now())
     return {session.node_id: session for session in sessions}
+
+
+def commands_pending(*, node_id: str | None = None,
+                     gateway: str | None = None) -> list[NodeCommand]:
+    """Pending commands, oldest first, in one statement: of one node, or of the nodes whose
+    open session is on one gateway replica."""
+    pending = NodeCommand.objects.filter(state=CommandState.PENDING).order_by("created_at")
+    if node_id is not None:
+        pending = pending.filter(node_id=node_id)
+    if gateway is not None:
+        pending = pending.filter(node__sessions__gateway=gateway,
+                                 node__sessions__closed_at__isnull=True)
+    return list(pending)

@@ -217,6 +217,9 @@ TUNEPLANE_HEARTBEAT_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_INTERVAL", 10)
 TUNEPLANE_LEASE_TTL = env_seconds("TUNEPLANE_LEASE_TTL", 30)
 # Heartbeats are written in one batch per replica per flush interval, never one per message.
 TUNEPLANE_HEARTBEAT_FLUSH_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_FLUSH_INTERVAL", 1)
+# How often a gateway replica looks for pending commands of its nodes. With Redis a command
+# is delivered at once; this is what delivers it when an event was missed, or without Redis.
+TUNEPLANE_COMMAND_POLL_INTERVAL = env_seconds("TUNEPLANE_COMMAND_POLL_INTERVAL", 2)
 TUNEPLANE_GATEWAY_BIND = os.environ.get("TUNEPLANE_GATEWAY_BIND", "127.0.0.1:8443")
 # Joins per client address, in DRF's rate syntax.
 TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")

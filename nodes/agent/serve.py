@@ -1,5 +1,6 @@
 """``tuneplane-node serve``: hold the control stream — Hello, heartbeats, inventory, reconnect."""
 
+import json
 import logging
 import queue
 import random
@@ -12,6 +13,7 @@ import grpc
 from cryptography import x509
 
 from . import __version__, enroll, inventory, state
+from .commands import Command, Commands
 from .proto import control_pb2 as pb
 from .proto import control_pb2_grpc
 
@@ -29,6 +31,11 @@ def channel_credentials(directory: Path) -> grpc.ChannelCredentials:
         root_certificates=(directory / state.CA_BUNDLE).read_bytes(),
         private_key=(directory / state.KEY).read_bytes(),
         certificate_chain=(directory / state.CERTIFICATE).read_bytes())
+
+
+def command_state(command: Command) -> pb.CommandState:
+    return pb.CommandState(command_id=command.command_id, state=command.state,
+                           exit_code=command.exit_code or 0)
 
 
 def inventory_message(report: dict) -> pb.InventoryReport:
@@ -52,11 +59,23 @@ class Agent:
         self.budgets = {"cpu_budget": cpu_budget, "memory_budget_bytes": memory_budget_bytes}
         self.stopping = threading.Event()
         self.call = None
+        self.commands = Commands(directory)
+        # What this stream has told the console of each command, to report only changes.
+        self.reported: dict[str, str] = {}
 
     def report(self) -> dict:
-        if self.inventory_file:
-            return inventory.from_file(self.inventory_file)
-        return inventory.probe(storage_root=self.storage_root, **self.budgets)[0]
+        if not self.inventory_file:
+            return inventory.probe(storage_root=self.storage_root, **self.budgets)[0]
+        report = inventory.from_file(self.inventory_file)
+        if self.storage_root:
+            report["storage_root_visible"] = inventory.storage_root_visible(self.storage_root)
+        return report
+
+    def storage_root_visible(self) -> bool:
+        """Probed when a storage root is configured; an inventory file may stand in for it."""
+        if self.storage_root or not self.inventory_file:
+            return inventory.storage_root_visible(self.storage_root)
+        return bool(self.report().get("storage_root_visible"))
 
     def stop(self) -> None:
         self.stopping.set()
@@ -79,8 +98,11 @@ class Agent:
     def _stream(self) -> bool:
         """One stream, until it ends. Returns whether it got as far as a Welcome."""
         outgoing: queue.Queue = queue.Queue()
-        outgoing.put(pb.NodeMessage(hello=pb.Hello(node_id=self.identity["node_id"],
-                                                   agent_version=__version__)))
+        known = self.commands.known()
+        self.reported = {command.command_id: command.state for command in known}
+        outgoing.put(pb.NodeMessage(hello=pb.Hello(
+            node_id=self.identity["node_id"], agent_version=__version__,
+            commands=[command_state(command) for command in known])))
 
         def requests():
             while True:
@@ -100,12 +122,16 @@ class Agent:
                         welcomed = True
                         logger.info("connected to %s (session %s)", self.target,
                                     message.welcome.session_id)
+                        # Reconciled by the console: finished ones need not be told again.
+                        self.commands.forget_finished(self.reported)
                         outgoing.put(pb.NodeMessage(inventory=inventory_message(self.report())))
                         threading.Thread(
                             target=self._heartbeat, daemon=True,
                             args=(outgoing, message.welcome.heartbeat_interval_seconds)).start()
                         threading.Thread(target=self._rotate_when_due, args=(stub,),
                                          daemon=True).start()
+                    elif kind == "command":
+                        self._accept(message.command, outgoing)
                     elif kind == "close":
                         logger.info("console closed the stream: %s", message.close.reason)
             except grpc.RpcError as error:
@@ -115,14 +141,36 @@ class Agent:
                 outgoing.put(None)
         return welcomed
 
+    def _accept(self, message: pb.Command, outgoing: queue.Queue) -> None:
+        try:
+            payload = json.loads(message.payload_json or "{}")
+        except ValueError:
+            payload = None
+        command = self.commands.accept(message.command_id, message.kind, payload)
+        if command is not None:
+            logger.info("command %s %s", command.command_id, command.state)
+            self._tell(command, outgoing)
+
+    def _tell(self, command: Command, outgoing: queue.Queue) -> None:
+        self.reported[command.command_id] = command.state
+        outgoing.put(pb.NodeMessage(command_update=pb.CommandUpdate(
+            state=command_state(command))))
+
+    def _report_finished(self, outgoing: queue.Queue) -> None:
+        for command in self.commands.known():
+            if self.reported.get(command.command_id) not in (None, command.state):
+                logger.info("command %s %s (exit %s)", command.command_id, command.state,
+                            command.exit_code)
+                self._tell(command, outgoing)
+
     def _heartbeat(self, outgoing: queue.Queue, interval: int) -> None:
         sequence = 0
         since_inventory = 0.0
         while not self.stopping.wait(interval) and self.call is not None and self.call.is_active():
             sequence += 1
             outgoing.put(pb.NodeMessage(heartbeat=pb.Heartbeat(
-                sequence=sequence,
-                storage_root_visible=inventory.storage_root_visible(self.storage_root))))
+                sequence=sequence, storage_root_visible=self.storage_root_visible())))
+            self._report_finished(outgoing)
             since_inventory += interval
             if since_inventory >= INVENTORY_EVERY_SECONDS:
                 since_inventory = 0.0

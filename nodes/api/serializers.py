@@ -1,9 +1,10 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tuneplane.api.fields import StrictCharField, StrictSerializer
+from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
 
-from ..models import JoinToken, Node
+from ..choices import CommandKind, SchedulingState
+from ..models import JoinToken, Node, NodeCommand
 
 
 class JoinTokenSerializer(serializers.ModelSerializer):
@@ -97,7 +98,12 @@ class NodeSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.DictField())
     def get_scheduling(self, node):
-        return {"state": node.scheduling_state, "cordons": []}
+        cordons = [{"source": c.source, "reason": c.reason, "at": c.created_at,
+                    "by": c.created_by} for c in node.cordons.all()]
+        shown = node.scheduling_state
+        if cordons and shown == SchedulingState.SCHEDULABLE:
+            shown = SchedulingState.CORDONED
+        return {"state": shown, "cordons": cordons}
 
     @extend_schema_field(serializers.DictField())
     def get_inventory(self, node):
@@ -122,3 +128,29 @@ class NodeSerializer(serializers.ModelSerializer):
 
     def get_address_shared(self, node) -> bool:
         return node.address in self.context.get("shared_addresses", set())
+
+
+class CordonRequestSerializer(StrictSerializer):
+    reason = StrictCharField(max_length=200)
+
+    class Meta:
+        ref_name = "CordonRequest"
+
+
+class CommandRequestSerializer(StrictSerializer):
+    kind = StrictChoiceField(choices=CommandKind.values)
+    # Checked by the service, which names the exact field at fault.
+    payload = serializers.JSONField()
+
+    class Meta:
+        ref_name = "CommandRequest"
+
+
+class CommandSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node_id")
+
+    class Meta:
+        model = NodeCommand
+        fields = ["id", "node", "kind", "payload", "state", "exit_code", "created_by",
+                  "created_at", "updated_at"]
+        read_only_fields = fields

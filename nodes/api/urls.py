@@ -1,7 +1,7 @@
 from django.urls import path
 
-from .views import (FleetJoinTokensView, JoinTokenDetailView, NodeDetailView, NodeJoinView,
-                    NodeListView)
+from .views import (FleetJoinTokensView, JoinTokenDetailView, NodeCommandsView, NodeCordonView,
+                    NodeDetailView, NodeDrainView, NodeJoinView, NodeListView, NodeUncordonView)
 
 urlpatterns = [
     path("fleets/<str:fleet_id>/join-tokens", FleetJoinTokensView.as_view(),
@@ -10,4 +10,8 @@ urlpatterns = [
     path("nodes/join", NodeJoinView.as_view(), name="node-join"),
     path("nodes", NodeListView.as_view(), name="node-list"),
     path("nodes/<str:node_id>", NodeDetailView.as_view(), name="node-detail"),
+    path("nodes/<str:node_id>/cordon", NodeCordonView.as_view(), name="node-cordon"),
+    path("nodes/<str:node_id>/uncordon", NodeUncordonView.as_view(), name="node-uncordon"),
+    path("nodes/<str:node_id>/drain", NodeDrainView.as_view(), name="node-drain"),
+    path("nodes/<str:node_id>/commands", NodeCommandsView.as_view(), name="node-commands"),
 ]

@@ -1,5 +1,5 @@
 from django.conf import settings
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import AllowAny
@@ -9,14 +9,15 @@ from rest_framework.throttling import SimpleRateThrottle
 from fleets.selectors import fleet_get_visible
 from tuneplane.api.permissions import IsAdmin, require_admin
 from tuneplane.api.schema import errors
-from tuneplane.errors import NotFound
+from tuneplane.errors import NotFound, ValidationFailed
 
-from .. import services
+from .. import commands, scheduling, services
 from ..services import join_commands
 from ..models import JoinToken
 from ..selectors import (addresses_shared, card_series, join_tokens_of, live_sessions_of,
                          nodes_visible_to)
-from .serializers import (JoinRequestSerializer, JoinResponseSerializer, JoinTokenSerializer,
+from .serializers import (CommandRequestSerializer, CommandSerializer, CordonRequestSerializer,
+                          JoinRequestSerializer, JoinResponseSerializer, JoinTokenSerializer,
                           MintedJoinTokenSerializer, NodeSerializer)
 
 
@@ -115,13 +116,32 @@ class NodeListView(GenericAPIView):
     @extend_schema(summary="List nodes (administrators)",
                    responses={200: NodeSerializer(many=True), **errors(401, 403)})
     def get(self, request):
-        nodes = nodes_visible_to(request.user)
+        nodes = nodes_visible_to(request.user).prefetch_related("cordons")
         fleet = request.query_params.get("fleet")
         if fleet:
             nodes = nodes.filter(fleet_id=fleet)
         page = self.paginate_queryset(nodes)
         return self.get_paginated_response(
             NodeSerializer(page, many=True, context=_node_context(page)).data)
+
+
+def _node(request, node_id: str):
+    node = nodes_visible_to(request.user).filter(pk=node_id).first()
+    if node is None:
+        raise NotFound(f"Node '{node_id}' not found.")
+    return node
+
+
+def _shown(node_id: str, user) -> Response:
+    node = nodes_visible_to(user).prefetch_related("cordons").get(pk=node_id)
+    return Response(NodeSerializer(node, context=_node_context([node])).data)
+
+
+def _flag(request, name: str) -> bool:
+    value = request.query_params.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise ValidationFailed(f"{name} must be true or false.", field=name)
+    return value in ("true", "1")
 
 
 class NodeDetailView(GenericAPIView):
@@ -131,7 +151,74 @@ class NodeDetailView(GenericAPIView):
     @extend_schema(summary="A node (administrators)",
                    responses={200: NodeSerializer, **errors(401, 403, 404)})
     def get(self, request, node_id: str):
-        node = nodes_visible_to(request.user).filter(pk=node_id).first()
-        if node is None:
-            raise NotFound(f"Node '{node_id}' not found.")
-        return Response(NodeSerializer(node, context=_node_context([node])).data)
+        return _shown(_node(request, node_id).pk, request.user)
+
+    @extend_schema(summary="Remove a drained node, or with force=true a gone one (D2, D3, D4)",
+                   parameters=[OpenApiParameter("force", bool, description=(
+                       "Remove a gone machine anyway; audited as forced."))],
+                   responses={200: NodeSerializer, **errors(400, 401, 403, 404, 409)})
+    def delete(self, request, node_id: str):
+        node = scheduling.node_remove(actor=request.user, node=_node(request, node_id),
+                                      force=_flag(request, "force"))
+        return _shown(node.pk, request.user)
+
+
+class NodeCordonView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = CordonRequestSerializer
+
+    @extend_schema(summary="Cordon a node: no new work, nothing stopped (D1)",
+                   request=CordonRequestSerializer,
+                   responses={200: NodeSerializer, **errors(400, 401, 403, 404, 409)})
+    def post(self, request, node_id: str):
+        node = _node(request, node_id)
+        serializer = CordonRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        scheduling.node_cordon(actor=request.user, node=node,
+                               reason=serializer.validated_data["reason"])
+        return _shown(node.pk, request.user)
+
+
+class NodeUncordonView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = NodeSerializer
+
+    @extend_schema(summary="Lift the operator's cordon (a storage cordon stays, L6)",
+                   request=None, responses={200: NodeSerializer, **errors(401, 403, 404, 409)})
+    def post(self, request, node_id: str):
+        node = scheduling.node_uncordon(actor=request.user, node=_node(request, node_id))
+        return _shown(node.pk, request.user)
+
+
+class NodeDrainView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = NodeSerializer
+
+    @extend_schema(summary="Drain a node: no new work; drained once nothing runs (D1)",
+                   request=None, responses={200: NodeSerializer, **errors(401, 403, 404, 409)})
+    def post(self, request, node_id: str):
+        node = scheduling.node_drain(actor=request.user, node=_node(request, node_id))
+        return _shown(node.pk, request.user)
+
+
+class NodeCommandsView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = CommandSerializer
+
+    @extend_schema(summary="A node's commands, newest first (administrators)",
+                   responses={200: CommandSerializer(many=True), **errors(401, 403, 404)})
+    def get(self, request, node_id: str):
+        node = _node(request, node_id)
+        page = self.paginate_queryset(node.commands.all())
+        return self.get_paginated_response(CommandSerializer(page, many=True).data)
+
+    @extend_schema(summary="Send a command to a node, delivered over its control stream",
+                   request=CommandRequestSerializer,
+                   responses={201: CommandSerializer, **errors(400, 401, 403, 404, 409)})
+    def post(self, request, node_id: str):
+        node = _node(request, node_id)
+        serializer = CommandRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        command = commands.node_command_create(actor=request.user, node=node,
+                                               **serializer.validated_data)
+        return Response(CommandSerializer(command).data, status=status.HTTP_201_CREATED)

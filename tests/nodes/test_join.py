@@ -216,11 +216,11 @@ def test_node_list_is_admin_only_and_query_count_is_flat(anon_api, admin_api, me
     for _ in range(3):
         anon_api.post("/api/nodes/join", join_body(mint(node_fleet)[1]))
     admin_api.get("/api/nodes")
-    with django_assert_max_num_queries(6):
+    with django_assert_max_num_queries(7):
         assert admin_api.get("/api/nodes").json()["count"] == 3
     for _ in range(10):
         anon_api.post("/api/nodes/join", join_body(mint(node_fleet)[1]))
-    with django_assert_max_num_queries(6):
+    with django_assert_max_num_queries(7):
         assert admin_api.get("/api/nodes").json()["count"] == 13
 
 

@@ -46,7 +46,7 @@ class Command(BaseCommand):
         grpc_settings.ROOT_HANDLERS_HOOK(server)
         server.add_secure_port(bind, server_credentials())
         await server.start()
-        flusher = asyncio.create_task(NodeControlService.batcher.run())
+        background = [asyncio.create_task(work) for work in NodeControlService.background()]
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -55,6 +55,7 @@ class Command(BaseCommand):
         self.stdout.flush()
         await stopped.wait()
         await server.stop(STOP_GRACE_SECONDS)
-        flusher.cancel()
+        for task in background:
+            task.cancel()
         await NodeControlService.batcher.flush()
         self.stdout.write("gateway stopped")

@@ -1,0 +1,169 @@
+"""Whether a node takes new work: cordons, drain, removal. Each write audited, in one transaction.
+
+None of these stops or kills anything that runs (D1): they decide where new work
+may go. A storage cordon is the system's observation and an operator cordon an
+operator's decision; each is lifted only by its own source (L6).
+"""
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import Actor, as_actor, audit_record
+from fleets.choices import FleetDelivery
+from tuneplane.errors import Conflict, ValidationFailed
+
+from . import bus
+from .choices import ACTIVE_COMMAND_STATES, CordonSource, SchedulingState
+from .models import ControlSession, Node, NodeCommand, NodeCordon, NodeCredential
+
+logger = logging.getLogger("tuneplane.nodes")
+
+STORAGE_LOST = "storage root not visible"
+MAX_REASON = 200
+
+
+def _locked(node_id: str) -> Node:
+    return Node.objects.select_for_update().get(pk=node_id)
+
+
+def _cordon_view(cordon: NodeCordon) -> dict:
+    return {"source": cordon.source, "reason": cordon.reason, "by": cordon.created_by}
+
+
+def _add_cordon(node: Node, source: str, reason: str, actor) -> NodeCordon:
+    cordon = NodeCordon.objects.create(node=node, source=source, reason=reason,
+                                       created_at=timezone.now(),
+                                       created_by=as_actor(actor).label)
+    audit_record(actor=actor, action="node.cordoned", target=node, before={"cordon": None},
+                 after={"cordon": _cordon_view(cordon)})
+    return cordon
+
+
+def _lift_cordon(node: Node, cordon: NodeCordon, actor) -> None:
+    cordon.delete()
+    audit_record(actor=actor, action="node.uncordoned", target=node,
+                 before={"cordon": _cordon_view(cordon)}, after={"cordon": None})
+
+
+def node_observe_storage_root(*, node_id: str, visible: bool) -> bool:
+    """L6: a shared-mount node that cannot see its storage root is cordoned by the system,
+    and un-cordoned when it sees it again. Only the storage cordon moves. Returns whether
+    anything changed."""
+    with transaction.atomic():
+        node = _locked(node_id)
+        if node.fleet.delivery != FleetDelivery.SHARED_MOUNT \
+                or node.scheduling_state == SchedulingState.REMOVED:
+            return False
+        cordon = NodeCordon.objects.filter(node=node, source=CordonSource.STORAGE).first()
+        actor = Actor.system("storage")
+        if not visible and cordon is None:
+            _add_cordon(node, CordonSource.STORAGE, STORAGE_LOST, actor)
+            logger.warning("node %s cannot see its storage root: cordoned", node_id)
+            return True
+        if visible and cordon is not None:
+            _lift_cordon(node, cordon, actor)
+            logger.info("node %s sees its storage root again: storage cordon lifted", node_id)
+            return True
+    return False
+
+
+def _not_removed(node: Node, verb: str) -> None:
+    if node.scheduling_state == SchedulingState.REMOVED:
+        raise Conflict(f"Node '{node.id}' is removed; it cannot be {verb}.", code="node_removed",
+                       rule="D4")
+
+
+def node_cordon(*, actor, node: Node, reason: str) -> Node:
+    """An operator's cordon: new work stops, nothing running stops (D1). A reason is required."""
+    reason = reason.strip() if isinstance(reason, str) else ""
+    if not reason or len(reason) > MAX_REASON:
+        raise ValidationFailed(f"reason is required (at most {MAX_REASON} characters): say why "
+                               "the machine is cordoned.", field="reason")
+    with transaction.atomic():
+        node = _locked(node.pk)
+        _not_removed(node, "cordoned")
+        existing = NodeCordon.objects.filter(node=node, source=CordonSource.OPERATOR).first()
+        if existing is None:
+            _add_cordon(node, CordonSource.OPERATOR, reason, actor)
+        elif existing.reason != reason:
+            _lift_cordon(node, existing, actor)
+            _add_cordon(node, CordonSource.OPERATOR, reason, actor)
+    return node
+
+
+def node_uncordon(*, actor, node: Node) -> Node:
+    """Lifts the operator's cordon only; a storage cordon stays until the mount returns (L6)."""
+    with transaction.atomic():
+        node = _locked(node.pk)
+        _not_removed(node, "uncordoned")
+        cordon = NodeCordon.objects.filter(node=node, source=CordonSource.OPERATOR).first()
+        if cordon is not None:
+            _lift_cordon(node, cordon, actor)
+    return node
+
+
+def _commands_active_on(node: Node) -> list[str]:
+    return list(NodeCommand.objects.filter(node=node, state__in=ACTIVE_COMMAND_STATES)
+                .order_by("created_at").values_list("id", flat=True))
+
+
+def _set_state(node: Node, state: str, actor, *, forced: bool = False, **after) -> None:
+    before = node.scheduling_state
+    node.scheduling_state = state
+    node.save(update_fields=["scheduling_state", "removed_at"])
+    audit_record(actor=actor, action=f"node.{state}", target=node,
+                 before={"scheduling_state": before},
+                 after={"scheduling_state": state, **after}, forced=forced)
+
+
+def node_drain(*, actor, node: Node) -> Node:
+    """The machine is leaving: new work stops, running work finishes (D1); drained when idle."""
+    with transaction.atomic():
+        node = _locked(node.pk)
+        _not_removed(node, "drained")
+        if node.scheduling_state in (SchedulingState.DRAINING, SchedulingState.DRAINED):
+            return node
+        active = _commands_active_on(node)
+        _set_state(node, SchedulingState.DRAINING if active else SchedulingState.DRAINED, actor,
+                   commands_running=active)
+    return node
+
+
+def node_drain_settle(*, node_id: str) -> None:
+    """A draining node whose last command has finished is drained. Call inside the
+    transaction that finished it."""
+    node = _locked(node_id)
+    if node.scheduling_state == SchedulingState.DRAINING and not _commands_active_on(node):
+        _set_state(node, SchedulingState.DRAINED, Actor.system("drain"))
+
+
+def node_remove(*, actor, node: Node, force: bool = False) -> Node:
+    """D2: only a drained node is removed; D3: ``force`` removes a gone one, audited as forced
+    with what it leaves behind; D4: its credential dies and its stream is closed."""
+    with transaction.atomic():
+        node = _locked(node.pk)
+        if node.scheduling_state == SchedulingState.REMOVED:
+            return node
+        left_behind = _commands_active_on(node)
+        if node.scheduling_state == SchedulingState.GONE and not force:
+            raise Conflict(
+                f"Node '{node.id}' is gone. Removing it leaves behind what nothing can reconcile "
+                f"({len(left_behind)} command(s) recorded as running); pass force=true to remove "
+                "it anyway (rule D3).", rule="D3", code="node_gone", left_behind=left_behind)
+        if node.scheduling_state not in (SchedulingState.DRAINED, SchedulingState.GONE):
+            raise Conflict(
+                f"Node '{node.id}' is {node.scheduling_state}: drain first, and remove it once "
+                "it is drained (rule D2).", rule="D2", code="node_not_drained")
+        now = timezone.now()
+        revoked = NodeCredential.objects.filter(node=node, revoked_at__isnull=True) \
+            .update(revoked_at=now)
+        ControlSession.objects.filter(node=node, closed_at__isnull=True) \
+            .update(closed_at=now, close_reason="node removed")
+        node.removed_at = now
+        _set_state(node, SchedulingState.REMOVED, actor, forced=force,
+                   left_behind=left_behind, credentials_revoked=revoked)
+        bus.publish_on_commit(bus.CLOSE, node.id, reason="node removed")
+    logger.info("node %s removed%s", node.id, " (forced)" if force else "")
+    return node

@@ -91,17 +91,21 @@ def session_close(*, session_id, reason: str) -> None:
             logger.info("node %s disconnected: %s", session.node_id, reason)
 
 
-def leases_renew(heartbeats: dict[str, datetime]) -> set[str]:
+def leases_renew(heartbeats: dict[str, datetime],
+                 inventory_fresh: set[str] = frozenset()) -> set[str]:
     """Renew many leases at once: two statements, whatever the number of sessions.
 
-    Returns the sessions renewed; one left out was closed meanwhile (its node was
-    removed, or its stream replaced on another replica), and its stream must end.
+    ``inventory_fresh`` names the sessions whose beat said the inventory is unchanged:
+    their node's inventory counts as observed at that beat (L1). Returns the sessions
+    renewed; one left out was closed meanwhile (its node was removed, or its stream
+    replaced on another replica), and its stream must end.
     """
     if not heartbeats:
         return set()
     ids = list(heartbeats)
     seen = [heartbeats[i] for i in ids]
     leases = [_lease_until(at) for at in seen]
+    fresh = [i in inventory_fresh for i in ids]
     with transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
@@ -111,9 +115,11 @@ def leases_renew(heartbeats: dict[str, datetime]) -> set[str]:
                 "WHERE s.id = v.id AND s.closed_at IS NULL RETURNING s.id", [ids, seen, leases])
             renewed = {str(row[0]) for row in cursor.fetchall()}
             cursor.execute(
-                "UPDATE nodes_node AS n SET last_seen_at = v.seen FROM unnest(%s::uuid[], "
-                "%s::timestamptz[]) AS v(id, seen), nodes_controlsession AS s "
-                "WHERE s.id = v.id AND n.id = s.node_id", [ids, seen])
+                "UPDATE nodes_node AS n SET last_seen_at = v.seen, inventory_observed_at = "
+                "CASE WHEN v.fresh THEN v.seen ELSE n.inventory_observed_at END "
+                "FROM unnest(%s::uuid[], %s::timestamptz[], %s::boolean[]) AS v(id, seen, fresh), "
+                "nodes_controlsession AS s WHERE s.id = v.id AND n.id = s.node_id "
+                "AND s.closed_at IS NULL", [ids, seen, fresh])
             return renewed
         # Elsewhere (SQLite, the embedded default): the same, as set-based bulk updates.
         sessions = list(ControlSession.objects.filter(pk__in=ids, closed_at__isnull=True)
@@ -122,9 +128,15 @@ def leases_renew(heartbeats: dict[str, datetime]) -> set[str]:
             session.last_heartbeat_at = heartbeats[str(session.id)]
             session.lease_expires_at = _lease_until(session.last_heartbeat_at)
         ControlSession.objects.bulk_update(sessions, ["last_heartbeat_at", "lease_expires_at"])
-        Node.objects.bulk_update(
-            [Node(pk=s.node_id, last_seen_at=s.last_heartbeat_at) for s in sessions],
-            ["last_seen_at"])
+        nodes = list(Node.objects.filter(pk__in=[s.node_id for s in sessions])
+                     .only("id", "inventory_observed_at"))
+        beats = {s.node_id: s for s in sessions}
+        for node in nodes:
+            session = beats[node.id]
+            node.last_seen_at = session.last_heartbeat_at
+            if str(session.id) in inventory_fresh:
+                node.inventory_observed_at = session.last_heartbeat_at
+        Node.objects.bulk_update(nodes, ["last_seen_at", "inventory_observed_at"])
         return {str(session.id) for session in sessions}
 
 

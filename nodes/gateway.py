@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 import socket
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import update_wrapper
@@ -29,6 +30,7 @@ from tuneplane.errors import ApplicationError, ValidationFailed
 
 from . import bus, commands, control, scheduling, selectors
 from .agent.proto import control_pb2 as pb
+from .agent.serve import inventory_digest
 from .pki import NODE_URI_PREFIX
 
 logger = logging.getLogger("tuneplane.gateway")
@@ -113,6 +115,9 @@ class Stream:
     session_id: str
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     sent: set[str] = field(default_factory=set)
+    # Digest of the inventory the console stored from this stream (see Heartbeat in the proto).
+    inventory_digest: str = ""
+    last_beat: float = field(default_factory=time.monotonic)
 
     def deliver(self, commands) -> int:
         """Queue commands not yet sent on this stream; the agent de-duplicates by id too."""
@@ -158,15 +163,22 @@ class LeaseBatcher:
     def __init__(self, streams: Streams):
         self.streams = streams
         self.pending: dict[str, tuple[str, datetime]] = {}
+        self.inventory_fresh: set[str] = set()
 
-    def touch(self, stream: Stream) -> None:
+    def touch(self, stream: Stream, *, inventory_unchanged: bool) -> None:
         self.pending[stream.session_id] = (stream.node_id, timezone.now())
+        if inventory_unchanged:
+            self.inventory_fresh.add(stream.session_id)
+        else:
+            self.inventory_fresh.discard(stream.session_id)
 
     async def flush(self) -> None:
         batch, self.pending = self.pending, {}
+        fresh, self.inventory_fresh = self.inventory_fresh, set()
         if not batch:
             return
-        renewed = await _db(control.leases_renew)({sid: at for sid, (_, at) in batch.items()})
+        renewed = await _db(control.leases_renew)({sid: at for sid, (_, at) in batch.items()},
+                                                  inventory_fresh=fresh)
         for session_id in batch.keys() - renewed:
             # Closed by the console meanwhile: its node was removed (D4), or it reconnected
             # elsewhere. Either way this stream no longer speaks for the node.
@@ -248,6 +260,17 @@ async def listen(streams: Streams) -> None:
             delay = min(delay * 2, 30)
 
 
+async def expire(streams: Streams) -> None:
+    """A stream whose node has been silent for a whole lease is closed: a half-open
+    connection must not look like a live node. One pass a second over every stream."""
+    while True:
+        await asyncio.sleep(1)
+        silent_since = time.monotonic() - settings.TUNEPLANE_LEASE_TTL
+        for stream in [s for s in streams.by_node.values() if s.last_beat < silent_since]:
+            logger.info("node %s silent for a lease; closing its stream", stream.node_id)
+            streams.close(stream.node_id, "lease expired", session_id=stream.session_id)
+
+
 async def poll(streams: Streams) -> None:
     """The record, not the nudge: pending commands for this replica's nodes, one statement
     per interval whatever the number of nodes."""
@@ -266,7 +289,7 @@ class NodeControlService(AsyncService):
     @classmethod
     def background(cls) -> list:
         """What a gateway process runs beside its streams."""
-        return [cls.batcher.run(), listen(cls.streams), poll(cls.streams)]
+        return [cls.batcher.run(), listen(cls.streams), poll(cls.streams), expire(cls.streams)]
 
     async def Connect(self, request_iterator, context):
         peer = peer_of(context)
@@ -332,7 +355,10 @@ class NodeControlService(AsyncService):
                                            beat.sequence, last_sequence)
                             continue
                         last_sequence = beat.sequence
-                        self.batcher.touch(stream)
+                        stream.last_beat = time.monotonic()
+                        self.batcher.touch(stream, inventory_unchanged=bool(
+                            beat.inventory_digest)
+                            and beat.inventory_digest == stream.inventory_digest)
                         stream.outbox.put_nowait(pb.ControlMessage(
                             heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence)))
                         if beat.storage_root_visible != storage_visible:
@@ -342,6 +368,7 @@ class NodeControlService(AsyncService):
                     elif kind == "inventory":
                         await _db(control.node_report_inventory)(
                             node_id=node_id, inventory=inventory_from(message.inventory))
+                        stream.inventory_digest = inventory_digest(message.inventory)
                         storage_visible = message.inventory.storage_root_visible
                     elif kind == "command_update":
                         state = message.command_update.state

@@ -1,5 +1,6 @@
 """``tuneplane-node serve``: hold the control stream — Hello, heartbeats, inventory, reconnect."""
 
+import hashlib
 import json
 import logging
 import queue
@@ -21,7 +22,6 @@ logger = logging.getLogger("tuneplane-node")
 
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
-INVENTORY_EVERY_SECONDS = 300
 ROTATE_AT = 2 / 3  # of the credential's lifetime
 ROTATION_RETRY_SECONDS = 30
 
@@ -36,6 +36,11 @@ def channel_credentials(directory: Path) -> grpc.ChannelCredentials:
 def command_state(command: Command) -> pb.CommandState:
     return pb.CommandState(command_id=command.command_id, state=command.state,
                            exit_code=command.exit_code or 0)
+
+
+def inventory_digest(message: pb.InventoryReport) -> str:
+    """What a heartbeat carries for "my inventory is still this" (the gateway computes it too)."""
+    return hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
 
 
 def inventory_message(report: dict) -> pb.InventoryReport:
@@ -62,6 +67,7 @@ class Agent:
         self.commands = Commands(directory)
         # What this stream has told the console of each command, to report only changes.
         self.reported: dict[str, str] = {}
+        self.last_inventory: pb.InventoryReport | None = None
 
     def report(self) -> dict:
         if not self.inventory_file:
@@ -124,7 +130,7 @@ class Agent:
                                     message.welcome.session_id)
                         # Reconciled by the console: finished ones need not be told again.
                         self.commands.forget_finished(self.reported)
-                        outgoing.put(pb.NodeMessage(inventory=inventory_message(self.report())))
+                        self._send_inventory(outgoing)
                         threading.Thread(
                             target=self._heartbeat, daemon=True,
                             args=(outgoing, message.welcome.heartbeat_interval_seconds)).start()
@@ -140,6 +146,17 @@ class Agent:
             finally:
                 outgoing.put(None)
         return welcomed
+
+    def _send_inventory(self, outgoing: queue.Queue, *, unless_unchanged: bool = False) -> bool:
+        """Send the inventory; with ``unless_unchanged``, only if it differs from the last."""
+        message = inventory_message(self.report())
+        if unless_unchanged and message == self.last_inventory:
+            return False
+        if self.last_inventory is not None:
+            logger.info("inventory changed; reported")
+        self.last_inventory = message
+        outgoing.put(pb.NodeMessage(inventory=message))
+        return True
 
     def _accept(self, message: pb.Command, outgoing: queue.Queue) -> None:
         try:
@@ -164,17 +181,16 @@ class Agent:
                 self._tell(command, outgoing)
 
     def _heartbeat(self, outgoing: queue.Queue, interval: int) -> None:
+        """Each beat probes the inventory: sent whole when it changed, else named by digest,
+        which keeps the console's observation of it fresh at no extra write (L1)."""
         sequence = 0
-        since_inventory = 0.0
         while not self.stopping.wait(interval) and self.call is not None and self.call.is_active():
             sequence += 1
+            self._send_inventory(outgoing, unless_unchanged=True)
             outgoing.put(pb.NodeMessage(heartbeat=pb.Heartbeat(
-                sequence=sequence, storage_root_visible=self.storage_root_visible())))
+                sequence=sequence, storage_root_visible=self.storage_root_visible(),
+                inventory_digest=inventory_digest(self.last_inventory))))
             self._report_finished(outgoing)
-            since_inventory += interval
-            if since_inventory >= INVENTORY_EVERY_SECONDS:
-                since_inventory = 0.0
-                outgoing.put(pb.NodeMessage(inventory=inventory_message(self.report())))
 
     def _seconds_until_rotation(self) -> float:
         cert = x509.load_pem_x509_certificate((self.directory / state.CERTIFICATE).read_bytes())

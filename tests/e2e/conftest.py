@@ -4,6 +4,7 @@ import psycopg
 import pytest
 from django.db import connection
 
+from .agents import lay_out_a_joined_node, running_gateway
 from .console import database_url
 
 
@@ -21,3 +22,26 @@ def empty_database(tmp_path):
     finally:
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture
+def gateway(tmp_path, console_pki):
+    with running_gateway(tmp_path, console_pki) as target:
+        yield target
+
+
+@pytest.fixture
+def gateway_short_credentials(tmp_path, console_pki):
+    with running_gateway(tmp_path, console_pki, TUNEPLANE_NODE_CREDENTIAL_TTL="6") as target:
+        yield target
+
+
+@pytest.fixture
+def joined(node_fleet, mint, tmp_path):
+    return lay_out_a_joined_node(node_fleet, mint, tmp_path)
+
+
+@pytest.fixture
+def joined_short(node_fleet, mint, tmp_path, settings):
+    settings.TUNEPLANE_NODE_CREDENTIAL_TTL = 6
+    return lay_out_a_joined_node(node_fleet, mint, tmp_path)

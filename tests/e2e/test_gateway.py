@@ -1,13 +1,8 @@
 """The control gateway for real: a grpcserve subprocess, mTLS, the real agent (L1 lease, L5)."""
 
 import datetime as dt
-import os
 import signal
-import subprocess
-import sys
 import threading
-import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -24,102 +19,10 @@ from nodes.choices import SchedulingState
 from nodes.models import ControlSession, Node, NodeCredential
 from nodes.services import node_join
 from tests.conftest import H100_INVENTORY, make_csr
-from tests.nodes.agent_process import inventory_file, machine
 
-from .console import ROOT, console_env, free_port
+from .agents import connect, credentials, serve, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def wait_until(check, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def start_gateway(tmp_path, console_pki, **settings):
-    port = free_port()
-    env = console_env(tmp_path, TUNEPLANE_PKI_DIR=str(console_pki),
-                      TUNEPLANE_HEARTBEAT_INTERVAL="1", TUNEPLANE_LEASE_TTL="3", **settings)
-    process = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind",
-                                f"127.0.0.1:{port}"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    line = process.stdout.readline()
-    assert "gateway serving" in line, line + process.stdout.read()
-    yield f"127.0.0.1:{port}"
-    process.send_signal(signal.SIGTERM)
-    output = process.communicate(timeout=20)[0]
-    assert process.returncode == 0, output
-
-
-@pytest.fixture
-def gateway(tmp_path, console_pki):
-    yield from start_gateway(tmp_path, console_pki)
-
-
-@pytest.fixture
-def gateway_short_credentials(tmp_path, console_pki):
-    yield from start_gateway(tmp_path, console_pki, TUNEPLANE_NODE_CREDENTIAL_TTL="6")
-
-
-@pytest.fixture
-def joined(node_fleet, mint, tmp_path):
-    return lay_out_a_joined_node(node_fleet, mint, tmp_path)
-
-
-@pytest.fixture
-def joined_short(node_fleet, mint, tmp_path, settings):
-    settings.TUNEPLANE_NODE_CREDENTIAL_TTL = 6
-    return lay_out_a_joined_node(node_fleet, mint, tmp_path)
-
-
-def lay_out_a_joined_node(node_fleet, mint, tmp_path):
-    """A node that joined through the real service, with its state dir laid out as join does."""
-    from nodes.agent import state
-
-    key_pem, csr = make_csr()
-    result = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=csr,
-                       inventory=H100_INVENTORY)
-    env = machine(tmp_path)
-    directory = Path(env["TUNEPLANE_NODE_STATE_DIR"])
-    state.save_credential(directory, identity={
-        "node_id": result.node.id, "fleet": "gpu-lab", "server": "http://127.0.0.1",
-        "gateway_target": "unused", "credential_expires_at": "",
-        "credential_issued_at": dt.datetime.now(dt.timezone.utc).isoformat()},
-        key_pem=key_pem, certificate_pem=result.certificate.pem, ca_bundle=result.ca_bundle)
-    return result.node, env, directory
-
-
-def credentials(directory: Path, *, key=None, cert=None, with_client=True):
-    root = (directory / "ca.pem").read_bytes()
-    if not with_client:
-        return grpc.ssl_channel_credentials(root_certificates=root)
-    return grpc.ssl_channel_credentials(
-        root_certificates=root, private_key=key or (directory / "node.key").read_bytes(),
-        certificate_chain=cert or (directory / "node.crt").read_bytes())
-
-
-def connect(target, creds, node_id, timeout=5):
-    """A hand-built client: Hello, then the first answer (or the RPC error)."""
-    with grpc.secure_channel(target, creds) as channel:
-        call = control_pb2_grpc.NodeControlStub(channel).Connect(
-            iter([pb.NodeMessage(hello=pb.Hello(node_id=node_id))]), timeout=timeout)
-        try:
-            return next(call)
-        except grpc.RpcError as error:
-            return error
-
-
-def serve(env, target, tmp_path):
-    return subprocess.Popen(
-        [sys.executable, "-m", "nodes.agent", "serve", "--target", target, "--inventory-file",
-         inventory_file(tmp_path, H100_INVENTORY)], cwd=ROOT, text=True,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE")}, **env},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def test_agent_connects_heartbeats_and_a_killed_agent_leaves_its_work_alone(
@@ -133,8 +36,14 @@ def test_agent_connects_heartbeats_and_a_killed_agent_leaves_its_work_alone(
                                     "schedulable" else None)(
             admin_api.get(f"/api/nodes/{node.id}").json()), what="connected and schedulable")
         first_beat = shown["connection"]["last_heartbeat_at"]
+        first_observed = shown["inventory"]["observed_at"]
         wait_until(lambda: admin_api.get(f"/api/nodes/{node.id}").json()["connection"]
                    ["last_heartbeat_at"] != first_beat, what="a renewed lease")
+        # L1: beats naming the same inventory keep its observation fresh, without a report.
+        wait_until(lambda: admin_api.get(f"/api/nodes/{node.id}").json()["inventory"]
+                   ["observed_at"] != first_observed, what="a renewed inventory observation")
+        assert AuditEvent.objects.filter(target_id=node.id,
+                                         action="node.inventory_reported").count() == 1
     finally:
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
@@ -153,8 +62,7 @@ def test_agent_connects_heartbeats_and_a_killed_agent_leaves_its_work_alone(
 def test_agent_stops_cleanly_on_sigterm(gateway, joined, tmp_path):
     node, env, _ = joined
     agent = serve(env, gateway, tmp_path)
-    wait_until(lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).exists(),
-               what="a session")
+    agent.wait_for("connected to")
     agent.send_signal(signal.SIGTERM)
     output = agent.communicate(timeout=20)[0]
     assert agent.returncode == 0, output
@@ -298,3 +206,18 @@ def test_a_certificate_outside_its_validity_is_refused(gateway, joined, window):
     assert isinstance(refused, grpc.RpcError), refused
     assert refused.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED)
     assert not ControlSession.objects.filter(node=node).exists()
+
+
+def test_L1_a_silent_stream_is_closed_when_its_lease_runs_out(gateway, joined):
+    node, _, directory = joined
+    release = threading.Event()
+    with grpc.secure_channel(gateway, credentials(directory)) as channel:
+        call = control_pb2_grpc.NodeControlStub(channel).Connect(
+            held_open(pb.NodeMessage(hello=pb.Hello(node_id=node.id)), release), timeout=15)
+        assert next(call).WhichOneof("body") == "welcome"
+        closing = next(call)  # no heartbeat is ever sent; the lease TTL is 3 s
+        release.set()
+    assert closing.close.reason == "lease expired"
+    wait_until(lambda: ControlSession.objects.filter(node=node, close_reason="lease expired",
+                                                     closed_at__isnull=False).exists(),
+               what="the session closed")

@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from nodes.control import leases_renew, node_report_inventory, session_open
-from nodes.models import ControlSession
+from nodes.models import ControlSession, Node
 from nodes.services import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 from tests.e2e.console import ROOT
@@ -59,3 +59,16 @@ def test_generated_protobuf_modules_are_up_to_date():
     result = subprocess.run([sys.executable, "proto/generate.py", "--check"], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_L1_a_beat_saying_the_inventory_is_unchanged_renews_its_observation(node_fleet, mint):
+    unchanged, changed = sessions(node_fleet, mint, 2)
+    before = {s.node_id: s.node.inventory_observed_at for s in (unchanged, changed)}
+    now = timezone.now()
+    with CaptureQueriesContext(connection) as queries:
+        leases_renew({str(unchanged.id): now, str(changed.id): now},
+                     inventory_fresh={str(unchanged.id)})
+    assert sum(1 for q in queries if q["sql"].startswith("UPDATE")) == 2
+    observed = dict(Node.objects.values_list("id", "inventory_observed_at"))
+    assert observed[unchanged.node_id] == now
+    assert observed[changed.node_id] == before[changed.node_id] < now

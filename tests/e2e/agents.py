@@ -1,0 +1,132 @@
+"""A real gateway and real agents as subprocesses, and hand-built gRPC clients."""
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+
+from nodes.agent.proto import control_pb2 as pb
+from nodes.agent.proto import control_pb2_grpc
+from nodes.services import node_join
+from tests.conftest import H100_INVENTORY, make_csr
+from tests.nodes.agent_process import inventory_file, machine
+
+from .console import ROOT, console_env, free_port
+
+
+def wait_until(check, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextmanager
+def running_gateway(tmp_path, console_pki, **settings):
+    """``manage.py grpcserve`` on a free port; stopped with SIGTERM, which must exit 0."""
+    port = free_port()
+    env = console_env(tmp_path, TUNEPLANE_PKI_DIR=str(console_pki),
+                      TUNEPLANE_HEARTBEAT_INTERVAL="1", TUNEPLANE_LEASE_TTL="3", **settings)
+    process = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind",
+                                f"127.0.0.1:{port}"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    line = process.stdout.readline()
+    assert "gateway serving" in line, line + process.stdout.read()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=20)[0]
+    assert process.returncode == 0, output
+
+
+def lay_out_a_joined_node(node_fleet, mint, tmp_path, name="gpu-01"):
+    """A node that joined through the real service, with its state dir laid out as join does."""
+    from nodes.agent import state
+
+    key_pem, csr = make_csr()
+    result = node_join(token=mint(node_fleet)[1], fleet_id=node_fleet.id, csr=csr,
+                       inventory=H100_INVENTORY)
+    env = machine(tmp_path, name)
+    directory = Path(env["TUNEPLANE_NODE_STATE_DIR"])
+    state.save_credential(directory, identity={
+        "node_id": result.node.id, "fleet": node_fleet.id, "server": "http://127.0.0.1",
+        "gateway_target": "unused", "credential_expires_at": "",
+        "credential_issued_at": dt.datetime.now(dt.timezone.utc).isoformat()},
+        key_pem=key_pem, certificate_pem=result.certificate.pem, ca_bundle=result.ca_bundle)
+    return result.node, env, directory
+
+
+def credentials(directory: Path, *, key=None, cert=None, with_client=True):
+    root = (directory / "ca.pem").read_bytes()
+    if not with_client:
+        return grpc.ssl_channel_credentials(root_certificates=root)
+    return grpc.ssl_channel_credentials(
+        root_certificates=root, private_key=key or (directory / "node.key").read_bytes(),
+        certificate_chain=cert or (directory / "node.crt").read_bytes())
+
+
+def connect(target, creds, node_id, timeout=5):
+    """A hand-built client: Hello, then the first answer (or the RPC error)."""
+    with grpc.secure_channel(target, creds) as channel:
+        call = control_pb2_grpc.NodeControlStub(channel).Connect(
+            iter([pb.NodeMessage(hello=pb.Hello(node_id=node_id))]), timeout=timeout)
+        try:
+            return next(call)
+        except grpc.RpcError as error:
+            return error
+
+
+class AgentProcess:
+    """A running agent whose output is read as it comes, so a test can wait for a line."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def returncode(self):
+        return self.process.returncode
+
+    def wait_for(self, text: str, timeout: float = 20) -> None:
+        wait_until(lambda: text in self.output, timeout, what=f"the agent to print {text!r}")
+
+    def send_signal(self, signum) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout=None) -> int:
+        return self.process.wait(timeout)
+
+    def communicate(self, timeout=None) -> tuple[str, None]:
+        self.process.wait(timeout)
+        self._reader.join(5)
+        return self.output, None
+
+
+def serve(env, target, tmp_path, *options, inventory=H100_INVENTORY) -> AgentProcess:
+    """``tuneplane-node serve`` as a machine runs it."""
+    return AgentProcess(subprocess.Popen(
+        [sys.executable, "-m", "nodes.agent", "serve", "--target", target, "--inventory-file",
+         inventory_file(tmp_path, inventory), *options], cwd=ROOT, text=True,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE")}, **env},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT))

@@ -35,6 +35,11 @@ def as_actor(actor: "Actor | AbstractBaseUser") -> Actor:
     return actor if isinstance(actor, Actor) else Actor.of_user(actor)
 
 
+def _require_transaction(action: str) -> None:
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError(f"audit of {action!r} must run inside the change's transaction")
+
+
 def audit_record(
     *,
     actor: "Actor | AbstractBaseUser",
@@ -49,8 +54,7 @@ def audit_record(
     ``target`` is the changed object, or ``(type, id)`` for something that has no
     row — a refused join names the token it was offered by what it knows of it.
     """
-    if not transaction.get_connection().in_atomic_block:
-        raise RuntimeError(f"audit_record({action!r}) must run inside the change's transaction")
+    _require_transaction(action)
     actor = as_actor(actor)
     if isinstance(target, tuple):
         target_type, target_id = target
@@ -69,3 +73,19 @@ def audit_record(
         forced=forced,
         correlation_id=correlation.current(),
     )
+
+
+def audit_record_many(*, actor: "Actor | AbstractBaseUser", action: str, target_type: str,
+                      changes: list[tuple[str, dict | None, dict | None]]) -> int:
+    """One event per changed object — ``(target id, before, after)`` — in one INSERT, for a
+    set-based change such as a sweep: the statements do not grow with the objects."""
+    _require_transaction(action)
+    actor = as_actor(actor)
+    now = timezone.now()
+    correlation_id = correlation.current()
+    AuditEvent.objects.bulk_create([
+        AuditEvent(at=now, actor_type=actor.type, actor_id=actor.id, actor_label=actor.label,
+                   action=action, target_type=target_type, target_id=str(target_id),
+                   before=before, after=after, correlation_id=correlation_id)
+        for target_id, before, after in changes], batch_size=5000)
+    return len(changes)

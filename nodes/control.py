@@ -178,7 +178,9 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
         node.inventory_observed_at = now
         live = ControlSession.objects.filter(node=node, closed_at__isnull=True,
                                              lease_expires_at__gt=now).exists()
-        if node.scheduling_state == SchedulingState.ENROLLED and live:
+        # Enrolled, or back from gone: schedulable only through a live lease and this fresh
+        # inventory (L1); a cordon, a separate record, is not touched.
+        if node.scheduling_state in (SchedulingState.ENROLLED, SchedulingState.GONE) and live:
             node.scheduling_state = SchedulingState.SCHEDULABLE
         node.save(update_fields=["inventory", "inventory_observed_at", "scheduling_state"])
         after = {"inventory": node.inventory, "scheduling_state": node.scheduling_state}

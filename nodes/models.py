@@ -1,5 +1,6 @@
 import secrets
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
@@ -7,6 +8,11 @@ from django.db import models
 from fleets.models import Fleet
 
 from .choices import CommandKind, CommandState, CordonSource, SchedulingState
+
+
+def quiet_threshold(capability: str) -> timedelta:
+    """How long a node may be silent before the capability treats it as quiet (L2–L4)."""
+    return timedelta(seconds=getattr(settings, f"TUNEPLANE_QUIET_{capability.upper()}"))
 
 
 def new_node_id() -> str:
@@ -60,15 +66,27 @@ class Node(models.Model):
                                         default=SchedulingState.ENROLLED)
     inventory = models.JSONField(default=dict, blank=True)
     inventory_observed_at = models.DateTimeField(null=True, blank=True)
-    last_seen_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Per-capability liveness, set and cleared by the liveness sweep (L2, L3): observations,
+    # apart from the scheduling state an operator decides.
+    quiet_train = models.BooleanField(default=False)
+    quiet_serve = models.BooleanField(default=False)
+    quiet_env = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     removed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["fleet_id", "hostname", "id"]
+        indexes = [models.Index(fields=["last_seen_at"], condition=models.Q(quiet_train=True)
+                                | models.Q(quiet_serve=True) | models.Q(quiet_env=True),
+                                name="node_quiet_last_seen")]
 
     def __str__(self) -> str:
         return f"{self.hostname or self.id} ({self.id})"
+
+    def is_quiet(self, capability: str, now) -> bool:
+        """Silent longer than the capability's threshold: a pure time computation."""
+        return self.last_seen_at is None or now - self.last_seen_at > quiet_threshold(capability)
 
     def card_names(self) -> list[str]:
         return [card["name"] for card in self.inventory.get("cards", [])]

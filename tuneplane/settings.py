@@ -121,6 +121,9 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The web, worker and beat share one file: wait for the lock instead of failing.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Take the write lock at BEGIN: a transaction that reads then writes (a sweep's guarded
+    # SELECT then UPDATE) never interleaves with another, and never fails to upgrade its lock.
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
     # A file, not memory, so a test can hand the database to a subprocess.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 

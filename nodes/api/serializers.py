@@ -122,9 +122,9 @@ class NodeSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.DictField())
     def get_liveness(self, node):
-        # Without a control session no capability has heard from the node.
-        return {capability: "quiet" for capability in node.fleet.capabilities
-                if capability in ("train", "serve", "env")}
+        """Per capability the Fleet declares, as the liveness sweep last judged it (L2–L4)."""
+        return {capability: "quiet" if getattr(node, f"quiet_{capability}") else "ok"
+                for capability in node.fleet.capabilities if capability in ("train", "serve", "env")}
 
     def get_address_shared(self, node) -> bool:
         return node.address in self.context.get("shared_addresses", set())

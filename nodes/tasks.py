@@ -1,0 +1,10 @@
+"""Celery tasks: thin; each calls one service."""
+
+from celery import shared_task
+
+from .liveness import liveness_sweep
+
+
+@shared_task(name="nodes.liveness_sweep", ignore_result=True)
+def liveness_sweep_task() -> dict:
+    return liveness_sweep()

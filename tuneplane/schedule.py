@@ -1,0 +1,27 @@
+"""The beat schedule, in one place: seeded into django-celery-beat's tables, where an
+administrator sees each periodic task in the admin and can pause it.
+
+Seeding runs after every migrate (and ``manage.py seed_schedule``). It sets each
+entry's task, interval and expiry from settings, and keeps whether an
+administrator paused it. Every entry expires after one interval, so a backed-up
+queue never runs a stale sweep.
+"""
+
+from django.conf import settings
+
+# name shown in the admin -> (task, the setting that gives its interval in seconds)
+SCHEDULE = {
+    "Liveness sweep": ("nodes.liveness_sweep", "TUNEPLANE_SWEEP_INTERVAL"),
+}
+
+
+def seed_schedule(**_) -> None:
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    for name, (task, setting) in SCHEDULE.items():
+        every = getattr(settings, setting)
+        interval, _ = IntervalSchedule.objects.get_or_create(every=every,
+                                                             period=IntervalSchedule.SECONDS)
+        PeriodicTask.objects.update_or_create(name=name, defaults={
+            "task": task, "interval": interval, "expire_seconds": every,
+            "description": f"Every {setting} seconds; expires after one interval."})

@@ -1,0 +1,77 @@
+"""Liveness for real: beat schedules, a worker sweeps, a gateway holds a real agent's stream.
+
+The agent is SIGKILLed and the node is watched through the API as it goes quiet for
+serve (L2), then gone on the train threshold (L4) — thresholds shortened to seconds.
+"""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+from django_celery_beat.models import PeriodicTask
+
+from tuneplane.schedule import seed_schedule
+
+from .agents import running_gateway, serve, wait_until
+from .console import ROOT, console_env
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+SHORT = {"TUNEPLANE_SWEEP_INTERVAL": "1", "TUNEPLANE_QUIET_SERVE": "2",
+         "TUNEPLANE_QUIET_ENV": "2", "TUNEPLANE_QUIET_TRAIN": "8"}
+
+
+def celery(*args, env):
+    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tuneplane", *args], env=env,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_schedule_is_seeded_with_an_expiry_and_keeps_a_pause(settings):
+    settings.TUNEPLANE_SWEEP_INTERVAL = 7
+    seed_schedule()
+    task = PeriodicTask.objects.get(name="Liveness sweep")
+    assert (task.task, task.interval.every, task.expire_seconds) == ("nodes.liveness_sweep", 7, 7)
+    PeriodicTask.objects.filter(pk=task.pk).update(enabled=False)
+    seed_schedule()
+    assert PeriodicTask.objects.get(pk=task.pk).enabled is False  # an admin's pause stays
+
+
+def test_a_killed_agent_goes_quiet_for_serve_then_gone(require_redis, tmp_path, console_pki,
+                                                       settings, make_fleet, mint, admin_api):
+    from .agents import lay_out_a_joined_node
+
+    settings.TUNEPLANE_SWEEP_INTERVAL = 1
+    seed_schedule()
+    fleet = make_fleet("gpu-lab", kind="node", capabilities=["train", "serve"])
+    node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
+    console = console_env(tmp_path, REDIS_URL=require_redis, **SHORT)
+    worker = celery("worker", "-l", "INFO", "--pool", "solo", env=console)
+    beat = celery("beat", "-l", "INFO", "-s", str(tmp_path / "beat-schedule"), env=console)
+    try:
+        with running_gateway(tmp_path, console_pki, REDIS_URL=require_redis,
+                             **SHORT) as target:
+            agent = serve(env, target, tmp_path)
+            try:
+                def node_shown():
+                    return admin_api.get(f"/api/nodes/{node.id}").json()
+
+                wait_until(lambda: node_shown()["scheduling"]["state"] == "schedulable",
+                           what="the node schedulable")
+                assert node_shown()["liveness"] == {"train": "ok", "serve": "ok"}
+            finally:
+                agent.send_signal(signal.SIGKILL)
+                agent.wait(10)
+            quiet = wait_until(lambda: (lambda body: body if body["liveness"]["serve"] ==
+                                        "quiet" else None)(node_shown()),
+                               what="serve quiet")
+            assert quiet["scheduling"]["state"] == "schedulable"  # not gone at serve's 2 s
+            assert quiet["liveness"]["train"] == "ok"
+            gone = wait_until(lambda: (lambda body: body if body["scheduling"]["state"] ==
+                                       "gone" else None)(node_shown()),
+                              what="gone", timeout=30)
+            assert gone["liveness"] == {"train": "quiet", "serve": "quiet"}
+    finally:
+        for process in (beat, worker):
+            process.terminate()
+            process.wait(30)

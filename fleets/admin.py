@@ -12,6 +12,7 @@ from . import rules, services
 from .choices import FleetCapability, FleetDelivery, FleetState
 from .deletion import deletion_blockers
 from .models import Fleet
+from .page import fleet_page_sections
 from .selectors import fleet_config_warnings
 
 
@@ -88,6 +89,12 @@ class FleetAdmin(StaffAdmin):
 
     def changelist_view(self, request, extra_context=None):
         return super().changelist_view(request, {**(extra_context or {}), "title": "Fleets"})
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        fleet = self.get_object(request, object_id)
+        sections = fleet_page_sections(fleet) if fleet is not None else []
+        return super().change_view(request, object_id, form_url,
+                                   {**(extra_context or {}), "fleet_sections": sections})
 
     def add_view(self, request, form_url="", extra_context=None):
         return super().add_view(request, form_url, {**(extra_context or {}), "title": "New fleet"})

@@ -1,7 +1,11 @@
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db.models import Exists, OuterRef
 from django.http import Http404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from audit.services import Actor
@@ -10,9 +14,10 @@ from fleets.selectors import fleet_get_visible
 from tuneplane.admin import ReadOnlyAdmin, StaffAdmin
 from tuneplane.errors import ApplicationError
 
-from . import services
-from .models import CardAlias, HardwareSeries, JoinToken, Node
-from .selectors import addresses_shared
+from . import scheduling, services
+from .choices import CordonSource, SchedulingState
+from .models import CardAlias, ControlSession, HardwareSeries, JoinToken, Node
+from .selectors import addresses_shared, commands_active_on, live_sessions_of
 
 
 @admin.register(JoinToken)
@@ -55,18 +60,66 @@ class JoinTokenAdmin(ReadOnlyAdmin):
         return response
 
 
+class ConnectionFilter(admin.SimpleListFilter):
+    title = "control connection"
+    parameter_name = "connection"
+
+    def lookups(self, request, model_admin):
+        return [("connected", "connected"), ("disconnected", "disconnected")]
+
+    def queryset(self, request, queryset):
+        live = Exists(ControlSession.objects.filter(node=OuterRef("pk"), closed_at__isnull=True,
+                                                    lease_expires_at__gt=timezone.now()))
+        if self.value() == "connected":
+            return queryset.filter(live)
+        if self.value() == "disconnected":
+            return queryset.filter(~live)
+        return queryset
+
+
+class CordonFilter(admin.SimpleListFilter):
+    title = "cordon"
+    parameter_name = "cordon"
+
+    def lookups(self, request, model_admin):
+        return [*CordonSource.choices, ("none", "not cordoned")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "none":
+            return queryset.filter(cordons__isnull=True)
+        if self.value() in CordonSource.values:
+            return queryset.filter(cordons__source=self.value())
+        return queryset
+
+
+class CordonForm(forms.Form):
+    reason = forms.CharField(max_length=200, help_text="Required: say why, as in Slurm's "
+                             "Reason=. Shown on the Fleet page.")
+
+
 @admin.register(Node)
 class NodeAdmin(ReadOnlyAdmin):
-    list_display = ["id", "hostname", "fleet", "address_flagged", "scheduling_state", "cards",
-                    "inventory_observed_at", "created_at"]
-    list_filter = ["fleet", "scheduling_state"]
+    list_display = ["id", "hostname", "fleet", "address_flagged", "connection", "scheduling",
+                    "cards", "liveness", "inventory_observed_at"]
+    list_filter = [ConnectionFilter, "scheduling_state", CordonFilter, "quiet_train",
+                   "quiet_serve", "quiet_env", "fleet"]
     search_fields = ["id", "hostname", "address"]
     list_select_related = ["fleet"]
+    actions = ["cordon", "uncordon", "drain", "remove"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("cordons")
 
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)
         self._shared = addresses_shared(changelist.result_list)
+        self._sessions = live_sessions_of(changelist.result_list)
         return changelist
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # removal goes through D2-D4, never a delete
+        return actions
 
     @admin.display(description="address")
     def address_flagged(self, node: Node):
@@ -76,10 +129,81 @@ class NodeAdmin(ReadOnlyAdmin):
                                "left an old record, and its cards are counted twice.")
         return node.address
 
+    @admin.display(description="connection")
+    def connection(self, node: Node):
+        session = getattr(self, "_sessions", {}).get(node.id)
+        if session is None:
+            return format_html('<span title="{}">disconnected</span>',
+                               f"last seen {node.last_seen_at:%Y-%m-%d %H:%M:%S}"
+                               if node.last_seen_at else "never connected")
+        return format_html('<strong title="{}">connected</strong>', session.gateway)
+
+    @admin.display(description="scheduling")
+    def scheduling(self, node: Node):
+        cordons = list(node.cordons.all())
+        if not cordons:
+            return node.scheduling_state
+        state = "cordoned" if node.scheduling_state == SchedulingState.SCHEDULABLE \
+            else node.scheduling_state
+        return format_html("{} <small>({})</small>", state,
+                           "; ".join(f"{c.source}: {c.reason}" for c in cordons))
+
     @admin.display(description="cards")
     def cards(self, node: Node) -> str:
         return ", ".join(f"{c['count']} × {c['name']}" for c in node.inventory.get("cards", [])) \
             or "—"
+
+    @admin.display(description="liveness")
+    def liveness(self, node: Node) -> str:
+        return " ".join(f"{c}:{'quiet' if getattr(node, f'quiet_{c}') else 'ok'}"
+                        for c in node.fleet.capabilities if c in ("train", "serve", "env"))
+
+    def _each(self, request, queryset, verb: str, **kwargs) -> None:
+        done = []
+        for node in queryset:
+            try:
+                getattr(scheduling, f"node_{verb}")(actor=Actor.of_user(request.user),
+                                                    node=node, **kwargs)
+            except ApplicationError as error:
+                self.message_user(request, f"{node.id}: {error.message}", messages.ERROR)
+            else:
+                done.append(node.hostname or node.id)
+        if done:
+            self.message_user(request, f"{verb.capitalize()}: {', '.join(done)}. Nothing that "
+                              "runs was stopped.", messages.SUCCESS)
+
+    def _confirm(self, request, queryset, action: str, title: str, **context):
+        return TemplateResponse(request, "admin/nodes/node_action.html", {
+            **self.admin_site.each_context(request), "title": title, "action": action,
+            "nodes": queryset, "opts": self.model._meta,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, **context})
+
+    @admin.action(description="Cordon selected nodes (no new work; a reason is required)")
+    def cordon(self, request, queryset):
+        form = CordonForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            self._each(request, queryset, "cordon", reason=form.cleaned_data["reason"])
+            return None
+        return self._confirm(request, queryset, "cordon", "Cordon nodes", form=form)
+
+    @admin.action(description="Uncordon selected nodes (the operator's cordon only)")
+    def uncordon(self, request, queryset):
+        self._each(request, queryset, "uncordon")
+
+    @admin.action(description="Drain selected nodes (leaving; running work finishes)")
+    def drain(self, request, queryset):
+        self._each(request, queryset, "drain")
+
+    @admin.action(description="Remove selected nodes (drained; gone ones with force)")
+    def remove(self, request, queryset):
+        if "apply" in request.POST:
+            self._each(request, queryset, "remove", force=request.POST.get("force") == "on")
+            return None
+        left_behind = {node.id: commands_active_on(node) for node in queryset}
+        return self._confirm(request, queryset, "remove", "Remove nodes",
+                             rows=[(node, left_behind[node.id]) for node in queryset],
+                             any_gone=any(n.scheduling_state == SchedulingState.GONE
+                                          for n in queryset))
 
 
 @admin.register(HardwareSeries)

@@ -15,8 +15,9 @@ from fleets.choices import FleetDelivery
 from tuneplane.errors import Conflict, ValidationFailed
 
 from . import bus
-from .choices import ACTIVE_COMMAND_STATES, CordonSource, SchedulingState
-from .models import ControlSession, Node, NodeCommand, NodeCordon, NodeCredential
+from .choices import CordonSource, SchedulingState
+from .models import ControlSession, Node, NodeCordon, NodeCredential
+from .selectors import commands_active_on
 
 logger = logging.getLogger("tuneplane.nodes")
 
@@ -104,11 +105,6 @@ def node_uncordon(*, actor, node: Node) -> Node:
     return node
 
 
-def _commands_active_on(node: Node) -> list[str]:
-    return list(NodeCommand.objects.filter(node=node, state__in=ACTIVE_COMMAND_STATES)
-                .order_by("created_at").values_list("id", flat=True))
-
-
 def _set_state(node: Node, state: str, actor, *, forced: bool = False, **after) -> None:
     before = node.scheduling_state
     node.scheduling_state = state
@@ -125,7 +121,7 @@ def node_drain(*, actor, node: Node) -> Node:
         _not_removed(node, "drained")
         if node.scheduling_state in (SchedulingState.DRAINING, SchedulingState.DRAINED):
             return node
-        active = _commands_active_on(node)
+        active = commands_active_on(node)
         _set_state(node, SchedulingState.DRAINING if active else SchedulingState.DRAINED, actor,
                    commands_running=active)
     return node
@@ -135,7 +131,7 @@ def node_drain_settle(*, node_id: str) -> None:
     """A draining node whose last command has finished is drained. Call inside the
     transaction that finished it."""
     node = _locked(node_id)
-    if node.scheduling_state == SchedulingState.DRAINING and not _commands_active_on(node):
+    if node.scheduling_state == SchedulingState.DRAINING and not commands_active_on(node):
         _set_state(node, SchedulingState.DRAINED, Actor.system("drain"))
 
 
@@ -146,7 +142,7 @@ def node_remove(*, actor, node: Node, force: bool = False) -> Node:
         node = _locked(node.pk)
         if node.scheduling_state == SchedulingState.REMOVED:
             return node
-        left_behind = _commands_active_on(node)
+        left_behind = commands_active_on(node)
         if node.scheduling_state == SchedulingState.GONE and not force:
             raise Conflict(
                 f"Node '{node.id}' is gone. Removing it leaves behind what nothing can reconcile "

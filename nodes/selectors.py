@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from fleets.selectors import fleets_visible_to
 
-from .choices import CommandState, SchedulingState
+from .choices import ACTIVE_COMMAND_STATES, CommandState, SchedulingState
 from .models import CardAlias, ControlSession, JoinToken, Node, NodeCommand
 
 
@@ -93,3 +93,10 @@ def commands_pending(*, node_id: str | None = None,
         pending = pending.filter(node__sessions__gateway=gateway,
                                  node__sessions__closed_at__isnull=True)
     return list(pending)
+
+
+def commands_active_on(node) -> list[str]:
+    """Ids of the node's commands that may still be running: what drain waits for and what
+    a forced removal leaves behind (D3)."""
+    return list(NodeCommand.objects.filter(node=node, state__in=ACTIVE_COMMAND_STATES)
+                .order_by("created_at").values_list("id", flat=True))

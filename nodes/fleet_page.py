@@ -1,0 +1,75 @@
+"""The nodes section of a node Fleet's page (L7): control connection, scheduling and
+inventory as three separate groups, plus liveness per capability.
+
+Four queries whatever the number of nodes: the nodes with their cordons, their live
+sessions, and the card registry.
+"""
+
+from django.utils import timezone
+
+from fleets.choices import FleetKind
+
+from .choices import SchedulingState
+from .selectors import card_series, live_sessions_of
+
+LIVENESS_CAPABILITIES = ("train", "serve", "env")
+
+
+def _age(since, now) -> str:
+    if since is None:
+        return "never"
+    seconds = int((now - since).total_seconds())
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    return f"{seconds // 3600}h ago"
+
+
+def _scheduling(node, cordons) -> str:
+    if node.scheduling_state == SchedulingState.SCHEDULABLE and cordons:
+        return SchedulingState.CORDONED
+    return node.scheduling_state
+
+
+def node_rows(fleet, now=None) -> list[dict]:
+    now = now or timezone.now()
+    nodes = list(fleet.nodes.exclude(scheduling_state=SchedulingState.REMOVED)
+                 .prefetch_related("cordons").order_by("hostname", "id"))
+    sessions = live_sessions_of(nodes)
+    series = card_series(name for node in nodes for name in node.card_names())
+    capabilities = [c for c in fleet.capabilities if c in LIVENESS_CAPABILITIES]
+    rows = []
+    for node in nodes:
+        session = sessions.get(node.id)
+        cordons = list(node.cordons.all())
+        inventory = node.inventory
+        rows.append({
+            "node": node,
+            "connection": {
+                "connected": session is not None,
+                "since": session.opened_at if session else None,
+                "heartbeat_age": _age(session.last_heartbeat_at if session
+                                      else node.last_seen_at, now),
+                "gateway": session.gateway if session else "",
+            },
+            "scheduling": {"state": _scheduling(node, cordons), "cordons": cordons},
+            "inventory": {
+                "cards": [{**card, "series": series.get(card["name"])}
+                          for card in inventory.get("cards", [])],
+                "driver": inventory.get("driver") or "—",
+                "container_runtime": inventory.get("container_runtime") or "—",
+                "storage_root_visible": inventory.get("storage_root_visible"),
+                "observed_age": _age(node.inventory_observed_at, now),
+            },
+            "liveness": [(c, "quiet" if getattr(node, f"quiet_{c}") else "ok")
+                         for c in capabilities],
+        })
+    return rows
+
+
+def fleet_nodes_section(fleet) -> dict | None:
+    if fleet.kind != FleetKind.NODE:
+        return None
+    return {"template": "admin/nodes/fleet_nodes.html", "rows": node_rows(fleet),
+            "capabilities": [c for c in fleet.capabilities if c in LIVENESS_CAPABILITIES]}

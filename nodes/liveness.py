@@ -1,21 +1,24 @@
 """The liveness sweep (L2–L4): set-based, guarded, idempotent, audited once per transition.
 
-Each transition is one locked SELECT with its guard in the WHERE, one UPDATE of
-those rows, and one INSERT of their audit events — so a sweep's statements do
-not grow with the number of nodes, and two sweeps that overlap (two beats by
-mistake, a retried task) make each transition once: the second one's guard no
-longer matches the rows the first changed.
+Each transition locks the rows its guard matches, changes them and inserts their
+audit events — on PostgreSQL in one statement, elsewhere in three — so a sweep's
+statements do not grow with the number of nodes, and two sweeps that overlap (two
+beats by mistake, a retried task) make each transition once: the second one's
+guard no longer matches the rows the first changed.
 """
 
+import json
 import logging
 from datetime import datetime
 
-from django.db import transaction
+from django.core.exceptions import EmptyResultSet
+from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from audit.services import Actor, audit_record_many
 from fleets.models import Fleet
+from tuneplane import correlation
 
 from .choices import SchedulingState
 from .models import Node, quiet_threshold
@@ -37,6 +40,8 @@ def gone_threshold(capabilities) -> str:
 
 
 def _transition(guarded: QuerySet, change: dict, action: str, after: dict) -> int:
+    if connection.vendor == "postgresql":
+        return _transition_in_one_statement(guarded, change, action, after)
     rows = list(guarded.select_for_update().values_list("id", "scheduling_state"))
     if not rows:
         return 0
@@ -46,6 +51,34 @@ def _transition(guarded: QuerySet, change: dict, action: str, after: dict) -> in
         (node_id, {"scheduling_state": state} if "scheduling_state" in change else None, after)
         for node_id, state in rows])
     return len(rows)
+
+
+def _transition_in_one_statement(guarded: QuerySet, change: dict, action: str,
+                                 after: dict) -> int:
+    """Lock what the guard matches, change it, and audit it, in one statement: the rows
+    never travel to Python. FOR UPDATE re-checks the guard on a row another sweep changed
+    meanwhile, which is what makes each transition happen once."""
+    try:
+        select, select_params = (guarded.order_by().values_list("id", "scheduling_state")
+                                 .query.sql_with_params())
+    except EmptyResultSet:  # e.g. no Fleet declares the capability
+        return 0
+    (column, value), = change.items()
+    before = ("jsonb_build_object('scheduling_state', old.scheduling_state)"
+              if column == "scheduling_state" else "NULL")
+    # "id = ANY(ARRAY(...))" makes the UPDATE look rows up by primary key; a join with the
+    # CTE would hash the whole table.
+    sql = (f"WITH old AS ({select} FOR UPDATE), "
+           f"changed AS (UPDATE nodes_node SET {column} = %s "
+           "WHERE id = ANY(ARRAY(SELECT id FROM old)) RETURNING id) "
+           "INSERT INTO audit_auditevent (at, actor_type, actor_id, actor_label, action, "
+           "target_type, target_id, before, after, forced, correlation_id) "
+           f"SELECT %s, %s, %s, %s, %s, 'nodes.node', old.id, {before}, %s::jsonb, false, %s "
+           "FROM changed JOIN old ON old.id = changed.id")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*select_params, value, timezone.now(), ACTOR.type, ACTOR.id,
+                             ACTOR.label, action, json.dumps(after), correlation.current()])
+        return cursor.rowcount
 
 
 def liveness_sweep(*, now: datetime | None = None) -> dict[str, int]:

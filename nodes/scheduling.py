@@ -10,7 +10,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from audit.services import Actor, as_actor, audit_record
+from audit.services import Actor, as_actor, audit_record, audit_record_many
 from fleets.choices import FleetDelivery
 from tuneplane.errors import Conflict, ValidationFailed
 
@@ -57,6 +57,10 @@ def node_observe_storage_root(*, node_id: str, visible: bool) -> bool:
         if node.fleet.delivery != FleetDelivery.SHARED_MOUNT \
                 or node.scheduling_state == SchedulingState.REMOVED:
             return False
+        if node.inventory.get("storage_root_visible") != visible:
+            # The observation is kept with the inventory, where the cordon sweep reads it.
+            node.inventory = {**node.inventory, "storage_root_visible": visible}
+            node.save(update_fields=["inventory"])
         cordon = NodeCordon.objects.filter(node=node, source=CordonSource.STORAGE).first()
         actor = Actor.system("storage")
         if not visible and cordon is None:
@@ -163,3 +167,40 @@ def node_remove(*, actor, node: Node, force: bool = False) -> Node:
         bus.publish_on_commit(bus.CLOSE, node.id, reason="node removed")
     logger.info("node %s removed%s", node.id, " (forced)" if force else "")
     return node
+
+
+def storage_cordon_sweep() -> dict[str, int]:
+    """Repairs what the gateway missed: the storage cordon follows the last storage-root
+    observation of every shared-mount node (L6). An operator's cordon is never touched.
+
+    Set-based, and safe beside the gateway and another sweep: it locks the node rows it
+    may change first — as ``node_observe_storage_root`` does — and only then reads which
+    cordons exist, so each change is made, and audited, once.
+    """
+    actor = Actor.system("storage")
+    shared = (Node.objects.filter(fleet__delivery=FleetDelivery.SHARED_MOUNT)
+              .exclude(scheduling_state=SchedulingState.REMOVED)
+              .select_for_update(of=("self",)).order_by("pk"))
+    storage = NodeCordon.objects.filter(source=CordonSource.STORAGE)
+    cordon = {"source": CordonSource.STORAGE, "reason": STORAGE_LOST, "by": actor.label}
+    with transaction.atomic():
+        lost = list(shared.filter(inventory__storage_root_visible=False)
+                    .values_list("id", flat=True))
+        missing = sorted(set(lost) - set(storage.filter(node_id__in=lost)
+                                         .values_list("node_id", flat=True)))
+        NodeCordon.objects.bulk_create([
+            NodeCordon(node_id=node_id, source=CordonSource.STORAGE, reason=STORAGE_LOST,
+                       created_at=timezone.now(), created_by=actor.label)
+            for node_id in missing])
+        back = list(shared.filter(inventory__storage_root_visible=True,
+                                  cordons__source=CordonSource.STORAGE)
+                    .values_list("id", flat=True))
+        lifted = sorted(storage.filter(node_id__in=back).values_list("node_id", flat=True))
+        storage.filter(node_id__in=lifted).delete()
+        audit_record_many(actor=actor, action="node.cordoned", target_type="nodes.node",
+                          changes=[(node_id, {"cordon": None}, {"cordon": cordon})
+                                   for node_id in missing])
+        audit_record_many(actor=actor, action="node.uncordoned", target_type="nodes.node",
+                          changes=[(node_id, {"cordon": cordon}, {"cordon": None})
+                                   for node_id in lifted])
+    return {"cordoned": len(missing), "uncordoned": len(lifted)}

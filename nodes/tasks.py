@@ -3,8 +3,14 @@
 from celery import shared_task
 
 from .liveness import liveness_sweep
+from .scheduling import storage_cordon_sweep
 
 
 @shared_task(name="nodes.liveness_sweep", ignore_result=True)
 def liveness_sweep_task() -> dict:
     return liveness_sweep()
+
+
+@shared_task(name="nodes.storage_cordon_sweep", ignore_result=True)
+def storage_cordon_sweep_task() -> dict:
+    return storage_cordon_sweep()

@@ -12,6 +12,7 @@ from django.conf import settings
 # name shown in the admin -> (task, the setting that gives its interval in seconds)
 SCHEDULE = {
     "Liveness sweep": ("nodes.liveness_sweep", "TUNEPLANE_SWEEP_INTERVAL"),
+    "Storage cordon sweep": ("nodes.storage_cordon_sweep", "TUNEPLANE_SWEEP_INTERVAL"),
 }
 
 

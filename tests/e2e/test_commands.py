@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import grpc
@@ -193,3 +194,38 @@ def test_L6_storage_root_lost_and_back_moves_only_the_storage_cordon(gateway, jo
         assert cordons() == {"operator": "firmware update"}
     finally:
         stop(agent)
+
+
+def test_D1_no_verb_stops_running_work_and_drain_completes_when_it_ends(
+        gateway, joined, admin_api, tmp_path):
+    node, env, _ = joined
+    agent = serve(env, gateway, tmp_path)
+    try:
+        connected(node)
+        command = send(admin_api, node, waiter(tmp_path, "work"))
+        wait_until(lambda: state_of(command) == "running", what="the command running")
+        pid = int(wait_until(lambda: (tmp_path / "work.started").exists()
+                             and (tmp_path / "work.started").read_text().strip(),
+                             what="its process"))
+        verbs = [("post", f"/api/nodes/{node.id}/cordon", {"reason": "maintenance"}),
+                 ("post", f"/api/nodes/{node.id}/uncordon", None),
+                 ("patch", "/api/fleets/gpu-lab", {"state": "draining"}),
+                 ("patch", "/api/fleets/gpu-lab", {"state": "disabled"}),
+                 ("patch", "/api/fleets/gpu-lab", {"state": "active"}),
+                 ("post", f"/api/nodes/{node.id}/drain", None)]
+        for method, path, body in verbs:
+            response = getattr(admin_api, method)(path, body)
+            assert response.status_code == 200, (path, response.content)
+            time.sleep(1.5)  # a heartbeat or more, for anything that would react
+            assert alive(pid) and state_of(command) == "running", path
+        assert admin_api.get(f"/api/nodes/{node.id}").json()["scheduling"]["state"] == \
+            "draining"
+        assert admin_api.delete(f"/api/nodes/{node.id}").json()["error"]["rule"] == "D2"
+        (tmp_path / "work.release").touch()
+        wait_until(lambda: state_of(command) == "succeeded", what="the work finishing")
+        wait_until(lambda: admin_api.get(f"/api/nodes/{node.id}").json()["scheduling"]["state"]
+                   == "drained", what="drained once idle")
+        assert admin_api.delete(f"/api/nodes/{node.id}").status_code == 200
+    finally:
+        stop(agent)
+        (tmp_path / "work.release").touch()

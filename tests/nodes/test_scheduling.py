@@ -146,3 +146,25 @@ def test_commands_api_creates_and_lists(admin_api, node):
     assert [c["id"] for c in listed["results"]] == [made["id"]]
     bad = admin_api.post(f"/api/nodes/{node.id}/commands", {"kind": "reboot", "payload": RUN})
     assert bad.status_code == 400 and "kind" in bad.content.decode()
+
+
+def test_L6_the_cordon_sweep_repairs_what_the_gateway_missed(node, join, node_fleet):
+    from nodes.scheduling import storage_cordon_sweep
+
+    other = join(node_fleet).node
+    node_cordon(actor=SYSTEM, node=other, reason="operator's own")
+    # Observations recorded without their cordon change (e.g. a gateway that died between).
+    Node.objects.filter(pk=node.pk).update(inventory={**H100_INVENTORY,
+                                                      "storage_root_visible": False})
+    NodeCordon.objects.create(node=other, source="storage", reason="storage root not visible",
+                              created_at=node.created_at)
+    assert storage_cordon_sweep() == {"cordoned": 1, "uncordoned": 1}
+    assert cordons(node) == {"storage": "storage root not visible"}
+    assert cordons(other) == {"operator": "operator's own"}
+    assert storage_cordon_sweep() == {"cordoned": 0, "uncordoned": 0}  # idempotent
+    assert AuditEvent.objects.filter(actor_label="storage").count() == 2
+
+
+def test_L6_a_heartbeat_observation_is_kept_with_the_inventory(node):
+    node_observe_storage_root(node_id=node.id, visible=False)
+    assert Node.objects.get(pk=node.pk).inventory["storage_root_visible"] is False

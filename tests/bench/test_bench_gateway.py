@@ -1,0 +1,326 @@
+"""`make bench`: the control gateway under N simulated nodes, beside a bare grpc.aio echo server.
+
+One ``grpcserve`` on PostgreSQL, then ``tests/bench/echo_server.py`` (same
+grpc.aio, same mutual TLS, no work), each loaded by one
+``tests/bench/gateway_load.py`` process opening N streams with N client
+certificates. Printed: streams held, ramp time, heartbeats/s and ack latency at
+the 10 s interval, database commits/s during the steady window, the closed-loop
+maximum heartbeats/s of each server (raw, and per second of server CPU, since
+the generator shares the machine) with their ratios, the server's CPU and peak
+RSS. The gateway gets the environment's settings (``TUNEPLANE_DB_CONN_MAX_AGE``,
+say) with the heartbeat interval and lease TTL of production.
+
+N is ``TUNEPLANE_BENCH_STREAMS`` (default 10000; a comma-separated list runs
+each, e.g. ``1000,10000`` to see whether database load depends on N). The
+steady window is ``TUNEPLANE_BENCH_WINDOW`` seconds (default 60).
+
+Not a timed test: it asserts only that every stream was held, none failed and
+every lease reached the database.
+"""
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.db.models import F
+
+from nodes import pki
+from nodes.models import ControlSession, Node, NodeCredential, new_node_id
+from tests.conftest import make_csr
+from tests.e2e.console import ROOT, console_env, database_url, free_port
+
+pytestmark = [pytest.mark.bench, pytest.mark.django_db(transaction=True)]
+
+INTERVAL_SECONDS = 10
+LEASE_TTL_SECONDS = 30
+SATURATE_SECONDS = 10
+SAMPLE_SECONDS = 1.0
+READY_TIMEOUT_SECONDS = 60
+# Past this the server is killed: at N=10,000 the gateway can spend minutes closing sessions.
+STOP_TIMEOUT_SECONDS = 60
+LOAD_TIMEOUT_SECONDS = 3600
+
+
+def stream_counts() -> list[int]:
+    return [int(n) for n in os.environ.get("TUNEPLANE_BENCH_STREAMS", "10000").split(",")]
+
+
+WINDOW_SECONDS = int(os.environ.get("TUNEPLANE_BENCH_WINDOW", "60"))
+
+
+def enroll(fleet, count: int, directory: Path) -> Path:
+    """``count`` nodes, credentials issued as a join issues them; the bundle the generator reads.
+
+    The agent's own key-and-CSR code and the console's ``sign_node_csr``: the
+    certificates are what joined nodes present. Only the per-join transaction is
+    skipped, for bulk inserts (joins have their own bench).
+    """
+    lifetime = timedelta(seconds=settings.TUNEPLANE_NODE_CREDENTIAL_TTL)
+    nodes, credentials, bundle = [], [], []
+    for index in range(count):
+        node = Node(id=new_node_id(), fleet=fleet, hostname=f"bench-{index:05d}")
+        key_pem, csr = make_csr(node.hostname)
+        issued = pki.sign_node_csr(pki.parse_csr(csr), node.id, lifetime)
+        nodes.append(node)
+        credentials.append(NodeCredential(
+            node=node, serial=issued.serial, fingerprint_sha256=issued.fingerprint_sha256,
+            not_before=issued.not_before, not_after=issued.not_after))
+        bundle.append({"node_id": node.id, "key": key_pem.decode(), "cert": issued.pem})
+    Node.objects.bulk_create(nodes, batch_size=1000)
+    NodeCredential.objects.bulk_create(credentials, batch_size=1000)
+    path = directory / "nodes.json"
+    path.write_text(json.dumps({"ca": pki.load_ca().pem, "nodes": bundle}))
+    return path
+
+
+def proc_status(pid: int, field: str) -> int:
+    """A ``kB`` line of /proc/PID/status (VmRSS, VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of every thread of the process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float
+    commits: int
+    connections: int
+    rows_written: int
+    cpu: float
+
+
+class Sampler(threading.Thread):
+    """Once a second: the test database's counters and the server's CPU.
+
+    Statements are not counted: that needs pg_stat_statements preloaded, a server
+    setting. ``pg_stat_database`` gives committed transactions instead — each
+    atomic block and each statement run outside one counts once (a lease flush
+    is one, of two UPDATEs) — and backends started and rows written. It is read
+    from the ``postgres`` database so the sampling is not in the figures.
+    """
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.database = pid, connection.settings_dict["NAME"]
+        self.samples: list[Sample] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(database_url("postgres"), autocommit=True) as admin:
+            while True:
+                stopping = self.done.is_set()  # one more sample after, to close the last window
+                commits, connections, rows = admin.execute(
+                    "SELECT xact_commit, sessions, tup_inserted + tup_updated + tup_deleted "
+                    "FROM pg_stat_database WHERE datname = %s", [self.database]).fetchone()
+                self.samples.append(Sample(time.time(), commits, connections, rows,
+                                           cpu_seconds(self.pid)))
+                if stopping:
+                    return
+                self.done.wait(SAMPLE_SECONDS)
+
+    def rate(self, field: str, window: list[float]) -> float:
+        """Per second over the samples that enclose ``window`` (epoch seconds)."""
+        start, end = window
+        before = [s for s in self.samples if s.at <= start][-1]
+        after = next(s for s in self.samples if s.at >= end)
+        return (getattr(after, field) - getattr(before, field)) / (after.at - before.at)
+
+
+class ServerOutput(threading.Thread):
+    """A server's output, drained (the gateway logs every session: a full pipe would stall it)."""
+
+    def __init__(self, process: subprocess.Popen, ready: str):
+        super().__init__(daemon=True)
+        self.process, self.ready = process, ready
+        self.tail: deque[str] = deque(maxlen=40)
+        self.ready_seen = threading.Event()
+
+    def run(self) -> None:
+        for line in self.process.stdout:
+            self.tail.append(line)
+            if self.ready in line:
+                self.ready_seen.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tail)
+
+
+@contextmanager
+def serving(argv: list[str], env: dict, ready: str):
+    """A server subprocess, from its ready line until it has stopped.
+
+    Yields the process and a dict that, once the block is left, tells how the
+    server stopped.
+    """
+    process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    # A stream is a socket: a low soft limit would cap the server, not the code under test.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.prlimit(process.pid, resource.RLIMIT_NOFILE, (hard, hard))
+    output = ServerOutput(process, ready)
+    output.start()
+    stopped = {}
+    try:
+        assert output.ready_seen.wait(READY_TIMEOUT_SECONDS), output.text
+        yield process, stopped
+    finally:
+        stopping = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        output.join(5)
+        stopped.update(stop_seconds=round(time.monotonic() - stopping, 1),
+                       returncode=process.returncode, output_tail=output.text)
+
+
+def load(target: str, credentials: Path, streams: int) -> dict:
+    """Run the generator against ``target``; its JSON result."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.bench.gateway_load", "--target", target,
+         "--credentials", str(credentials), "--streams", str(streams),
+         "--interval", str(INTERVAL_SECONDS), "--window", str(WINDOW_SECONDS),
+         "--saturate", str(SATURATE_SECONDS)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=LOAD_TIMEOUT_SECONDS)
+    assert done.returncode == 0, "the load generator failed (its stderr is above)"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(argv: list[str], env: dict, ready: str, target: str, credentials: Path,
+            streams: int) -> dict:
+    """The generator's figures for one server, with the server's own beside them."""
+    with serving(argv, env, ready) as (process, stopped):
+        idle_rss = proc_status(process.pid, "VmRSS")
+        sampler = Sampler(process.pid)
+        sampler.start()
+        try:
+            figures = load(target, credentials, streams)
+        finally:
+            sampler.done.set()
+            sampler.join()
+        peak_rss = proc_status(process.pid, "VmHWM")
+    steady, saturated = figures["window"], figures["saturation_window"]
+    return {**figures, **stopped,
+            "db_commits_per_second": sampler.rate("commits", steady),
+            "db_connections_per_second": sampler.rate("connections", steady),
+            "db_rows_written_per_second": sampler.rate("rows_written", steady),
+            "server_cpu_percent": 100 * sampler.rate("cpu", steady),
+            "saturation_server_cpu_percent": 100 * sampler.rate("cpu", saturated),
+            "server_peak_rss_mb": peak_rss / 2**20,
+            "server_rss_per_stream_kb": (peak_rss - idle_rss) / 1024 / streams}
+
+
+def acks_per_cpu_second(f: dict) -> float:
+    """Closed-loop acks per second of server CPU: the generator shares this machine's two
+    cores, so the raw maximum is partly the generator's; this is the server's own cost."""
+    return f["saturation_heartbeats_per_second"] / (f["saturation_server_cpu_percent"] / 100)
+
+
+def ms(f: dict, prefix: str = "") -> str:
+    return " / ".join(f"{f[prefix + key]:.1f}" for key in ("p50_ms", "p99_ms", "max_ms")) + " ms"
+
+
+def stop(f: dict) -> str:
+    code = f["returncode"]
+    how = "" if code == 0 else " (killed)" if code == -signal.SIGKILL else f" (exit {code})"
+    closed = f", {f['sessions_closed']} sessions closed" if "sessions_closed" in f else ""
+    return f"{f['stop_seconds']} s{how}{closed}"
+
+
+ROWS = [
+    ("streams held / still open at the end",
+     lambda f: f"{f['streams_held']}/{f['streams_requested']} / {f['streams_open_at_end']}"),
+    ("ramp", lambda f: f"{f['ramp_seconds']:.1f} s ({f['streams_held'] / f['ramp_seconds']:.0f}"
+                       f" streams/s)"),
+    (f"heartbeats/s, each stream every {INTERVAL_SECONDS} s",
+     lambda f: f"{f['heartbeats_per_second']:.1f}"),
+    ("  ack p50 / p99 / max", ms),
+    ("  server CPU (% of one core)", lambda f: f"{f['server_cpu_percent']:.0f} %"),
+    ("  generator CPU", lambda f: f"{f['client_cpu_percent']:.0f} %"),
+    ("  DB commits/s (xact_commit)", lambda f: f"{f['db_commits_per_second']:.2f}"),
+    ("  DB connections opened/s", lambda f: f"{f['db_connections_per_second']:.2f}"),
+    ("  DB rows written/s", lambda f: f"{f['db_rows_written_per_second']:.0f}"),
+    (f"max heartbeats/s (closed loop, {SATURATE_SECONDS} s)",
+     lambda f: f"{f['saturation_heartbeats_per_second']:.0f}"),
+    ("  ack p50 / p99 / max", lambda f: ms(f, "saturation_")),
+    ("  server / generator CPU", lambda f: f"{f['saturation_server_cpu_percent']:.0f} % / "
+                                           f"{f['saturation_client_cpu_percent']:.0f} %"),
+    ("  acks per server CPU-second", lambda f: f"{acks_per_cpu_second(f):.0f}"),
+    ("server peak RSS (VmHWM)", lambda f: f"{f['server_peak_rss_mb']:.0f} MiB "
+                                          f"(+{f['server_rss_per_stream_kb']:.0f} KiB/stream)"),
+    ("server stop after the generator left", stop),
+    ("errors", lambda f: f"{f['errors']} {f['error_kinds'] or ''}".strip()),
+]
+
+
+def report(gateway: dict, echo: dict) -> str:
+    label_width = max(len(label) for label, _ in ROWS) + 2
+    column = max(len(show(gateway)) for _, show in ROWS) + 3
+    lines = [f"\nbench gateway: N={gateway['streams_requested']} streams, "
+             f"{gateway['ramp_concurrency']} opens in flight, {WINDOW_SECONDS} s steady window",
+             f"{'':{label_width}}{'grpcserve (PostgreSQL)':{column}}bare grpc.aio echo"]
+    lines += [f"{label:{label_width}}{show(gateway):{column}}{show(echo)}"
+              for label, show in ROWS]
+
+    def ratio(key):
+        return gateway[key] / echo[key]
+
+    lines.append(
+        f"gateway/echo: heartbeats/s at the interval {ratio('heartbeats_per_second'):.2f} "
+        f"(both ack all there is); max heartbeats/s "
+        f"{ratio('saturation_heartbeats_per_second'):.2f}; acks per server CPU-second "
+        f"{acks_per_cpu_second(gateway) / acks_per_cpu_second(echo):.2f}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("streams", stream_counts())
+def test_bench_gateway_streams_beside_a_bare_echo_server(streams, node_fleet, console_pki,
+                                                         tmp_path, capsys):
+    credentials = enroll(node_fleet, streams, tmp_path)
+    if not (console_pki / "gateway.pem").exists():  # the echo server uses the gateway's
+        pki.issue_server_certificate(["127.0.0.1", "localhost"])
+
+    target = f"127.0.0.1:{free_port()}"
+    env = console_env(tmp_path, TUNEPLANE_PKI_DIR=str(console_pki), TUNEPLANE_DEBUG="0",
+                      TUNEPLANE_HEARTBEAT_INTERVAL=str(INTERVAL_SECONDS),
+                      TUNEPLANE_LEASE_TTL=str(LEASE_TTL_SECONDS))
+    gateway = measure([sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target],
+                      env, "gateway serving", target, credentials, streams)
+    gateway["sessions_closed"] = ControlSession.objects.filter(closed_at__isnull=False).count()
+
+    echo_target = f"127.0.0.1:{free_port()}"
+    echo = measure([sys.executable, "-m", "tests.bench.echo_server", "--bind", echo_target,
+                    "--pki-dir", str(console_pki)], env, "echo serving", echo_target,
+                   credentials, streams)
+    with capsys.disabled():
+        print(report(gateway, echo))
+
+    for figures in (gateway, echo):
+        assert figures["streams_held"] == figures["streams_open_at_end"] == streams, figures
+        assert figures["errors"] == 0, figures["error_kinds"]
+    assert ControlSession.objects.count() == streams
+    assert ControlSession.objects.filter(last_heartbeat_at__gt=F("opened_at")).count() == streams

@@ -16,7 +16,8 @@ from tuneplane.errors import ApplicationError
 
 from . import scheduling, services
 from .choices import CordonSource, SchedulingState
-from .models import CardAlias, ControlSession, HardwareSeries, JoinToken, Node
+from .models import (CardAlias, ControlSession, HardwareSeries, JoinToken, Node, NodeCommand,
+                     StrayCommand)
 from .selectors import addresses_shared, commands_active_on, live_sessions_of
 
 
@@ -241,3 +242,25 @@ class CardAliasAdmin(StaffAdmin):
                                     series=obj.series)
         else:
             super().save_model(request, obj, form, change)
+
+
+@admin.register(NodeCommand)
+class NodeCommandAdmin(ReadOnlyAdmin):
+    """Commands are sent through the API; their state is what the nodes report (L5)."""
+
+    list_display = ["id", "node", "kind", "state", "exit_code", "created_by", "created_at",
+                    "updated_at"]
+    list_filter = ["state", "kind", "node__fleet"]
+    search_fields = ["id", "node__id", "node__hostname"]
+    list_select_related = ["node"]
+
+
+@admin.register(StrayCommand)
+class StrayCommandAdmin(ReadOnlyAdmin):
+    """Commands a node reports that the console never gave it: flagged, never killed (L5)."""
+
+    list_display = ["command_id", "node", "state", "exit_code", "first_reported_at",
+                    "last_reported_at"]
+    list_filter = ["state", "node__fleet"]
+    search_fields = ["command_id", "node__id", "node__hostname"]
+    list_select_related = ["node"]

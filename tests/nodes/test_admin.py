@@ -70,3 +70,17 @@ def test_J4_unmapped_card_is_mapped_from_the_list(staff, admin_user):
     assert alias.series == series
     event = AuditEvent.objects.get(action="card_alias.mapped")
     assert event.after == {"series": "mystery"} and event.actor_label == "ops"
+
+
+def test_stray_and_node_command_lists_render(client, admin_user, node_fleet, mint):
+    from nodes.commands import Reported, node_commands_reconcile
+    from nodes.services import node_join
+    from tests.conftest import H100_INVENTORY, make_csr
+
+    node = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1],
+                     inventory=H100_INVENTORY).node
+    node_commands_reconcile(node_id=node.id, reported=[Reported("c-by-hand", "running")])
+    client.force_login(admin_user)
+    page = client.get("/admin/nodes/straycommand/")
+    assert page.status_code == 200 and b"c-by-hand" in page.content
+    assert client.get("/admin/nodes/nodecommand/").status_code == 200

@@ -10,7 +10,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from nodes.control import node_report_inventory, session_open
-from nodes.models import Node, NodeCordon, NodeCredential
+from nodes.models import CardAlias, HardwareSeries, Node, NodeCordon, NodeCredential
 from nodes.services import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 
@@ -30,6 +30,8 @@ def joined(fleet, mint, hostname, inventory=H100_INVENTORY):
 def test_L7_fleet_page_groups_and_cordon_action(page, live_server, admin_user, make_fleet,
                                                 mint):
     fleet = make_fleet("gpu-lab", kind="node", capabilities=["train", "serve"])
+    h100, _ = HardwareSeries.objects.get_or_create(slug="h100", defaults={"name": "H100"})
+    CardAlias.objects.update_or_create(name="NVIDIA H100 80GB HBM3", defaults={"series": h100})
     live, serial = joined(fleet, mint, "gpu-live")
     session_open(node_id=live.id, serial=serial, gateway="gw-1:8443")
     node_report_inventory(node_id=live.id, inventory=H100_INVENTORY)

@@ -1,17 +1,16 @@
 """The liveness sweep (L2–L4): set-based, guarded, idempotent, audited once per transition.
 
-Each transition locks the rows its guard matches, changes them and inserts their
-audit events — on PostgreSQL in one statement, elsewhere in three — so a sweep's
-statements do not grow with the number of nodes, and two sweeps that overlap (two
-beats by mistake, a retried task) make each transition once: the second one's
-guard no longer matches the rows the first changed.
+On PostgreSQL the whole sweep is one statement (``SWEEP_SQL``); elsewhere each kind
+of transition is three. Either way a sweep's statements do not grow with the number
+of nodes, every transition writes its audit event in the same transaction, and two
+sweeps that overlap (two beats by mistake, a retried task) make each transition
+once: rows are locked before they are judged final, and a row another sweep changed
+no longer matches.
 """
 
-import json
 import logging
 from datetime import datetime
 
-from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -40,8 +39,7 @@ def gone_threshold(capabilities) -> str:
 
 
 def _transition(guarded: QuerySet, change: dict, action: str, after: dict) -> int:
-    if connection.vendor == "postgresql":
-        return _transition_in_one_statement(guarded, change, action, after)
+    """Lock what the guard matches, change it, audit it: three statements, any row count."""
     rows = list(guarded.select_for_update().values_list("id", "scheduling_state"))
     if not rows:
         return 0
@@ -53,60 +51,119 @@ def _transition(guarded: QuerySet, change: dict, action: str, after: dict) -> in
     return len(rows)
 
 
-def _transition_in_one_statement(guarded: QuerySet, change: dict, action: str,
-                                 after: dict) -> int:
-    """Lock what the guard matches, change it, and audit it, in one statement: the rows
-    never travel to Python. FOR UPDATE re-checks the guard on a row another sweep changed
-    meanwhile, which is what makes each transition happen once."""
-    try:
-        select, select_params = (guarded.order_by().values_list("id", "scheduling_state")
-                                 .query.sql_with_params())
-    except EmptyResultSet:  # e.g. no Fleet declares the capability
-        return 0
-    (column, value), = change.items()
-    before = ("jsonb_build_object('scheduling_state', old.scheduling_state)"
-              if column == "scheduling_state" else "NULL")
-    # "id = ANY(ARRAY(...))" makes the UPDATE look rows up by primary key; a join with the
-    # CTE would hash the whole table.
-    sql = (f"WITH old AS ({select} FOR UPDATE), "
-           f"changed AS (UPDATE nodes_node SET {column} = %s "
-           "WHERE id = ANY(ARRAY(SELECT id FROM old)) RETURNING id) "
-           "INSERT INTO audit_auditevent (at, actor_type, actor_id, actor_label, action, "
-           "target_type, target_id, before, after, forced, correlation_id) "
-           f"SELECT %s, %s, %s, %s, %s, 'nodes.node', old.id, {before}, %s::jsonb, false, %s "
-           "FROM changed JOIN old ON old.id = changed.id")
+def _sweep_with_the_orm(now: datetime, capabilities_of: dict) -> dict[str, int]:
+    """The sweep where PostgreSQL is not (SQLite, the embedded default)."""
+    changed: dict[str, int] = {}
+    live = Node.objects.exclude(scheduling_state=SchedulingState.REMOVED)
+    for capability in LIVENESS_CAPABILITIES:
+        flag = f"quiet_{capability}"
+        cutoff = now - quiet_threshold(capability)
+        declaring = [fleet for fleet, caps in capabilities_of.items() if capability in caps]
+        changed[f"{capability}_quiet"] = _transition(
+            live.filter(fleet_id__in=declaring, last_seen_at__lt=cutoff, **{flag: False}),
+            {flag: True}, "node.quiet", {"capability": capability, "liveness": "quiet"})
+        changed[f"{capability}_ok"] = _transition(
+            live.filter(**{flag: True}).exclude(fleet_id__in=declaring,
+                                                 last_seen_at__lt=cutoff),
+            {flag: False}, "node.answering", {"capability": capability, "liveness": "ok"})
+    by_threshold: dict[str, list[str]] = {}
+    for fleet, caps in capabilities_of.items():
+        by_threshold.setdefault(gone_threshold(caps), []).append(fleet)
+    changed["gone"] = sum(
+        _transition(live.filter(fleet_id__in=fleets, scheduling_state__in=GONE_FROM,
+                                last_seen_at__lt=now - quiet_threshold(threshold)),
+                    {"scheduling_state": SchedulingState.GONE}, "node.gone",
+                    {"scheduling_state": SchedulingState.GONE, "threshold": threshold})
+        for threshold, fleets in by_threshold.items())
+    return changed
+
+
+# Every transition of a sweep in one statement: judge the rows that may change (an index
+# range on last_seen_at, plus the few already quiet), lock them — FOR UPDATE re-judges a
+# row another sweep changed meanwhile, so each transition happens once — update them by
+# primary key, and write one audit event per transition. No row travels to Python.
+_JUDGE = """
+    (n.fleet_id = ANY(%(f_train)s) AND n.last_seen_at < %(t_train)s) AS train,
+    (n.fleet_id = ANY(%(f_serve)s) AND n.last_seen_at < %(t_serve)s) AS serve,
+    (n.fleet_id = ANY(%(f_env)s) AND n.last_seen_at < %(t_env)s) AS env,
+    (n.scheduling_state = ANY(%(gone_from)s) AND n.last_seen_at < r.gone_cut) AS gone"""
+_EVENT = """(CASE WHEN c.{cap} THEN 'node.quiet' ELSE 'node.answering' END, NULL::jsonb,
+     jsonb_build_object('capability', '{cap}', 'liveness',
+                        CASE WHEN c.{cap} THEN 'quiet' ELSE 'ok' END), c.{cap} <> c.was_{cap})"""
+SWEEP_SQL = f"""
+WITH rule AS (
+  SELECT * FROM unnest(%(fleets)s::varchar[], %(gone_cut)s::timestamptz[], %(gone_by)s::text[])
+    AS r(fleet_id, gone_cut, gone_by)
+), judged AS (
+  SELECT n.id, r.gone_by, n.scheduling_state AS was_state, n.quiet_train AS was_train,
+         n.quiet_serve AS was_serve, n.quiet_env AS was_env, {_JUDGE}
+  FROM nodes_node n JOIN rule r ON r.fleet_id = n.fleet_id
+  WHERE n.scheduling_state <> 'removed'
+    AND (n.last_seen_at < %(recent_cut)s OR n.quiet_train OR n.quiet_serve OR n.quiet_env)
+  FOR UPDATE OF n
+), changing AS (
+  SELECT * FROM judged
+  WHERE train <> was_train OR serve <> was_serve OR env <> was_env OR gone
+), changed AS (
+  UPDATE nodes_node n SET quiet_train = j.train, quiet_serve = j.serve, quiet_env = j.env,
+         scheduling_state = CASE WHEN j.gone THEN 'gone' ELSE n.scheduling_state END
+  FROM (SELECT n.id, {_JUDGE} FROM nodes_node n JOIN rule r ON r.fleet_id = n.fleet_id
+        WHERE n.id = ANY(ARRAY(SELECT id FROM changing))) AS j
+  WHERE n.id = j.id
+  RETURNING n.id
+), written AS (
+  INSERT INTO audit_auditevent (at, actor_type, actor_id, actor_label, action, target_type,
+                                target_id, before, after, forced, correlation_id)
+  SELECT %(at)s, %(actor_type)s, %(actor_id)s, %(actor_label)s, t.action, 'nodes.node', c.id,
+         t.before, t.after, false, %(correlation)s
+  FROM changing c JOIN changed USING (id) CROSS JOIN LATERAL (VALUES
+    {_EVENT.format(cap="train")},
+    {_EVENT.format(cap="serve")},
+    {_EVENT.format(cap="env")},
+    ('node.gone', jsonb_build_object('scheduling_state', c.was_state),
+     jsonb_build_object('scheduling_state', 'gone', 'threshold', c.gone_by), c.gone)
+  ) AS t(action, before, after, happened)
+  WHERE t.happened
+  RETURNING action, after->>'capability' AS capability
+)
+SELECT action, capability, count(*) FROM written GROUP BY action, capability
+"""
+_KEY = {"node.quiet": "{}_quiet", "node.answering": "{}_ok", "node.gone": "gone"}
+
+
+def _sweep_in_one_statement(now: datetime, capabilities_of: dict) -> dict[str, int]:
+    fleets = list(capabilities_of)
+    gone_by = [gone_threshold(capabilities_of[fleet]) for fleet in fleets]
+    thresholds = {capability: quiet_threshold(capability)
+                  for capability in LIVENESS_CAPABILITIES}
+    params = {
+        "fleets": fleets, "gone_by": gone_by,
+        "gone_cut": [now - quiet_threshold(name) for name in gone_by],
+        "recent_cut": now - min(thresholds.values()), "gone_from": list(GONE_FROM),
+        "at": now, "actor_type": ACTOR.type, "actor_id": ACTOR.id, "actor_label": ACTOR.label,
+        "correlation": correlation.current(),
+    }
+    for capability, threshold in thresholds.items():
+        params[f"f_{capability}"] = [f for f in fleets if capability in capabilities_of[f]]
+        params[f"t_{capability}"] = now - threshold
+    changed = {key: 0 for capability in LIVENESS_CAPABILITIES
+               for key in (f"{capability}_quiet", f"{capability}_ok")} | {"gone": 0}
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*select_params, value, timezone.now(), ACTOR.type, ACTOR.id,
-                             ACTOR.label, action, json.dumps(after), correlation.current()])
-        return cursor.rowcount
+        cursor.execute(SWEEP_SQL, params)
+        for action, capability, count in cursor.fetchall():
+            changed[_KEY[action].format(capability)] = count
+    return changed
 
 
 def liveness_sweep(*, now: datetime | None = None) -> dict[str, int]:
     """Mark what went quiet or gone since the last sweep, and what answers again."""
     now = now or timezone.now()
     capabilities_of = dict(Fleet.objects.values_list("id", "capabilities"))
-    changed: dict[str, int] = {}
-    live = Node.objects.exclude(scheduling_state=SchedulingState.REMOVED)
     with transaction.atomic():
-        for capability in LIVENESS_CAPABILITIES:
-            flag = f"quiet_{capability}"
-            cutoff = now - quiet_threshold(capability)
-            declaring = [fleet for fleet, caps in capabilities_of.items() if capability in caps]
-            changed[f"{capability}_quiet"] = _transition(
-                live.filter(fleet_id__in=declaring, last_seen_at__lt=cutoff, **{flag: False}),
-                {flag: True}, "node.quiet", {"capability": capability, "liveness": "quiet"})
-            changed[f"{capability}_ok"] = _transition(
-                live.filter(last_seen_at__gte=cutoff, **{flag: True}),
-                {flag: False}, "node.answering", {"capability": capability, "liveness": "ok"})
-        by_threshold: dict[str, list[str]] = {}
-        for fleet, caps in capabilities_of.items():
-            by_threshold.setdefault(gone_threshold(caps), []).append(fleet)
-        changed["gone"] = sum(
-            _transition(live.filter(fleet_id__in=fleets, scheduling_state__in=GONE_FROM,
-                                    last_seen_at__lt=now - quiet_threshold(threshold)),
-                        {"scheduling_state": SchedulingState.GONE}, "node.gone",
-                        {"scheduling_state": SchedulingState.GONE, "threshold": threshold})
-            for threshold, fleets in by_threshold.items())
+        if connection.vendor == "postgresql":
+            changed = _sweep_in_one_statement(now, capabilities_of)
+        else:
+            changed = _sweep_with_the_orm(now, capabilities_of)
     if any(changed.values()):
         logger.info("liveness sweep: %s", ", ".join(f"{k} {v}" for k, v in changed.items() if v))
     return changed

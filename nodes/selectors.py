@@ -1,13 +1,13 @@
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from fleets.selectors import fleets_visible_to
 
 from .choices import ACTIVE_COMMAND_STATES, CommandState, SchedulingState
-from .models import CardAlias, ControlSession, JoinToken, Node, NodeCommand
+from .models import CardAlias, ControlSession, JoinToken, Node, NodeCommand, NodeCordon
 
 
 def card_series(names) -> dict[str, str | None]:
@@ -100,3 +100,17 @@ def commands_active_on(node) -> list[str]:
     a forced removal leaves behind (D3)."""
     return list(NodeCommand.objects.filter(node=node, state__in=ACTIVE_COMMAND_STATES)
                 .order_by("created_at").values_list("id", flat=True))
+
+
+def nodes_placeable(fleet_ids, now=None) -> QuerySet[Node]:
+    """Nodes that may take new work now (L1, D1): a live control-session lease, inventory
+    observed within TUNEPLANE_PLACEMENT_FRESHNESS, schedulable and not cordoned. A shown
+    state alone is not enough. Whether the Fleet is active is the caller's gate."""
+    now = now or timezone.now()
+    fresh = now - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
+    live = ControlSession.objects.filter(node=OuterRef("pk"), closed_at__isnull=True,
+                                         lease_expires_at__gt=now)
+    return (Node.objects.filter(fleet_id__in=list(fleet_ids),
+                                scheduling_state=SchedulingState.SCHEDULABLE,
+                                inventory_observed_at__gte=fresh)
+            .filter(Exists(live)).exclude(Exists(NodeCordon.objects.filter(node=OuterRef("pk")))))

@@ -6,3 +6,11 @@ class PlacementConfig(AppConfig):
 
     name = "placement"
     verbose_name = "Placement"
+
+    def ready(self):
+        from fleets.deletion import register_deletion_blocker
+
+        from .services import live_deployments_blocking_deletion, workload_records_blocking_deletion
+
+        register_deletion_blocker(live_deployments_blocking_deletion)
+        register_deletion_blocker(workload_records_blocking_deletion)

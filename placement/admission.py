@@ -1,0 +1,165 @@
+"""Admission: which Fleet takes a workload, or exactly why none can (P1–P7, F3, F8, L1).
+
+The gates, in order: the named Fleet is visible (404, the same answer as a Fleet that does
+not exist), it has the capability, it is active, the inventory fits. Automatic choice runs
+the same gates over every visible Fleet and never counts, names or hints at one the
+submitter cannot see. Inventory fit is a check, not a reservation (P7).
+
+Queries do not depend on the number of nodes or Fleets: the visible Fleets, the placeable
+nodes of the candidates, and the card registry — three statements.
+"""
+
+from dataclasses import dataclass, field
+
+from django.utils import timezone
+
+from fleets.choices import FleetKind, FleetState
+from fleets.models import Fleet
+from fleets.selectors import fleet_get_visible, fleets_visible_to
+from nodes.selectors import card_series, nodes_placeable
+from tuneplane.errors import PlacementRefused
+
+from .choices import Refusal
+
+GATES = ["visibility", "capability", "state", "inventory_fit"]
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a workload asks of a Fleet."""
+
+    capability: str
+    series: str = ""
+    cards: int = 0  # per node; 0 asks for no cards, and skips the fit gate
+    nodes: int = 1
+    kinds: tuple[str, ...] = ()  # the backends allowed; empty: any
+
+    def describe(self) -> str:
+        cards = f"{self.cards} × {self.series or 'any card'}"
+        return cards + (f" on each of {self.nodes} nodes" if self.nodes > 1 else " on one node")
+
+
+@dataclass
+class FleetFit:
+    """How a Fleet's placeable nodes hold a need: a check, not a reservation (P7)."""
+
+    fleet: Fleet
+    per_node: list[tuple[int, str]] = field(default_factory=list)  # (matching cards, node id)
+
+    def fitting_nodes(self, need: Need) -> list[str]:
+        return [node for cards, node in self.per_node if cards >= need.cards]
+
+    def fits(self, need: Need) -> bool:
+        return len(self.fitting_nodes(need)) >= need.nodes
+
+    def fitting_cards(self, need: Need) -> int:
+        return sum(cards for cards, _ in self.per_node if cards >= need.cards)
+
+    def largest(self) -> int:
+        return max((cards for cards, _ in self.per_node), default=0)
+
+
+@dataclass
+class Admitted:
+    fleet: Fleet
+    gates: list[str]
+    nodes: list[str] = field(default_factory=list)  # where it fits, best first
+
+    def as_record(self) -> dict:
+        return {"fleet": self.fleet.id, "gates": self.gates, "fits_on": self.nodes[:8]}
+
+
+def fits_of(fleets: list[Fleet], need: Need, now=None) -> dict[str, FleetFit]:
+    """Each Fleet's placeable nodes and how many cards of the series each holds. A card the
+    registry has not mapped never counts for a pinned series (J4). Cluster Fleets' inventory
+    snapshots are not read yet: until then they hold nothing."""
+    fits = {fleet.id: FleetFit(fleet) for fleet in fleets}
+    node_fleets = [fleet.id for fleet in fleets if fleet.kind == FleetKind.NODE]
+    nodes = list(nodes_placeable(node_fleets, now).values_list("id", "fleet_id", "inventory"))
+    series = card_series(card["name"] for _, _, inventory in nodes
+                         for card in inventory.get("cards", []))
+    for node_id, fleet_id, inventory in nodes:
+        cards = sum(card["count"] for card in inventory.get("cards", [])
+                    if not need.series or series.get(card["name"]) == need.series)
+        fits[fleet_id].per_node.append((cards, node_id))
+    for fit in fits.values():
+        fit.per_node.sort(key=lambda item: (-item[0], item[1]))
+    return fits
+
+
+def _refuse(reason: str, message: str, **details) -> PlacementRefused:
+    return PlacementRefused(message, reason=reason, **details)
+
+
+def _best_offer(fits: dict[str, FleetFit], need: Need) -> str:
+    """The largest fit that does exist, among the Fleets the submitter can see."""
+    best = max(fits.values(), key=lambda fit: (fit.largest(), fit.fleet.id), default=None)
+    if best is None or best.largest() == 0:
+        return f"no placeable node of a Fleet you can see holds {need.series or 'cards'} now"
+    return f"largest fit: {best.largest()} × {need.series or 'cards'} on one node in {best.fleet.id}"
+
+
+def _check_fit(candidates: list[Fleet], need: Need, now) -> tuple[list[FleetFit], dict]:
+    fits = fits_of(candidates, need, now)
+    return [fit for fit in fits.values() if fit.fits(need)], fits
+
+
+def admit_named(user, fleet_id: str, need: Need, now=None) -> Admitted:
+    """A Fleet the submitter named: every gate on it, in order."""
+    fleet = fleet_get_visible(user, fleet_id)
+    if need.capability not in fleet.capabilities or (need.kinds and fleet.kind not in need.kinds):
+        raise _refuse(Refusal.CAPABILITY, f"Fleet '{fleet.id}' cannot {need.capability}"
+                      + (f" for this workload (it needs a {' or '.join(need.kinds)} Fleet)"
+                         if need.kinds and fleet.kind not in need.kinds else "")
+                      + ": a capability is a promise, and this one was not made (rule F3).")
+    if fleet.state != FleetState.ACTIVE:
+        raise _refuse(Refusal.STATE, f"Fleet '{fleet.id}' is {fleet.state}: it takes no new "
+                      "work (rule D1).")
+    if need.cards == 0:
+        return Admitted(fleet, GATES[:3])
+    fitting, fits = _check_fit([fleet], need, now or timezone.now())
+    if not fitting:
+        raise _refuse(Refusal.INVENTORY_FIT, f"Fleet '{fleet.id}' has no placeable nodes for "
+                      f"{need.describe()}; {_best_offer(fits, need)}.",
+                      best_offer=_best_offer(fits, need))
+    return Admitted(fleet, GATES, fitting[0].fitting_nodes(need))
+
+
+def admit_automatically(user, need: Need, now=None) -> Admitted:
+    """P1, P4: among every visible Fleet that passes every gate, the one with the most
+    fitting cards, then the smallest id — deterministic."""
+    visible = list(fleets_visible_to(user).order_by("id"))
+    able = [f for f in visible if need.capability in f.capabilities
+            and (not need.kinds or f.kind in need.kinds)]
+    if not able:
+        kinds = f" among {' and '.join(need.kinds)} Fleets" if need.kinds else ""
+        raise _refuse(Refusal.CAPABILITY, f"No Fleet you can see can {need.capability}{kinds}.")
+    active = [f for f in able if f.state == FleetState.ACTIVE]
+    if not active:
+        raise _refuse(Refusal.STATE, f"Every Fleet you can see that can {need.capability} is "
+                      "draining or disabled: none takes new work (rule D1).")
+    if need.cards == 0:
+        return Admitted(active[0], GATES[:3])
+    fitting, fits = _check_fit(active, need, now or timezone.now())
+    if not fitting:
+        offer = _best_offer(fits, need)
+        raise _refuse(Refusal.INVENTORY_FIT, f"No Fleet you can see fits {need.describe()} "
+                      f"now; {offer}.", best_offer=offer)
+    chosen = min(fitting, key=lambda fit: (-fit.fitting_cards(need), fit.fleet.id))
+    return Admitted(chosen.fleet, GATES, chosen.fitting_nodes(need))
+
+
+def admit_deployment(user, fleet_id: str | None, need: Need, now=None) -> Admitted:
+    """P2: named by the submitter; unnamed, the one visible serving Fleet, if there is one."""
+    if fleet_id:
+        return admit_named(user, fleet_id, need, now)
+    serving = [fleet.id for fleet in fleets_visible_to(user).order_by("id")
+               if need.capability in fleet.capabilities]
+    if not serving:
+        raise _refuse(Refusal.CAPABILITY, "No Fleet you can see can serve.")
+    if len(serving) > 1:
+        raise _refuse(Refusal.FLEET_NOT_NAMED, "More than one Fleet you can see can serve: name "
+                      f"one in \"fleet\" ({', '.join(serving)}). A deployment's Fleet is never "
+                      "chosen for you among several (rule P2).", candidates=serving)
+    return admit_named(user, serving[0], need, now)
+

@@ -1,0 +1,165 @@
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
+
+from ..choices import DeploymentState, LifecycleKind
+from ..models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession,
+                      TrainingJob, Volume)
+
+MAX_CARDS = 1024
+MAX_NODES = 256
+
+
+def _name():
+    return StrictCharField(max_length=200)
+
+
+def _names():
+    return serializers.ListField(child=StrictCharField(max_length=63), required=False,
+                                 default=list, max_length=64)
+
+
+class CardsRequest(StrictSerializer):
+    project = StrictCharField(max_length=50)
+    name = _name()
+    series = StrictCharField(max_length=63, required=False, allow_blank=True, default="")
+    cards = serializers.IntegerField(min_value=1, max_value=MAX_CARDS, required=False, default=1)
+
+
+class JobRequest(CardsRequest):
+    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, required=False, default=1)
+    volumes = _names()
+    datasets = _names()
+
+    class Meta:
+        ref_name = "JobRequest"
+
+
+class LifecycleJobRequest(JobRequest):
+    kind = StrictChoiceField(choices=LifecycleKind.values)
+
+    class Meta:
+        ref_name = "LifecycleJobRequest"
+
+
+class DeploymentRequest(CardsRequest):
+    fleet = StrictCharField(max_length=63, required=False, allow_null=True, default=None)
+
+    class Meta:
+        ref_name = "DeploymentRequest"
+
+
+class DeploymentUpdateRequest(StrictSerializer):
+    state = StrictChoiceField(choices=DeploymentState.values, required=False)
+    fleet = StrictCharField(max_length=63, required=False)
+
+    class Meta:
+        ref_name = "DeploymentUpdateRequest"
+
+
+class PlaygroundRequest(CardsRequest):
+    class Meta:
+        ref_name = "PlaygroundRequest"
+
+
+class EnvironmentRequest(StrictSerializer):
+    project = StrictCharField(max_length=50)
+    name = _name()
+    manifest = serializers.JSONField()
+
+    class Meta:
+        ref_name = "EnvironmentRequest"
+
+
+class StorageRequest(StrictSerializer):
+    project = StrictCharField(max_length=50)
+    name = serializers.SlugField(max_length=63)
+    uri = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+
+    class Meta:
+        ref_name = "StorageRequest"
+
+
+class WorkloadSerializer(serializers.ModelSerializer):
+    project = serializers.CharField(source="project.slug")
+    fleet = serializers.CharField(source="fleet_id")
+    created_by = serializers.CharField(source="created_by.username", allow_null=True,
+                                       default=None)
+
+    class Meta:
+        fields = ["id", "project", "name", "fleet", "series", "cards", "nodes", "admission",
+                  "created_by", "created_at"]
+        read_only_fields = fields
+
+
+class JobSerializer(WorkloadSerializer):
+    volumes = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    datasets = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    delivery = serializers.SerializerMethodField()
+
+    class Meta(WorkloadSerializer.Meta):
+        model = TrainingJob
+        fields = WorkloadSerializer.Meta.fields + ["volumes", "datasets", "delivery"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_delivery(self, job):
+        from ..services import delivery_of
+
+        return delivery_of(job.fleet, job.volumes.all(), job.datasets.all())
+
+
+class LifecycleJobSerializer(JobSerializer):
+    class Meta(JobSerializer.Meta):
+        model = LifecycleJob
+        fields = JobSerializer.Meta.fields + ["kind"]
+        read_only_fields = fields
+
+
+class DeploymentSerializer(WorkloadSerializer):
+    status = serializers.SerializerMethodField()
+    revisions = serializers.SerializerMethodField()
+
+    class Meta(WorkloadSerializer.Meta):
+        model = Deployment
+        fields = WorkloadSerializer.Meta.fields + ["state", "status", "revisions"]
+        read_only_fields = fields
+
+    def get_status(self, deployment) -> str:
+        """L2: degraded while any revision's node is quiet for serve."""
+        if deployment.state == DeploymentState.STOPPED:
+            return "stopped"
+        ready = [revision.ready for revision in deployment.revisions.all()]
+        return "ready" if ready and all(ready) else "degraded"
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_revisions(self, deployment):
+        return [{"number": r.number, "node": r.node_id, "ready": r.ready}
+                for r in deployment.revisions.all()]
+
+
+class PlaygroundSessionSerializer(WorkloadSerializer):
+    class Meta(WorkloadSerializer.Meta):
+        model = PlaygroundSession
+
+
+class EnvironmentSerializer(WorkloadSerializer):
+    class Meta(WorkloadSerializer.Meta):
+        model = Environment
+        fields = WorkloadSerializer.Meta.fields + ["manifest"]
+        read_only_fields = fields
+
+
+class StorageSerializer(serializers.ModelSerializer):
+    project = serializers.CharField(source="project.slug")
+
+    class Meta:
+        model = Volume
+        fields = ["id", "project", "name", "uri", "created_at"]
+        read_only_fields = fields
+
+
+class DatasetSerializer(StorageSerializer):
+    class Meta(StorageSerializer.Meta):
+        model = Dataset

@@ -1,0 +1,18 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("training-jobs", views.TrainingJobsView.as_view(), name="training-jobs"),
+    path("lifecycle-jobs", views.LifecycleJobsView.as_view(), name="lifecycle-jobs"),
+    path("deployments", views.DeploymentsView.as_view(), name="deployments"),
+    path("deployments/<int:deployment_id>", views.DeploymentDetailView.as_view(),
+         name="deployment-detail"),
+    path("playground-sessions", views.PlaygroundSessionsView.as_view(),
+         name="playground-sessions"),
+    path("environments", views.EnvironmentsView.as_view(), name="environments"),
+    path("environments/<int:environment_id>/resolve", views.EnvironmentResolveView.as_view(),
+         name="environment-resolve"),
+    path("volumes", views.VolumesView.as_view(), name="volumes"),
+    path("datasets", views.DatasetsView.as_view(), name="datasets"),
+]

@@ -1,0 +1,158 @@
+"""Workloads through the API: thin views over the admission services (P1–P6)."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.generics import GenericAPIView
+from rest_framework.response import Response
+
+from tuneplane.api.schema import errors
+from tuneplane.errors import NotFound
+
+from .. import services
+from ..models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession,
+                      TrainingJob, Volume)
+from ..selectors import environment_resolve, workloads_visible_to
+from . import serializers as s
+
+
+class WorkloadListView(GenericAPIView):
+    """GET: the caller's projects' records; POST: admit one, or refuse with a reason."""
+
+    model = None
+    request_serializer = None
+    prefetch: tuple = ()
+
+    def submit(self, user, data):
+        raise NotImplementedError
+
+    def get_queryset(self):
+        return workloads_visible_to(self.request.user, self.model).prefetch_related(
+            *self.prefetch)
+
+    def get(self, request):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(self.serializer_class(page, many=True).data)
+
+    def post(self, request):
+        incoming = self.request_serializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        record = self.submit(request.user, incoming.validated_data)
+        shown = self.get_queryset().get(pk=record.pk)
+        return Response(self.serializer_class(shown).data, status=status.HTTP_201_CREATED)
+
+
+def documented(noun: str, request, response, *, refusals=(404, 422)):
+    return lambda view: extend_schema(
+        methods=["GET"], summary=f"List {noun}s of your projects",
+        responses={200: response(many=True), **errors(401)})(extend_schema(
+            methods=["POST"], summary=f"Submit a {noun}: admitted to a Fleet, or refused",
+            request=request, responses={201: response, **errors(400, 401, *refusals)})(view))
+
+
+@documented("training job", s.JobRequest, s.JobSerializer)
+class TrainingJobsView(WorkloadListView):
+    model, serializer_class, request_serializer = TrainingJob, s.JobSerializer, s.JobRequest
+    prefetch = ("volumes", "datasets")
+
+    def submit(self, user, data):
+        return services.training_job_submit(actor=user, **data)
+
+
+@documented("lifecycle job", s.LifecycleJobRequest, s.LifecycleJobSerializer)
+class LifecycleJobsView(WorkloadListView):
+    model, serializer_class = LifecycleJob, s.LifecycleJobSerializer
+    request_serializer = s.LifecycleJobRequest
+    prefetch = ("volumes", "datasets")
+
+    def submit(self, user, data):
+        return services.lifecycle_job_submit(actor=user, **data)
+
+
+@documented("deployment", s.DeploymentRequest, s.DeploymentSerializer)
+class DeploymentsView(WorkloadListView):
+    model, serializer_class = Deployment, s.DeploymentSerializer
+    request_serializer = s.DeploymentRequest
+    prefetch = ("revisions__node",)
+
+    def submit(self, user, data):
+        return services.deployment_submit(actor=user, **data)
+
+
+class DeploymentDetailView(GenericAPIView):
+    serializer_class = s.DeploymentSerializer
+
+    def _deployment(self, request, deployment_id: int) -> Deployment:
+        found = (workloads_visible_to(request.user, Deployment)
+                 .prefetch_related("revisions__node").filter(pk=deployment_id).first())
+        if found is None:
+            raise NotFound(f"Deployment {deployment_id} not found.")
+        return found
+
+    @extend_schema(summary="A deployment, with its revisions and whether each is Ready",
+                   responses={200: s.DeploymentSerializer, **errors(401, 404)})
+    def get(self, request, deployment_id: int):
+        return Response(s.DeploymentSerializer(self._deployment(request, deployment_id)).data)
+
+    @extend_schema(summary="Stop a deployment; its Fleet never changes (P2)",
+                   request=s.DeploymentUpdateRequest,
+                   responses={200: s.DeploymentSerializer, **errors(400, 401, 404)})
+    def patch(self, request, deployment_id: int):
+        deployment = self._deployment(request, deployment_id)
+        incoming = s.DeploymentUpdateRequest(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        services.deployment_update(actor=request.user, deployment=deployment,
+                                   **incoming.validated_data)
+        return Response(s.DeploymentSerializer(self._deployment(request, deployment_id)).data)
+
+
+@documented("playground session", s.PlaygroundRequest, s.PlaygroundSessionSerializer)
+class PlaygroundSessionsView(WorkloadListView):
+    model, serializer_class = PlaygroundSession, s.PlaygroundSessionSerializer
+    request_serializer = s.PlaygroundRequest
+
+    def submit(self, user, data):
+        return services.playground_session_submit(actor=user, **data)
+
+
+@documented("environment", s.EnvironmentRequest, s.EnvironmentSerializer)
+class EnvironmentsView(WorkloadListView):
+    model, serializer_class = Environment, s.EnvironmentSerializer
+    request_serializer = s.EnvironmentRequest
+
+    def submit(self, user, data):
+        return services.environment_submit(actor=user, **data)
+
+
+class EnvironmentResolveView(GenericAPIView):
+    serializer_class = s.EnvironmentSerializer
+
+    @extend_schema(summary="The address of a node of the environment's Fleet answering now "
+                   "(P5, L3); never cached", request=None,
+                   responses={200: dict, **errors(401, 404, 422)})
+    def post(self, request, environment_id: int):
+        environment = workloads_visible_to(request.user, Environment).filter(
+            pk=environment_id).first()
+        if environment is None:
+            raise NotFound(f"Environment {environment_id} not found.")
+        node = environment_resolve(environment)
+        return Response({"environment": environment.pk, "fleet": environment.fleet_id,
+                         "node": node.id, "address": node.address})
+
+
+@documented("volume", s.StorageRequest, s.StorageSerializer, refusals=(404,))
+class VolumesView(WorkloadListView):
+    model, serializer_class, request_serializer = Volume, s.StorageSerializer, s.StorageRequest
+
+    def get_queryset(self):
+        return workloads_visible_to(self.request.user, self.model)
+
+    def submit(self, user, data):
+        return services.storage_create(Volume, actor=user, **data)
+
+
+@documented("dataset", s.StorageRequest, s.DatasetSerializer, refusals=(404,))
+class DatasetsView(VolumesView):
+    model, serializer_class = Dataset, s.DatasetSerializer
+
+    def submit(self, user, data):
+        return services.storage_create(Dataset, actor=user, **data)

@@ -1,0 +1,39 @@
+"""Shared reads of placement: who sees which workloads, and where an environment answers."""
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from fleets.choices import FleetState
+from nodes.models import Node
+from tuneplane.api.permissions import is_admin
+from tuneplane.errors import PlacementRefused
+from tuneplane.models import Membership
+
+from .choices import Refusal
+from .models import Environment, Workload
+
+
+def workloads_visible_to(user, model) -> QuerySet:
+    """A project's workloads (and volumes, datasets) are its members' to see; administrators
+    see all."""
+    records = model.objects.select_related(
+        "project", *(["fleet"] if issubclass(model, Workload) else []))
+    if is_admin(user):
+        return records
+    return records.filter(project__in=Membership.objects.filter(user=user)
+                          .values("project_id"))
+
+
+def environment_resolve(environment: Environment) -> Node:
+    """P5, L3: a node of the environment's Fleet answering right now — a live lease and env
+    not quiet — resolved per job, never cached."""
+    now = timezone.now()
+    answering = (Node.objects.filter(fleet_id=environment.fleet_id, quiet_env=False,
+                                     sessions__closed_at__isnull=True,
+                                     sessions__lease_expires_at__gt=now)
+                 .exclude(scheduling_state__in=("gone", "removed", "drained"))
+                 .order_by("-sessions__last_heartbeat_at").first())
+    if answering is None or environment.fleet.state != FleetState.ACTIVE:
+        raise PlacementRefused(f"No node of Fleet '{environment.fleet_id}' answers for env "
+                               "right now (rule L3).", reason=Refusal.NO_NODE_ANSWERING)
+    return answering

@@ -5,12 +5,14 @@ not exist), it has the capability, it is active, the inventory fits. Automatic c
 the same gates over every visible Fleet and never counts, names or hints at one the
 submitter cannot see. Inventory fit is a check, not a reservation (P7).
 
-Queries do not depend on the number of nodes or Fleets: the visible Fleets, the placeable
-nodes of the candidates, and the card registry — three statements.
+Queries do not depend on the number of nodes or Fleets: the visible Fleets, then one
+statement that sums each placeable node's cards of the series and aggregates per Fleet.
 """
 
 from dataclasses import dataclass, field
 
+from django.core.exceptions import EmptyResultSet
+from django.db import connection
 from django.utils import timezone
 
 from fleets.choices import FleetKind, FleetState
@@ -44,19 +46,13 @@ class FleetFit:
     """How a Fleet's placeable nodes hold a need: a check, not a reservation (P7)."""
 
     fleet: Fleet
-    per_node: list[tuple[int, str]] = field(default_factory=list)  # (matching cards, node id)
+    largest: int = 0  # the most matching cards on one placeable node
+    fitting_count: int = 0  # placeable nodes holding the cards asked per node
+    fitting_cards: int = 0  # the matching cards on those nodes
+    best: list[str] = field(default_factory=list)  # some of those nodes, most cards first
 
-    def fitting_nodes(self, need: Need) -> list[str]:
-        return [node for cards, node in self.per_node if cards >= need.cards]
-
-    def fits(self, need: Need) -> bool:
-        return len(self.fitting_nodes(need)) >= need.nodes
-
-    def fitting_cards(self, need: Need) -> int:
-        return sum(cards for cards, _ in self.per_node if cards >= need.cards)
-
-    def largest(self) -> int:
-        return max((cards for cards, _ in self.per_node), default=0)
+    def fits(self, need: "Need") -> bool:
+        return self.fitting_count >= need.nodes
 
 
 @dataclass
@@ -69,22 +65,71 @@ class Admitted:
         return {"fleet": self.fleet.id, "gates": self.gates, "fits_on": self.nodes[:8]}
 
 
+# Per placeable node, the cards of the series it holds (a card the registry has not
+# mapped never counts for a pinned series, J4); per Fleet, what fits. At most one row a
+# Fleet comes back, whatever the number of nodes.
+FIT_SQL = """
+WITH placeable AS ({placeable}),
+per_node AS (
+  SELECT n.id, n.fleet_id,
+         COALESCE(SUM((card.value->>'count')::int)
+                  FILTER (WHERE %s = '' OR series.slug = %s), 0) AS cards
+  FROM nodes_node n
+  LEFT JOIN LATERAL jsonb_array_elements(n.inventory->'cards') AS card ON true
+  LEFT JOIN nodes_cardalias alias ON alias.name = card.value->>'name'
+  LEFT JOIN nodes_hardwareseries series ON series.id = alias.series_id
+  WHERE n.id IN (SELECT id FROM placeable)
+  GROUP BY n.id, n.fleet_id
+)
+SELECT fleet_id, MAX(cards), COUNT(*) FILTER (WHERE cards >= %s),
+       COALESCE(SUM(cards) FILTER (WHERE cards >= %s), 0),
+       (ARRAY_AGG(id ORDER BY cards DESC, id) FILTER (WHERE cards >= %s))[1:8]
+FROM per_node GROUP BY fleet_id
+"""
+
+
 def fits_of(fleets: list[Fleet], need: Need, now=None) -> dict[str, FleetFit]:
-    """Each Fleet's placeable nodes and how many cards of the series each holds. A card the
-    registry has not mapped never counts for a pinned series (J4). Cluster Fleets' inventory
-    snapshots are not read yet: until then they hold nothing."""
+    """Each Fleet's placeable nodes against the need. Cluster Fleets' inventory snapshots
+    are not read yet: until then they hold nothing."""
     fits = {fleet.id: FleetFit(fleet) for fleet in fleets}
-    node_fleets = [fleet.id for fleet in fleets if fleet.kind == FleetKind.NODE]
-    nodes = list(nodes_placeable(node_fleets, now).values_list("id", "fleet_id", "inventory"))
+    placeable = nodes_placeable([f.id for f in fleets if f.kind == FleetKind.NODE], now)
+    if connection.vendor == "postgresql":
+        rows = _fits_in_sql(placeable, need)
+    else:
+        rows = _fits_in_python(placeable, need)
+    for fleet_id, largest, count, cards, best in rows:
+        fits[fleet_id] = FleetFit(fits[fleet_id].fleet, largest, count, cards, list(best or []))
+    return fits
+
+
+def _fits_in_sql(placeable, need: Need) -> list[tuple]:
+    try:
+        sql, params = placeable.order_by().values("id").query.sql_with_params()
+    except EmptyResultSet:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(FIT_SQL.format(placeable=sql),
+                       [*params, need.series, need.series, need.cards, need.cards, need.cards])
+        return cursor.fetchall()
+
+
+def _fits_in_python(placeable, need: Need) -> list[tuple]:
+    """The same, where the database cannot unnest JSON (SQLite, the embedded default)."""
+    nodes = list(placeable.values_list("id", "fleet_id", "inventory"))
     series = card_series(card["name"] for _, _, inventory in nodes
                          for card in inventory.get("cards", []))
+    per_fleet: dict[str, list[tuple[int, str]]] = {}
     for node_id, fleet_id, inventory in nodes:
         cards = sum(card["count"] for card in inventory.get("cards", [])
                     if not need.series or series.get(card["name"]) == need.series)
-        fits[fleet_id].per_node.append((cards, node_id))
-    for fit in fits.values():
-        fit.per_node.sort(key=lambda item: (-item[0], item[1]))
-    return fits
+        per_fleet.setdefault(fleet_id, []).append((cards, node_id))
+    rows = []
+    for fleet_id, held in per_fleet.items():
+        fitting = sorted((item for item in held if item[0] >= need.cards),
+                         key=lambda item: (-item[0], item[1]))
+        rows.append((fleet_id, max(cards for cards, _ in held), len(fitting),
+                     sum(cards for cards, _ in fitting), [node for _, node in fitting[:8]]))
+    return rows
 
 
 def _refuse(reason: str, message: str, **details) -> PlacementRefused:
@@ -93,10 +138,10 @@ def _refuse(reason: str, message: str, **details) -> PlacementRefused:
 
 def _best_offer(fits: dict[str, FleetFit], need: Need) -> str:
     """The largest fit that does exist, among the Fleets the submitter can see."""
-    best = max(fits.values(), key=lambda fit: (fit.largest(), fit.fleet.id), default=None)
-    if best is None or best.largest() == 0:
+    best = min(fits.values(), key=lambda fit: (-fit.largest, fit.fleet.id), default=None)
+    if best is None or best.largest == 0:
         return f"no placeable node of a Fleet you can see holds {need.series or 'cards'} now"
-    return f"largest fit: {best.largest()} × {need.series or 'cards'} on one node in {best.fleet.id}"
+    return f"largest fit: {best.largest} × {need.series or 'cards'} on one node in {best.fleet.id}"
 
 
 def _check_fit(candidates: list[Fleet], need: Need, now) -> tuple[list[FleetFit], dict]:
@@ -122,7 +167,7 @@ def admit_named(user, fleet_id: str, need: Need, now=None) -> Admitted:
         raise _refuse(Refusal.INVENTORY_FIT, f"Fleet '{fleet.id}' has no placeable nodes for "
                       f"{need.describe()}; {_best_offer(fits, need)}.",
                       best_offer=_best_offer(fits, need))
-    return Admitted(fleet, GATES, fitting[0].fitting_nodes(need))
+    return Admitted(fleet, GATES, fitting[0].best)
 
 
 def admit_automatically(user, need: Need, now=None) -> Admitted:
@@ -145,8 +190,8 @@ def admit_automatically(user, need: Need, now=None) -> Admitted:
         offer = _best_offer(fits, need)
         raise _refuse(Refusal.INVENTORY_FIT, f"No Fleet you can see fits {need.describe()} "
                       f"now; {offer}.", best_offer=offer)
-    chosen = min(fitting, key=lambda fit: (-fit.fitting_cards(need), fit.fleet.id))
-    return Admitted(chosen.fleet, GATES, chosen.fitting_nodes(need))
+    chosen = min(fitting, key=lambda fit: (-fit.fitting_cards, fit.fleet.id))
+    return Admitted(chosen.fleet, GATES, chosen.best)
 
 
 def admit_deployment(user, fleet_id: str | None, need: Need, now=None) -> Admitted:

@@ -75,3 +75,47 @@ def test_a_killed_agent_goes_quiet_for_serve_then_gone(require_redis, tmp_path, 
         for process in (beat, worker):
             process.terminate()
             process.wait(30)
+
+
+def test_L2_a_deployment_degrades_while_its_node_is_quiet_and_is_ready_again(
+        require_redis, tmp_path, console_pki, settings, make_fleet, mint, member_api, project):
+    from .agents import lay_out_a_joined_node
+
+    settings.TUNEPLANE_SWEEP_INTERVAL = 1
+    seed_schedule()
+    fleet = make_fleet("serve-lab", kind="node", capabilities=["train", "serve"])
+    node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
+    console = console_env(tmp_path, REDIS_URL=require_redis, **SHORT)
+    worker = celery("worker", "-l", "INFO", "--pool", "solo", env=console)
+    beat = celery("beat", "-l", "INFO", "-s", str(tmp_path / "beat-schedule"), env=console)
+    agents = []
+    try:
+        with running_gateway(tmp_path, console_pki, REDIS_URL=require_redis,
+                             **SHORT) as target:
+            agents.append(serve(env, target, tmp_path))
+
+            def admitted():
+                response = member_api.post("/api/deployments", {"project": "ml",
+                                                                "name": "chat", "cards": 1})
+                return response.json() if response.status_code == 201 else None
+
+            deployment = wait_until(admitted, what="the deployment admitted")
+            assert deployment["revisions"][0]["node"] == node.id
+
+            def status():
+                return member_api.get(f"/api/deployments/{deployment['id']}").json()["status"]
+
+            assert status() == "ready"
+            agents[-1].send_signal(signal.SIGKILL)
+            agents[-1].wait(10)
+            wait_until(lambda: status() == "degraded", what="degraded")
+            agents.append(serve(env, target, tmp_path))
+            wait_until(lambda: status() == "ready", what="ready again")
+    finally:
+        for agent in agents:
+            if agent.returncode is None:
+                agent.send_signal(signal.SIGTERM)
+                agent.wait(20)
+        for process in (beat, worker):
+            process.terminate()
+            process.wait(30)

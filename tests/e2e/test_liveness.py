@@ -7,13 +7,14 @@ serve (L2), then gone on the train threshold (L4) — thresholds shortened to se
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import pytest
 from django_celery_beat.models import PeriodicTask
 
 from tuneplane.schedule import seed_schedule
 
-from .agents import running_gateway, serve, wait_until
+from .agents import lay_out_a_joined_node, running_gateway, serve, wait_until
 from .console import ROOT, console_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
@@ -25,6 +26,22 @@ SHORT = {"TUNEPLANE_SWEEP_INTERVAL": "1", "TUNEPLANE_QUIET_SERVE": "2",
 def celery(*args, env):
     return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tuneplane", *args], env=env,
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@contextmanager
+def sweeping_console(tmp_path, console_pki, redis_url):
+    """A gateway, a Celery worker and beat sweeping every second, thresholds in seconds."""
+    seed_schedule()
+    console = console_env(tmp_path, REDIS_URL=redis_url, **SHORT)
+    worker = celery("worker", "-l", "INFO", "--pool", "solo", env=console)
+    beat = celery("beat", "-l", "INFO", "-s", str(tmp_path / "beat-schedule"), env=console)
+    try:
+        with running_gateway(tmp_path, console_pki, REDIS_URL=redis_url, **SHORT) as target:
+            yield target
+    finally:
+        for process in (beat, worker):
+            process.terminate()
+            process.wait(30)
 
 
 def test_schedule_is_seeded_with_an_expiry_and_keeps_a_pause(settings):
@@ -39,59 +56,40 @@ def test_schedule_is_seeded_with_an_expiry_and_keeps_a_pause(settings):
 
 def test_a_killed_agent_goes_quiet_for_serve_then_gone(require_redis, tmp_path, console_pki,
                                                        settings, make_fleet, mint, admin_api):
-    from .agents import lay_out_a_joined_node
-
     settings.TUNEPLANE_SWEEP_INTERVAL = 1
-    seed_schedule()
     fleet = make_fleet("gpu-lab", kind="node", capabilities=["train", "serve"])
     node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
-    console = console_env(tmp_path, REDIS_URL=require_redis, **SHORT)
-    worker = celery("worker", "-l", "INFO", "--pool", "solo", env=console)
-    beat = celery("beat", "-l", "INFO", "-s", str(tmp_path / "beat-schedule"), env=console)
-    try:
-        with running_gateway(tmp_path, console_pki, REDIS_URL=require_redis,
-                             **SHORT) as target:
-            agent = serve(env, target, tmp_path)
-            try:
-                def node_shown():
-                    return admin_api.get(f"/api/nodes/{node.id}").json()
+    with sweeping_console(tmp_path, console_pki, require_redis) as target:
+        agent = serve(env, target, tmp_path)
+        try:
+            def node_shown():
+                return admin_api.get(f"/api/nodes/{node.id}").json()
 
-                wait_until(lambda: node_shown()["scheduling"]["state"] == "schedulable",
-                           what="the node schedulable")
-                assert node_shown()["liveness"] == {"train": "ok", "serve": "ok"}
-            finally:
-                agent.send_signal(signal.SIGKILL)
-                agent.wait(10)
-            quiet = wait_until(lambda: (lambda body: body if body["liveness"]["serve"] ==
-                                        "quiet" else None)(node_shown()),
-                               what="serve quiet")
-            assert quiet["scheduling"]["state"] == "schedulable"  # not gone at serve's 2 s
-            assert quiet["liveness"]["train"] == "ok"
-            gone = wait_until(lambda: (lambda body: body if body["scheduling"]["state"] ==
-                                       "gone" else None)(node_shown()),
-                              what="gone", timeout=30)
-            assert gone["liveness"] == {"train": "quiet", "serve": "quiet"}
-    finally:
-        for process in (beat, worker):
-            process.terminate()
-            process.wait(30)
+            wait_until(lambda: node_shown()["scheduling"]["state"] == "schedulable",
+                       what="the node schedulable")
+            assert node_shown()["liveness"] == {"train": "ok", "serve": "ok"}
+        finally:
+            agent.send_signal(signal.SIGKILL)
+            agent.wait(10)
+        quiet = wait_until(lambda: (lambda body: body if body["liveness"]["serve"] ==
+                                    "quiet" else None)(node_shown()),
+                           what="serve quiet")
+        assert quiet["scheduling"]["state"] == "schedulable"  # not gone at serve's 2 s
+        assert quiet["liveness"]["train"] == "ok"
+        gone = wait_until(lambda: (lambda body: body if body["scheduling"]["state"] ==
+                                   "gone" else None)(node_shown()),
+                          what="gone", timeout=30)
+        assert gone["liveness"] == {"train": "quiet", "serve": "quiet"}
 
 
 def test_L2_a_deployment_degrades_while_its_node_is_quiet_and_is_ready_again(
         require_redis, tmp_path, console_pki, settings, make_fleet, mint, member_api, project):
-    from .agents import lay_out_a_joined_node
-
     settings.TUNEPLANE_SWEEP_INTERVAL = 1
-    seed_schedule()
     fleet = make_fleet("serve-lab", kind="node", capabilities=["train", "serve"])
     node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
-    console = console_env(tmp_path, REDIS_URL=require_redis, **SHORT)
-    worker = celery("worker", "-l", "INFO", "--pool", "solo", env=console)
-    beat = celery("beat", "-l", "INFO", "-s", str(tmp_path / "beat-schedule"), env=console)
     agents = []
     try:
-        with running_gateway(tmp_path, console_pki, REDIS_URL=require_redis,
-                             **SHORT) as target:
+        with sweeping_console(tmp_path, console_pki, require_redis) as target:
             agents.append(serve(env, target, tmp_path))
 
             def admitted():
@@ -116,6 +114,3 @@ def test_L2_a_deployment_degrades_while_its_node_is_quiet_and_is_ready_again(
             if agent.returncode is None:
                 agent.send_signal(signal.SIGTERM)
                 agent.wait(20)
-        for process in (beat, worker):
-            process.terminate()
-            process.wait(30)

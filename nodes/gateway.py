@@ -338,7 +338,10 @@ class NodeControlService(AsyncService):
             if reader is not None:
                 reader.cancel()
             self.streams.release(stream)
-            await _db(control.session_close)(session_id=session.id, reason=reason)
+            # Shielded: when the peer has gone, grpc cancels this handler, and a close still
+            # queued for the database thread would otherwise be dropped with it.
+            await asyncio.shield(_db(control.session_close)(session_id=session.id,
+                                                             reason=reason))
 
     async def _read(self, request_iterator, stream: Stream) -> None:
         node_id = stream.node_id

@@ -124,6 +124,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Take the write lock at BEGIN: a transaction that reads then writes (a sweep's guarded
     # SELECT then UPDATE) never interleaves with another, and never fails to upgrade its lock.
     DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
+    # Readers never block the writer (and the other way round): the web, the gateway, the
+    # worker and beat read while one of them writes.
+    DATABASES["default"]["OPTIONS"]["init_command"] = "PRAGMA journal_mode=WAL;"
     # A file, not memory, so a test can hand the database to a subprocess.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 

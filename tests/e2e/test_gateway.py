@@ -49,7 +49,7 @@ def test_agent_connects_heartbeats_and_a_killed_agent_leaves_its_work_alone(
         agent.wait(10)
     session = wait_until(lambda: ControlSession.objects.filter(node=node,
                                                                closed_at__isnull=False).first(),
-                         what="the session to close")
+                         timeout=30, what="the session to close")
     assert session.close_reason
     assert admin_api.get(f"/api/nodes/{node.id}").json()["connection"]["state"] == "disconnected"
     # L5: a lost connection is not a dead container; nothing about the node's work changed.

@@ -22,9 +22,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def waiter(tmp_path: Path, name: str) -> list[str]:
-    """argv of a process that says it started, waits for a release file, then says it ended."""
-    return ["sh", "-c", f"echo $$ > {tmp_path}/{name}.started; "
-            f"while [ ! -e {tmp_path}/{name}.release ]; do sleep 0.1; done; "
+    """argv of a process that says it started, waits for a release file (two minutes at
+    most, so that a failed test leaves nothing running), then says it ended."""
+    return ["sh", "-c", f"echo $$ > {tmp_path}/{name}.started; i=0; "
+            f"while [ ! -e {tmp_path}/{name}.release ] && [ $i -lt 1200 ]; "
+            "do sleep 0.1; i=$((i+1)); done; "
             f"echo done > {tmp_path}/{name}.finished"]
 
 

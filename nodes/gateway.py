@@ -13,14 +13,14 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import update_wrapper
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial, update_wrapper
 
 import grpc
 import redis.asyncio
-from asgiref.sync import sync_to_async
 from cryptography import x509
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.utils import timezone
 from django_grpc_framework.services import Service, not_implemented
 from django_grpc_framework.signals import grpc_request_finished, grpc_request_started
@@ -194,14 +194,33 @@ class LeaseBatcher:
                 logger.exception("lease flush failed")
 
 
+_pool: ThreadPoolExecutor | None = None
+
+
+def _database_threads() -> ThreadPoolExecutor:
+    """The threads that run the gateway's database work, each with its own connection.
+    SQLite has one writer at a time, so one thread there."""
+    global _pool
+    if _pool is None:
+        threads = 1 if connection.vendor == "sqlite" else settings.TUNEPLANE_GATEWAY_DB_THREADS
+        _pool = ThreadPoolExecutor(threads, thread_name_prefix="gateway-db")
+    return _pool
+
+
 def _db(function):
-    """Run a control service in Django's thread, closing stale connections after."""
+    """Run a control service on a database thread. Connections are kept as
+    ``CONN_MAX_AGE`` says and checked before use, so one that died is replaced."""
     def call(*args, **kwargs):
+        close_old_connections()
         try:
             return function(*args, **kwargs)
         finally:
             close_old_connections()
-    return sync_to_async(call, thread_sensitive=True)
+
+    async def run(*args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(
+            _database_threads(), partial(call, *args, **kwargs))
+    return run
 
 
 def inventory_from(report: pb.InventoryReport) -> dict:

@@ -223,6 +223,9 @@ TUNEPLANE_HEARTBEAT_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_INTERVAL", 10)
 TUNEPLANE_LEASE_TTL = env_seconds("TUNEPLANE_LEASE_TTL", 30)
 # Heartbeats are written in one batch per replica per flush interval, never one per message.
 TUNEPLANE_HEARTBEAT_FLUSH_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_FLUSH_INTERVAL", 1)
+# Database threads of one gateway replica (opening sessions, inventory, commands); heartbeats
+# do not need them: they are written in one batch a second.
+TUNEPLANE_GATEWAY_DB_THREADS = int(os.environ.get("TUNEPLANE_GATEWAY_DB_THREADS", "4"))
 # How often a gateway replica looks for pending commands of its nodes. With Redis a command
 # is delivered at once; this is what delivers it when an event was missed, or without Redis.
 TUNEPLANE_COMMAND_POLL_INTERVAL = env_seconds("TUNEPLANE_COMMAND_POLL_INTERVAL", 2)

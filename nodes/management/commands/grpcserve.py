@@ -5,6 +5,7 @@ serves only insecure ports; this serves its Service classes with TLS instead.
 """
 
 import asyncio
+import os
 import signal
 
 import grpc
@@ -16,6 +17,7 @@ from nodes import pki
 from nodes.gateway import NodeControlService
 
 STOP_GRACE_SECONDS = 5
+GATEWAY_CONN_MAX_AGE = 300
 
 
 def server_credentials() -> grpc.ServerCredentials:
@@ -36,6 +38,10 @@ class Command(BaseCommand):
 
     def handle(self, *args, bind, **options):
         settings.TUNEPLANE_GATEWAY_BIND = bind
+        if "TUNEPLANE_DB_CONN_MAX_AGE" not in os.environ:
+            # A gateway's few database threads live as long as it does: keep their
+            # connections instead of opening one per call.
+            settings.DATABASES["default"]["CONN_MAX_AGE"] = GATEWAY_CONN_MAX_AGE
         if not (pki.pki_dir() / "gateway.pem").exists():
             host = bind.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
             pki.issue_server_certificate(sorted({host, "127.0.0.1", "localhost"}))

@@ -347,6 +347,7 @@ class NodeControlService(AsyncService):
                 session_id=stream.session_id,
                 heartbeat_interval_seconds=settings.TUNEPLANE_HEARTBEAT_INTERVAL,
                 lease_ttl_seconds=settings.TUNEPLANE_LEASE_TTL))
+            stream.last_beat = time.monotonic()  # its silence counts from the Welcome
             stream.deliver(pending)
             reader = asyncio.create_task(self._read(request_iterator, stream))
             while (message := await stream.outbox.get()) is not None:

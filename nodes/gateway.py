@@ -6,7 +6,6 @@ place. Heartbeats only mark a lease in memory; ``LeaseBatcher`` writes them.
 """
 
 import asyncio
-import inspect
 import json
 import logging
 import socket
@@ -14,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial, update_wrapper
+from functools import partial
 
 import grpc
 import redis.asyncio
@@ -22,8 +21,6 @@ from cryptography import x509
 from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
-from django_grpc_framework.services import Service, not_implemented
-from django_grpc_framework.signals import grpc_request_finished, grpc_request_started
 from google.protobuf.json_format import MessageToDict
 
 from tuneplane.errors import ApplicationError, ValidationFailed
@@ -31,6 +28,7 @@ from tuneplane.errors import ApplicationError, ValidationFailed
 from . import bus, commands, control, scheduling, selectors
 from .agent.proto import control_pb2 as pb
 from .agent.serve import inventory_digest
+from .aio_service import AsyncService
 from .pki import NODE_URI_PREFIX
 
 logger = logging.getLogger("tuneplane.gateway")
@@ -38,52 +36,6 @@ logger = logging.getLogger("tuneplane.gateway")
 HELLO_TIMEOUT_SECONDS = 10
 _STATUS = {403: grpc.StatusCode.PERMISSION_DENIED, 400: grpc.StatusCode.INVALID_ARGUMENT,
            404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION}
-
-
-class AsyncService(Service):
-    """django-grpc-framework's Service, with handlers grpc.aio can await.
-
-    The framework's own ``as_servicer`` wraps methods in plain functions and
-    fires ``grpc_request_finished`` when a streaming handler returns its
-    generator — before the stream has run. Here the two signals surround the
-    whole call, and async-generator methods stay async generators.
-    """
-
-    @classmethod
-    def as_servicer(cls, **initkwargs):
-        super().as_servicer(**initkwargs)  # the framework's checks of initkwargs
-
-        def bind(action, request, context):
-            service = cls(**initkwargs)
-            service.request, service.context, service.action = request, context, action
-            return getattr(service, action)
-
-        class Servicer:
-            def __getattr__(self, action):
-                method = getattr(cls, action, None)
-                if method is None:
-                    return not_implemented
-                if inspect.isasyncgenfunction(method):
-                    async def handler(request, context):
-                        await grpc_request_started.asend(sender=handler, request=request,
-                                                         context=context)
-                        try:
-                            async for reply in bind(action, request, context)(request, context):
-                                yield reply
-                        finally:
-                            await grpc_request_finished.asend(sender=handler)
-                else:
-                    async def handler(request, context):
-                        await grpc_request_started.asend(sender=handler, request=request,
-                                                         context=context)
-                        try:
-                            return await bind(action, request, context)(request, context)
-                        finally:
-                            await grpc_request_finished.asend(sender=handler)
-                update_wrapper(handler, method)
-                return handler
-
-        return Servicer()
 
 
 @dataclass(frozen=True)

@@ -144,9 +144,7 @@ class NodeAdmin(ReadOnlyAdmin):
         cordons = list(node.cordons.all())
         if not cordons:
             return node.scheduling_state
-        state = "cordoned" if node.scheduling_state == SchedulingState.SCHEDULABLE \
-            else node.scheduling_state
-        return format_html("{} <small>({})</small>", state,
+        return format_html("{} <small>({})</small>", node.scheduling_shown(cordons),
                            "; ".join(f"{c.source}: {c.reason}" for c in cordons))
 
     @admin.display(description="cards")
@@ -156,8 +154,7 @@ class NodeAdmin(ReadOnlyAdmin):
 
     @admin.display(description="liveness")
     def liveness(self, node: Node) -> str:
-        return " ".join(f"{c}:{'quiet' if getattr(node, f'quiet_{c}') else 'ok'}"
-                        for c in node.fleet.capabilities if c in ("train", "serve", "env"))
+        return " ".join(f"{c}:{state}" for c, state in node.liveness().items())
 
     def _each(self, request, queryset, verb: str, **kwargs) -> None:
         done = []

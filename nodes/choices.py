@@ -28,6 +28,9 @@ class CommandState(models.TextChoices):
     LOST = "lost", "lost"  # the console had it running; the node, reconnecting, did not know it
 
 
+# The capabilities with a liveness rule of their own (L2–L4).
+LIVENESS_CAPABILITIES = ("train", "serve", "env")
+
 # A command in one of these may still be running on its node: drain waits for it.
 ACTIVE_COMMAND_STATES = (CommandState.PENDING, CommandState.RUNNING)
 

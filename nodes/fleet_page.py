@@ -9,11 +9,8 @@ from django.utils import timezone
 
 from fleets.choices import FleetKind
 
-from .choices import SchedulingState
+from .choices import LIVENESS_CAPABILITIES, SchedulingState
 from .selectors import card_series, live_sessions_of
-
-LIVENESS_CAPABILITIES = ("train", "serve", "env")
-
 
 def _age(since, now) -> str:
     if since is None:
@@ -26,19 +23,12 @@ def _age(since, now) -> str:
     return f"{seconds // 3600}h ago"
 
 
-def _scheduling(node, cordons) -> str:
-    if node.scheduling_state == SchedulingState.SCHEDULABLE and cordons:
-        return SchedulingState.CORDONED
-    return node.scheduling_state
-
-
 def node_rows(fleet, now=None) -> list[dict]:
     now = now or timezone.now()
     nodes = list(fleet.nodes.exclude(scheduling_state=SchedulingState.REMOVED)
                  .prefetch_related("cordons").order_by("hostname", "id"))
     sessions = live_sessions_of(nodes)
     series = card_series(name for node in nodes for name in node.card_names())
-    capabilities = [c for c in fleet.capabilities if c in LIVENESS_CAPABILITIES]
     rows = []
     for node in nodes:
         session = sessions.get(node.id)
@@ -53,7 +43,7 @@ def node_rows(fleet, now=None) -> list[dict]:
                                       else node.last_seen_at, now),
                 "gateway": session.gateway if session else "",
             },
-            "scheduling": {"state": _scheduling(node, cordons), "cordons": cordons},
+            "scheduling": {"state": node.scheduling_shown(cordons), "cordons": cordons},
             "inventory": {
                 "cards": [{**card, "series": series.get(card["name"])}
                           for card in inventory.get("cards", [])],
@@ -62,8 +52,7 @@ def node_rows(fleet, now=None) -> list[dict]:
                 "storage_root_visible": inventory.get("storage_root_visible"),
                 "observed_age": _age(node.inventory_observed_at, now),
             },
-            "liveness": [(c, "quiet" if getattr(node, f"quiet_{c}") else "ok")
-                         for c in capabilities],
+            "liveness": list(node.liveness().items()),
         })
     return rows
 

@@ -19,13 +19,12 @@ from audit.services import Actor, audit_record_many
 from fleets.models import Fleet
 from tuneplane import correlation
 
-from .choices import SchedulingState
+from .choices import LIVENESS_CAPABILITIES, SchedulingState
 from .models import Node, quiet_threshold
 
 logger = logging.getLogger("tuneplane.liveness")
 
-# The capabilities with a liveness rule of their own; eval work is batch work, like train's.
-LIVENESS_CAPABILITIES = ("train", "serve", "env")
+# Eval work is batch work: it goes quiet on train's threshold.
 THRESHOLD_OF = {"train": "train", "eval": "train", "serve": "serve", "env": "env"}
 # What "gone" may replace: a drained machine that goes quiet is simply switched off.
 GONE_FROM = (SchedulingState.ENROLLED, SchedulingState.SCHEDULABLE, SchedulingState.DRAINING)

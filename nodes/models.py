@@ -7,7 +7,8 @@ from django.db import models
 
 from fleets.models import Fleet
 
-from .choices import CommandKind, CommandState, CordonSource, SchedulingState
+from .choices import (LIVENESS_CAPABILITIES, CommandKind, CommandState, CordonSource,
+                      SchedulingState)
 
 
 def quiet_threshold(capability: str) -> timedelta:
@@ -87,6 +88,17 @@ class Node(models.Model):
     def is_quiet(self, capability: str, now) -> bool:
         """Silent longer than the capability's threshold: a pure time computation."""
         return self.last_seen_at is None or now - self.last_seen_at > quiet_threshold(capability)
+
+    def scheduling_shown(self, cordons) -> str:
+        """The state an operator reads: a schedulable node with any cordon shows cordoned."""
+        if cordons and self.scheduling_state == SchedulingState.SCHEDULABLE:
+            return SchedulingState.CORDONED
+        return self.scheduling_state
+
+    def liveness(self) -> dict[str, str]:
+        """Per liveness capability its Fleet declares, as the sweep last judged it (L2–L4)."""
+        return {capability: "quiet" if getattr(self, f"quiet_{capability}") else "ok"
+                for capability in self.fleet.capabilities if capability in LIVENESS_CAPABILITIES}
 
     def card_names(self) -> list[str]:
         return [card["name"] for card in self.inventory.get("cards", [])]

@@ -1,9 +1,10 @@
 """Shared reads of placement: who sees which workloads, and where an environment answers."""
 
+from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from fleets.choices import FleetState
+from fleets.choices import FleetDelivery, FleetState
 from nodes.models import Node
 from tuneplane.api.permissions import is_admin
 from tuneplane.errors import PlacementRefused
@@ -11,6 +12,8 @@ from tuneplane.models import Membership
 
 from .choices import Refusal
 from .models import Environment, Workload
+
+DEFAULT_STORAGE_ROOT = "/srv/tuneplane"
 
 
 def workloads_visible_to(user, model) -> QuerySet:
@@ -37,3 +40,20 @@ def environment_resolve(environment: Environment) -> Node:
         raise PlacementRefused(f"No node of Fleet '{environment.fleet_id}' answers for env "
                                "right now (rule L3).", reason=Refusal.NO_NODE_ANSWERING)
     return answering
+
+
+def delivery_of(fleet, volumes, datasets) -> list[dict]:
+    """P3: how each volume and dataset reaches a job through its Fleet's delivery."""
+    root = str(fleet.config.get("storage_root") or DEFAULT_STORAGE_ROOT).rstrip("/")
+    reached = []
+    for kind, records in (("volume", volumes), ("dataset", datasets)):
+        for record in records:
+            entry = {"kind": kind, "name": record.name, "delivery": fleet.delivery}
+            if fleet.delivery == FleetDelivery.SHARED_MOUNT:
+                entry["path"] = f"{root}/{record.project.slug}/{kind}s/{record.name}"
+            else:
+                entry["uri"] = record.uri or (f"{settings.TUNEPLANE_PUBLIC_URL.rstrip('/')}"
+                                              f"/objects/{record.project.slug}/{kind}s/"
+                                              f"{record.name}")
+            reached.append(entry)
+    return reached

@@ -5,12 +5,11 @@ admission either sees the record (and refuses, F7) or wins before it (and the
 admission answers not found) — never a record pointing at a deleted Fleet.
 """
 
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from audit.services import audit_record
-from fleets.choices import FleetDelivery, FleetState
+from fleets.choices import FleetState
 from fleets.models import Fleet
 from fleets.selectors import fleet_not_found
 from tuneplane.api.permissions import is_admin
@@ -21,9 +20,6 @@ from .admission import Admitted, Need, admit_automatically, admit_deployment, ad
 from .choices import LIFECYCLE_CAPABILITY, DeploymentState, LifecycleKind, Refusal
 from .models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession, Revision,
                      TrainingJob, Volume)
-
-DEFAULT_STORAGE_ROOT = "/srv/tuneplane"
-
 
 def project_for(user, slug: str) -> Project:
     """The project a member submits to; another project reads as one that does not exist."""
@@ -43,23 +39,6 @@ def _storage(project: Project, model, names, field: str) -> list:
         raise ValidationFailed(f"{field}: no {model._meta.verbose_name} '{missing[0]}' in "
                                f"project '{project.slug}'.", field=field)
     return [found[name] for name in names]
-
-
-def delivery_of(fleet: Fleet, volumes, datasets) -> list[dict]:
-    """P3: how each volume and dataset reaches a job through its Fleet's delivery."""
-    root = str(fleet.config.get("storage_root") or DEFAULT_STORAGE_ROOT).rstrip("/")
-    reached = []
-    for kind, records in (("volume", volumes), ("dataset", datasets)):
-        for record in records:
-            entry = {"kind": kind, "name": record.name, "delivery": fleet.delivery}
-            if fleet.delivery == FleetDelivery.SHARED_MOUNT:
-                entry["path"] = f"{root}/{record.project.slug}/{kind}s/{record.name}"
-            else:
-                entry["uri"] = record.uri or (f"{settings.TUNEPLANE_PUBLIC_URL.rstrip('/')}"
-                                              f"/objects/{record.project.slug}/{kind}s/"
-                                              f"{record.name}")
-            reached.append(entry)
-    return reached
 
 
 def _record(model, *, actor, project: Project, admitted: Admitted, extra_after=None, **fields):
@@ -90,7 +69,6 @@ def _job(model, *, actor, project_slug, need: Need, volumes, datasets, **fields)
                       series=need.series, cards=need.cards, nodes=need.nodes, **fields)
         job.volumes.set(volumes)
         job.datasets.set(datasets)
-    job.delivery = delivery_of(job.fleet, volumes, datasets)
     return job
 
 

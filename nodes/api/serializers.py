@@ -3,7 +3,7 @@ from rest_framework import serializers
 
 from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
 
-from ..choices import CommandKind, SchedulingState
+from ..choices import CommandKind
 from ..models import JoinToken, Node, NodeCommand
 
 
@@ -100,10 +100,7 @@ class NodeSerializer(serializers.ModelSerializer):
     def get_scheduling(self, node):
         cordons = [{"source": c.source, "reason": c.reason, "at": c.created_at,
                     "by": c.created_by} for c in node.cordons.all()]
-        shown = node.scheduling_state
-        if cordons and shown == SchedulingState.SCHEDULABLE:
-            shown = SchedulingState.CORDONED
-        return {"state": shown, "cordons": cordons}
+        return {"state": node.scheduling_shown(cordons), "cordons": cordons}
 
     @extend_schema_field(serializers.DictField())
     def get_inventory(self, node):
@@ -122,9 +119,7 @@ class NodeSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.DictField())
     def get_liveness(self, node):
-        """Per capability the Fleet declares, as the liveness sweep last judged it (L2–L4)."""
-        return {capability: "quiet" if getattr(node, f"quiet_{capability}") else "ok"
-                for capability in node.fleet.capabilities if capability in ("train", "serve", "env")}
+        return node.liveness()
 
     def get_address_shared(self, node) -> bool:
         return node.address in self.context.get("shared_addresses", set())

@@ -6,6 +6,7 @@ from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSeria
 from ..choices import DeploymentState, LifecycleKind
 from ..models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession,
                       TrainingJob, Volume)
+from ..selectors import delivery_of
 
 MAX_CARDS = 1024
 MAX_NODES = 256
@@ -105,8 +106,6 @@ class JobSerializer(WorkloadSerializer):
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_delivery(self, job):
-        from ..services import delivery_of
-
         return delivery_of(job.fleet, job.volumes.all(), job.datasets.all())
 
 

@@ -209,6 +209,10 @@ class HardwareSeriesAdmin(StaffAdmin):
     list_display = ["slug", "name", "vendor"]
     search_fields = ["slug", "name"]
 
+    def get_readonly_fields(self, request, obj=None):
+        # Jobs pin a slug and nodes' card summaries are kept under it: fixed once created.
+        return ["slug"] if obj is not None else []
+
 
 class MappedFilter(admin.SimpleListFilter):
     title = "mapping"

@@ -21,6 +21,7 @@ from .choices import SchedulingState
 from .inventory import normalize_inventory
 from .models import ControlSession, Node, NodeCredential
 from .scheduling import node_observe_storage_root
+from .selectors import cards_summary
 
 logger = logging.getLogger("tuneplane.gateway")
 
@@ -65,7 +66,8 @@ def session_open(*, node_id: str, serial: str, gateway: str,
             last_heartbeat_at=now, lease_expires_at=_lease_until(now))
         node.last_seen_at = now
         node.agent_version = agent_version[:64]
-        node.save(update_fields=["last_seen_at", "agent_version"])
+        node.lease_expires_at = session.lease_expires_at
+        node.save(update_fields=["last_seen_at", "agent_version", "lease_expires_at"])
         audit_record(actor=Actor.of_node(node_id), action="control_session.opened",
                      target=session, after={"node": node_id, "gateway": gateway,
                                             "credential_serial": serial})
@@ -77,6 +79,7 @@ def _close(session: ControlSession, reason: str, now: datetime) -> None:
     session.closed_at = now
     session.close_reason = reason[:200]
     session.save(update_fields=["closed_at", "close_reason"])
+    Node.objects.filter(pk=session.node_id).update(lease_expires_at=None)  # its only open one
     audit_record(actor=Actor.system("gateway"), action="control_session.closed",
                  target=session, after={"node": session.node_id, "reason": session.close_reason})
 
@@ -115,11 +118,12 @@ def leases_renew(heartbeats: dict[str, datetime],
                 "WHERE s.id = v.id AND s.closed_at IS NULL RETURNING s.id", [ids, seen, leases])
             renewed = {str(row[0]) for row in cursor.fetchall()}
             cursor.execute(
-                "UPDATE nodes_node AS n SET last_seen_at = v.seen, inventory_observed_at = "
-                "CASE WHEN v.fresh THEN v.seen ELSE n.inventory_observed_at END "
-                "FROM unnest(%s::uuid[], %s::timestamptz[], %s::boolean[]) AS v(id, seen, fresh), "
+                "UPDATE nodes_node AS n SET last_seen_at = v.seen, lease_expires_at = v.lease, "
+                "inventory_observed_at = CASE WHEN v.fresh THEN v.seen "
+                "ELSE n.inventory_observed_at END FROM unnest(%s::uuid[], %s::timestamptz[], "
+                "%s::timestamptz[], %s::boolean[]) AS v(id, seen, lease, fresh), "
                 "nodes_controlsession AS s WHERE s.id = v.id AND n.id = s.node_id "
-                "AND s.closed_at IS NULL", [ids, seen, fresh])
+                "AND s.closed_at IS NULL", [ids, seen, leases, fresh])
             return renewed
         # Elsewhere (SQLite, the embedded default): the same, as set-based bulk updates.
         sessions = list(ControlSession.objects.filter(pk__in=ids, closed_at__isnull=True)
@@ -134,9 +138,11 @@ def leases_renew(heartbeats: dict[str, datetime],
         for node in nodes:
             session = beats[node.id]
             node.last_seen_at = session.last_heartbeat_at
+            node.lease_expires_at = session.lease_expires_at
             if str(session.id) in inventory_fresh:
                 node.inventory_observed_at = session.last_heartbeat_at
-        Node.objects.bulk_update(nodes, ["last_seen_at", "inventory_observed_at"])
+        Node.objects.bulk_update(nodes, ["last_seen_at", "lease_expires_at",
+                                         "inventory_observed_at"])
         return {str(session.id) for session in sessions}
 
 
@@ -176,13 +182,16 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
         before = {"inventory": node.inventory, "scheduling_state": node.scheduling_state}
         node.inventory = inventory
         node.inventory_observed_at = now
+        for name, value in cards_summary(inventory).items():
+            setattr(node, name, value)
         live = ControlSession.objects.filter(node=node, closed_at__isnull=True,
                                              lease_expires_at__gt=now).exists()
         # Enrolled, or back from gone: schedulable only through a live lease and this fresh
         # inventory (L1); a cordon, a separate record, is not touched.
         if node.scheduling_state in (SchedulingState.ENROLLED, SchedulingState.GONE) and live:
             node.scheduling_state = SchedulingState.SCHEDULABLE
-        node.save(update_fields=["inventory", "inventory_observed_at", "scheduling_state"])
+        node.save(update_fields=["inventory", "inventory_observed_at", "scheduling_state",
+                                 "series_cards", "card_count"])
         after = {"inventory": node.inventory, "scheduling_state": node.scheduling_state}
         if after != before:
             audit_record(actor=Actor.of_node(node_id), action="node.inventory_reported",

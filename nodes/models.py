@@ -73,6 +73,12 @@ class Node(models.Model):
     quiet_train = models.BooleanField(default=False)
     quiet_serve = models.BooleanField(default=False)
     quiet_env = models.BooleanField(default=False)
+    # Kept beside their sources in the same transactions, so that admission reads one row
+    # a node and never unpacks JSON or joins sessions (P6's "at once" at 10,000 nodes):
+    # its open control session's lease (L1), and its cards per mapped series (J4) and in all.
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    series_cards = models.JSONField(default=dict, blank=True)
+    card_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     removed_at = models.DateTimeField(null=True, blank=True)
 

@@ -112,7 +112,7 @@ def node_uncordon(*, actor, node: Node) -> Node:
 def _set_state(node: Node, state: str, actor, *, forced: bool = False, **after) -> None:
     before = node.scheduling_state
     node.scheduling_state = state
-    node.save(update_fields=["scheduling_state", "removed_at"])
+    node.save(update_fields=["scheduling_state", "removed_at", "lease_expires_at"])
     audit_record(actor=actor, action=f"node.{state}", target=node,
                  before={"scheduling_state": before},
                  after={"scheduling_state": state, **after}, forced=forced)
@@ -162,6 +162,7 @@ def node_remove(*, actor, node: Node, force: bool = False) -> Node:
         ControlSession.objects.filter(node=node, closed_at__isnull=True) \
             .update(closed_at=now, close_reason="node removed")
         node.removed_at = now
+        node.lease_expires_at = None
         _set_state(node, SchedulingState.REMOVED, actor, forced=force,
                    left_behind=left_behind, credentials_revoked=revoked)
         bus.publish_on_commit(bus.CLOSE, node.id, reason="node removed")

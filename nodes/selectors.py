@@ -21,6 +21,22 @@ def card_series(names) -> dict[str, str | None]:
     return {name: mapped.get(name) for name in names}
 
 
+def cards_summary(inventory: dict, series: dict[str, str | None] | None = None) -> dict:
+    """A node's cards per mapped series and in all, as Node keeps them for admission.
+
+    ``series`` is card_series() of the inventory's names, when the caller has it already.
+    """
+    cards = inventory.get("cards", [])
+    if series is None:
+        series = card_series(card["name"] for card in cards)
+    per_series: dict[str, int] = {}
+    for card in cards:
+        if series.get(card["name"]):
+            per_series[series[card["name"]]] = per_series.get(series[card["name"]], 0) \
+                + card["count"]
+    return {"series_cards": per_series, "card_count": sum(card["count"] for card in cards)}
+
+
 def unknown_cards(inventory: dict) -> list[str]:
     series = card_series(card["name"] for card in inventory.get("cards", []))
     return sorted(name for name, slug in series.items() if slug is None)
@@ -108,9 +124,7 @@ def nodes_placeable(fleet_ids, now=None) -> QuerySet[Node]:
     state alone is not enough. Whether the Fleet is active is the caller's gate."""
     now = now or timezone.now()
     fresh = now - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
-    live = ControlSession.objects.filter(node=OuterRef("pk"), closed_at__isnull=True,
-                                         lease_expires_at__gt=now)
     return (Node.objects.filter(fleet_id__in=list(fleet_ids),
                                 scheduling_state=SchedulingState.SCHEDULABLE,
-                                inventory_observed_at__gte=fresh)
-            .filter(Exists(live)).exclude(Exists(NodeCordon.objects.filter(node=OuterRef("pk")))))
+                                lease_expires_at__gt=now, inventory_observed_at__gte=fresh)
+            .exclude(pk__in=NodeCordon.objects.values("node_id")))

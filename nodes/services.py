@@ -16,9 +16,12 @@ from tuneplane.errors import ApplicationError, Conflict, ValidationFailed
 from tuneplane.models import hash_secret, new_secret
 
 from . import pki
+from .choices import SchedulingState
 from .inventory import normalize_inventory
 from .models import CardAlias, HardwareSeries, JoinToken, Node, NodeCredential, new_node_id
-from .selectors import nodes_answering_at, nodes_with_fingerprint, unknown_cards
+from .selectors import (
+    card_series, cards_summary, nodes_answering_at, nodes_with_fingerprint, unknown_cards,
+)
 
 logger = logging.getLogger("tuneplane.nodes")
 
@@ -168,7 +171,7 @@ def node_join(*, token: str, fleet_id: str, csr: str, inventory, address: str = 
                 id=new_node_id(), fleet=join_token.fleet, hostname=hostname[:253],
                 address=address[:300], fingerprint=fingerprint[:64],
                 agent_version=agent_version[:64], inventory=inventory,
-                inventory_observed_at=now, last_seen_at=now,
+                inventory_observed_at=now, last_seen_at=now, **cards_summary(inventory),
             )
             certificate = pki.sign_node_csr(parsed_csr, node.id, lifetime)
             NodeCredential.objects.create(
@@ -206,6 +209,19 @@ def card_alias_map(*, actor, alias: CardAlias, series: HardwareSeries | None) ->
         before = {"series": alias.series.slug if alias.series_id else None}
         alias.series = series
         alias.save(update_fields=["series"])
+        followed = _nodes_follow_mapping(alias.name)
         audit_record(actor=actor, action="card_alias.mapped", target=alias, before=before,
-                     after={"series": series.slug if series else None})
+                     after={"series": series.slug if series else None, "nodes": followed})
     return alias
+
+
+def _nodes_follow_mapping(name: str) -> int:
+    """The nodes reporting a card name take its new mapping into their card summary."""
+    nodes = [node for node in Node.objects.exclude(scheduling_state=SchedulingState.REMOVED)
+             .only("id", "inventory") if name in node.card_names()]
+    series = card_series(card for node in nodes for card in node.card_names())
+    for node in nodes:
+        for attribute, value in cards_summary(node.inventory, series).items():
+            setattr(node, attribute, value)
+    Node.objects.bulk_update(nodes, ["series_cards", "card_count"], batch_size=1000)
+    return len(nodes)

@@ -43,9 +43,9 @@ def _storage(project: Project, model, names, field: str) -> list:
 
 def _record(model, *, actor, project: Project, admitted: Admitted, extra_after=None, **fields):
     """Write the admitted workload against its locked Fleet, and audit it."""
-    fleet = Fleet.objects.select_for_update(of=("self",)).filter(pk=admitted.fleet.pk).first()
+    fleet = Fleet.objects.select_for_update(of=("self",)).filter(pk=admitted.fleet_id).first()
     if fleet is None:
-        raise fleet_not_found(admitted.fleet.pk)
+        raise fleet_not_found(admitted.fleet_id)
     if fleet.state != FleetState.ACTIVE:  # changed since the gates ran
         raise PlacementRefused(f"Fleet '{fleet.id}' is {fleet.state}: it takes no new work "
                                "(rule D1).", reason=Refusal.STATE)

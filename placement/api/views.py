@@ -13,6 +13,7 @@ from ..models import (Dataset, Deployment, Environment, LifecycleJob, Playground
                       TrainingJob, Volume)
 from ..selectors import environment_resolve, workloads_visible_to
 from . import serializers as s
+from .schema import refusals
 
 
 class WorkloadListView(GenericAPIView):
@@ -41,12 +42,12 @@ class WorkloadListView(GenericAPIView):
         return Response(self.serializer_class(shown).data, status=status.HTTP_201_CREATED)
 
 
-def documented(noun: str, request, response, *, refusals=(404, 422)):
+def documented(noun: str, request, response, *, refused=(404, 422)):
     return lambda view: extend_schema(
         methods=["GET"], summary=f"List {noun}s of your projects",
         responses={200: response(many=True), **errors(401)})(extend_schema(
             methods=["POST"], summary=f"Submit a {noun}: admitted to a Fleet, or refused",
-            request=request, responses={201: response, **errors(400, 401, *refusals)})(view))
+            request=request, responses={201: response, **refusals(400, 401, *refused)})(view))
 
 
 @documented("training job", s.JobRequest, s.JobSerializer)
@@ -128,7 +129,7 @@ class EnvironmentResolveView(GenericAPIView):
 
     @extend_schema(summary="The address of a node of the environment's Fleet answering now "
                    "(P5, L3); never cached", request=None,
-                   responses={200: dict, **errors(401, 404, 422)})
+                   responses={200: dict, **refusals(401, 404, 422)})
     def post(self, request, environment_id: int):
         environment = workloads_visible_to(request.user, Environment).filter(
             pk=environment_id).first()
@@ -139,7 +140,7 @@ class EnvironmentResolveView(GenericAPIView):
                          "node": node.id, "address": node.address})
 
 
-@documented("volume", s.StorageRequest, s.StorageSerializer, refusals=(404,))
+@documented("volume", s.StorageRequest, s.StorageSerializer, refused=(404,))
 class VolumesView(WorkloadListView):
     model, serializer_class, request_serializer = Volume, s.StorageSerializer, s.StorageRequest
 
@@ -150,7 +151,7 @@ class VolumesView(WorkloadListView):
         return services.storage_create(Volume, actor=user, **data)
 
 
-@documented("dataset", s.StorageRequest, s.DatasetSerializer, refusals=(404,))
+@documented("dataset", s.StorageRequest, s.DatasetSerializer, refused=(404,))
 class DatasetsView(VolumesView):
     model, serializer_class = Dataset, s.DatasetSerializer
 

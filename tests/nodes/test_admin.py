@@ -69,7 +69,7 @@ def test_J4_unmapped_card_is_mapped_from_the_list(staff, admin_user):
     alias.refresh_from_db()
     assert alias.series == series
     event = AuditEvent.objects.get(action="card_alias.mapped")
-    assert event.after == {"series": "mystery"} and event.actor_label == "ops"
+    assert event.after == {"series": "mystery", "nodes": 0} and event.actor_label == "ops"
 
 
 def test_stray_and_node_command_lists_render(client, admin_user, node_fleet, mint):

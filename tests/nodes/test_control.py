@@ -72,3 +72,28 @@ def test_L1_a_beat_saying_the_inventory_is_unchanged_renews_its_observation(node
     observed = dict(Node.objects.values_list("id", "inventory_observed_at"))
     assert observed[unchanged.node_id] == now
     assert observed[changed.node_id] == before[changed.node_id] < now
+
+
+def test_L1_the_node_row_keeps_its_open_sessions_lease_through_open_renew_replace_close(
+        node_fleet, mint):
+    """Admission reads the lease from the node row: it must be the open session's, or none."""
+    from nodes.control import session_close
+
+    def lease_kept(session):
+        node = Node.objects.get(pk=session.node_id)
+        open_session = ControlSession.objects.filter(node=node, closed_at__isnull=True).first()
+        expected = open_session.lease_expires_at if open_session else None
+        assert node.lease_expires_at == expected
+        return node.lease_expires_at
+
+    first = sessions(node_fleet, mint, 1)[0]
+    opened = lease_kept(first)
+    assert opened is not None
+    later = timezone.now() + timezone.timedelta(seconds=5)
+    leases_renew({str(first.id): later})
+    assert lease_kept(first) > opened
+    credential = first.node.credentials.get()
+    second = session_open(node_id=first.node_id, serial=credential.serial, gateway="other")
+    assert lease_kept(second) == second.lease_expires_at
+    session_close(session_id=second.id, reason="stream ended")
+    assert lease_kept(second) is None

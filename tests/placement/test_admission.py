@@ -16,6 +16,7 @@ from nodes.scheduling import node_cordon
 from nodes.services import node_join
 from placement.models import Deployment, TrainingJob
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
+from tuneplane.errors import PlacementRefused
 
 A100_INVENTORY = {**H100_INVENTORY, "cards": [{"name": "NVIDIA A100-SXM4-80GB", "count": 4}]}
 
@@ -224,6 +225,28 @@ def test_P6_inventory_fit_refusal_names_the_best_offer_among_visible_fleets_only
     assert "hidden" not in str(error) and "16" not in str(error)
 
 
+def test_P6_refusals_are_the_body_the_openapi_document_promises(fleet, member_api, project):
+    """Every refusal reason's body validates against the schema's PlacementRefusal, and says
+    nothing the schema does not name."""
+    from jsonschema import Draft202012Validator
+
+    document = member_api.get("/api/schema", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    components = document.json()["components"]
+    validator = Draft202012Validator({"$ref": "#/components/schemas/PlacementRefusal",
+                                      "components": components})
+    documented = set(components["schemas"]["PlacementRefusalDetail"]["properties"])
+    fleet("serve-a", ["serve"])
+    fleet("serve-b", ["serve"], state="draining")
+    bodies = [refusal(submit(member_api, "deployments", cards=1), "fleet_not_named"),
+              refusal(submit(member_api, "deployments", fleet="serve-b"), "state"),
+              refusal(submit(member_api, "training-jobs", cards=1), "capability"),
+              refusal(submit(member_api, "deployments", fleet="serve-a", cards=64),
+                      "inventory_fit")]
+    for error in bodies:
+        validator.validate({"error": error})
+        assert set(error) <= documented, set(error) - documented
+
+
 def test_L1_stale_inventory_never_fits_although_the_node_shows_schedulable(fleet, member_api,
                                                                           project):
     made = fleet("gpu-lab", ["train"])
@@ -233,13 +256,28 @@ def test_L1_stale_inventory_never_fits_although_the_node_shows_schedulable(fleet
     refusal(submit(member_api, "training-jobs", cards=1), "inventory_fit")
 
 
-def test_L1_no_live_lease_never_fits(fleet, member_api, project):
+def test_L1_a_closed_stream_never_fits(fleet, member_api, project):
+    from nodes.control import session_close
     from nodes.models import ControlSession
 
-    made = fleet("gpu-lab", ["train"])
-    ControlSession.objects.filter(node__fleet=made).update(
-        lease_expires_at=timezone.now() - timedelta(seconds=1))
+    fleet("gpu-lab", ["train"])
+    session_close(session_id=ControlSession.objects.get().id, reason="stream ended")
     refusal(submit(member_api, "training-jobs", cards=1), "inventory_fit")
+
+
+def test_L1_a_lease_past_its_end_never_fits_though_inventory_is_fresh(fleet, member):
+    from nodes.models import ControlSession
+    from placement.admission import Need, admit_automatically
+
+    fleet("gpu-lab", ["train"])
+    session = ControlSession.objects.get()
+    Node.objects.update(inventory_observed_at=session.lease_expires_at)
+    before = session.lease_expires_at - timedelta(seconds=1)
+    assert admit_automatically(member, Need("train", "h100", 1), now=before).fleet_id == "gpu-lab"
+    with pytest.raises(PlacementRefused) as refused:
+        admit_automatically(member, Need("train", "h100", 1),
+                            now=session.lease_expires_at + timedelta(seconds=1))
+    assert refused.value.reason == "inventory_fit"
 
 
 @pytest.mark.parametrize("how", ["cordoned", "draining", "gone", "storage"])

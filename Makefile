@@ -27,7 +27,7 @@ test: $(STAMP)
 ## The suite on the embedded defaults (SQLite), without what needs PostgreSQL or Redis.
 test-sqlite: $(STAMP)
 	env -u DATABASE_URL -u REDIS_URL TUNEPLANE_VAR_DIR=$$(mktemp -d) \
-	$(PYTHON) -m pytest -m "not postgres and not redis and not browser and not bench" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not postgres and not redis and not browser and not bench and not slurm" $(PYTEST_ARGS)
 
 ## Benchmarks: figures printed, not asserted (PostgreSQL as for `make test`).
 bench: $(STAMP)

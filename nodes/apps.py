@@ -11,8 +11,9 @@ class NodesConfig(AppConfig):
         from fleets.deletion import register_deletion_blocker
         from fleets.page import register_fleet_page_section
 
-        from .fleet_page import fleet_nodes_section
+        from .fleet_page import fleet_cluster_section, fleet_nodes_section
         from .selectors import fleet_nodes_blocking_deletion
 
         register_deletion_blocker(fleet_nodes_blocking_deletion)
         register_fleet_page_section(fleet_nodes_section)
+        register_fleet_page_section(fleet_cluster_section)

@@ -1,8 +1,9 @@
-"""The nodes section of a node Fleet's page (L7): control connection, scheduling and
-inventory as three separate groups, plus liveness per capability.
+"""The machines section of a Fleet's page (L7): connection, scheduling and inventory as
+three separate groups, so an operator reads every Fleet the same way.
 
-Four queries whatever the number of nodes: the nodes with their cordons, their live
-sessions, and the card registry.
+A node Fleet: four queries whatever the number of nodes (the nodes with their cordons, their
+live sessions, the card registry), plus liveness per capability. A cluster Fleet: its
+snapshot, where connection is the manager's API answering and the last successful read.
 """
 
 from django.utils import timezone
@@ -10,7 +11,9 @@ from django.utils import timezone
 from fleets.choices import FleetKind
 
 from .choices import LIVENESS_CAPABILITIES, SchedulingState
+from .models import ClusterSnapshot
 from .selectors import card_series, live_sessions_of
+
 
 def _age(since, now) -> str:
     if since is None:
@@ -62,3 +65,19 @@ def fleet_nodes_section(fleet) -> dict | None:
         return None
     return {"template": "admin/nodes/fleet_nodes.html", "rows": node_rows(fleet),
             "capabilities": [c for c in fleet.capabilities if c in LIVENESS_CAPABILITIES]}
+
+
+def fleet_cluster_section(fleet) -> dict | None:
+    if fleet.kind == FleetKind.NODE:
+        return None
+    now = timezone.now()
+    snapshot = ClusterSnapshot.objects.filter(fleet=fleet).first() or ClusterSnapshot(fleet=fleet)
+    series = card_series(card["name"] for machine in snapshot.machines
+                         for card in machine["cards"])
+    machines = [{**machine, "cards": [{**card, "series": series.get(card["name"])}
+                                      for card in machine["cards"]]}
+                for machine in snapshot.machines]
+    return {"template": "admin/nodes/fleet_cluster.html", "kind": fleet.kind,
+            "snapshot": snapshot, "machines": machines, "observed_age": _age(snapshot.observed_at, now),
+            "attempted_age": _age(snapshot.attempted_at, now),
+            "error_age": _age(snapshot.error_since, now)}

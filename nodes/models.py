@@ -243,3 +243,26 @@ class StrayCommand(models.Model):
 
     def __str__(self) -> str:
         return f"unknown command {self.command_id} on {self.node_id}"
+
+
+class ClusterSnapshot(models.Model):
+    """What a cluster Fleet's manager last said its machines were (DESIGN.md §6).
+
+    Read on a schedule. A failed read keeps the last good machines with their observation
+    time, so they age out of placement by the freshness rule (L1) while the page shows why.
+    """
+
+    fleet = models.OneToOneField(Fleet, on_delete=models.CASCADE, primary_key=True,
+                                 related_name="cluster_snapshot")
+    machines = models.JSONField(default=list, blank=True)  # Machine.as_dict() each
+    observed_at = models.DateTimeField(null=True, blank=True)  # the last successful read
+    attempted_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)  # the last read's failure; empty once one succeeds
+    error_since = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"snapshot of {self.fleet_id}"
+
+    @property
+    def reachable(self) -> bool:
+        return self.attempted_at is not None and not self.error

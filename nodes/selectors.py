@@ -1,13 +1,15 @@
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from fleets.selectors import fleets_visible_to
 
 from .choices import ACTIVE_COMMAND_STATES, CommandState, SchedulingState
-from .models import CardAlias, ControlSession, JoinToken, Node, NodeCommand, NodeCordon
+from .models import (
+    CardAlias, ClusterSnapshot, ControlSession, JoinToken, Node, NodeCommand, NodeCordon,
+)
 
 
 def card_series(names) -> dict[str, str | None]:
@@ -128,3 +130,14 @@ def nodes_placeable(fleet_ids, now=None) -> QuerySet[Node]:
                                 scheduling_state=SchedulingState.SCHEDULABLE,
                                 lease_expires_at__gt=now, inventory_observed_at__gte=fresh)
             .exclude(pk__in=NodeCordon.objects.values("node_id")))
+
+
+def cluster_machines_placeable(fleet_ids, now=None) -> dict[str, list[dict]]:
+    """Cluster Fleets' machines that may take new work now (L1, D1): from a snapshot read
+    within TUNEPLANE_PLACEMENT_FRESHNESS, schedulable in their manager's eyes. One query."""
+    now = now or timezone.now()
+    fresh = now - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
+    snapshots = ClusterSnapshot.objects.filter(fleet_id__in=list(fleet_ids),
+                                               observed_at__gte=fresh)
+    return {fleet_id: [m for m in machines if m["state"] == SchedulingState.SCHEDULABLE]
+            for fleet_id, machines in snapshots.values_list("fleet_id", "machines")}

@@ -2,6 +2,7 @@
 
 from celery import shared_task
 
+from .clusters import clusters_refresh
 from .liveness import liveness_sweep
 from .scheduling import storage_cordon_sweep
 
@@ -14,3 +15,8 @@ def liveness_sweep_task() -> dict:
 @shared_task(name="nodes.storage_cordon_sweep", ignore_result=True)
 def storage_cordon_sweep_task() -> dict:
     return storage_cordon_sweep()
+
+
+@shared_task(name="nodes.clusters_refresh", ignore_result=True)
+def clusters_refresh_task() -> dict:
+    return clusters_refresh()

@@ -16,10 +16,11 @@ from django.db import connection
 from django.db.models import F, IntegerField
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast, Coalesce
+from django.utils import timezone
 
 from fleets.choices import FleetKind, FleetState
 from fleets.selectors import fleet_get_visible, fleets_visible_to
-from nodes.selectors import nodes_placeable
+from nodes.selectors import card_series, cluster_machines_placeable, nodes_placeable
 from tuneplane.errors import PlacementRefused
 
 from .choices import Refusal
@@ -66,18 +67,25 @@ class Admitted:
 
 
 class Holdings:
-    """The placeable nodes of some Fleets against one need, at one moment: what each node
-    holds of it is kept on its row (J4), so nothing is unpacked or joined per node. Cluster
-    Fleets' inventory snapshots are not read yet: until then they hold nothing."""
+    """The placeable machines of some Fleets against one need, at one moment. A node holds
+    what its row keeps (J4), so nothing is unpacked or joined per node; a cluster Fleet's
+    machines are those of a fresh snapshot from its manager (L1), mapped the same way."""
 
-    def __init__(self, fleets: list, need: Need, now):  # Fleets, or rows with id and kind
-        self.fleets, self.need = fleets, need
-        self.nodes = (nodes_placeable([f.id for f in fleets if f.kind == FleetKind.NODE], now)
-                      .annotate(held=_cards_held(need)))
+    def __init__(self, fleets: list, need: Need, now=None):  # Fleets, or rows: id and kind
+        self.fleets, self.need, self.now = fleets, need, now or timezone.now()
+        self.nodes = (nodes_placeable([f.id for f in fleets if f.kind == FleetKind.NODE],
+                                      self.now).annotate(held=_cards_held(need)))
+        self.clusters = [f.id for f in fleets if f.kind != FleetKind.NODE]
+        self._machines: dict[str, list[tuple[int, str]]] | None = None
 
     def per_fleet(self) -> dict[str, FleetFit]:
-        """One aggregate statement, whatever the number of nodes and Fleets."""
+        """One aggregate statement for node Fleets, whatever the number of nodes and Fleets;
+        two queries more when cluster Fleets are among them."""
         fits = {fleet.id: FleetFit(fleet.id) for fleet in self.fleets}
+        for fleet_id, held in self.cluster_machines().items():
+            fitting = [cards for cards, _ in held if cards >= self.need.cards]
+            fits[fleet_id] = FleetFit(fleet_id, max((c for c, _ in held), default=0),
+                                      len(fitting), sum(fitting))
         try:
             inner, params = self.nodes.order_by().values("fleet_id", "held") \
                 .query.sql_with_params()
@@ -92,8 +100,27 @@ class Holdings:
 
     def fitting_nodes(self, fleet_id: str, limit: int = 8) -> list[str]:
         """Where the need fits in one Fleet, most cards first: what the admission records."""
+        if fleet_id in self.clusters:
+            held = sorted(self.cluster_machines().get(fleet_id, []), key=lambda m: (-m[0], m[1]))
+            return [name for cards, name in held if cards >= self.need.cards][:limit]
         return list(self.nodes.filter(fleet_id=fleet_id, held__gte=self.need.cards)
                     .order_by("-held", "id").values_list("id", flat=True)[:limit])
+
+    def cluster_machines(self) -> dict[str, list[tuple[int, str]]]:
+        """Per cluster Fleet, each placeable machine's cards of the need and its name."""
+        if self._machines is None:
+            machines = cluster_machines_placeable(self.clusters, self.now) if self.clusters \
+                else {}
+            series = card_series(card["name"] for listed in machines.values()
+                                 for machine in listed for card in machine["cards"]) \
+                if self.need.series and machines else {}
+            self._machines = {
+                fleet_id: [(sum(card["count"] for card in machine["cards"]
+                                if not self.need.series or series.get(card["name"])
+                                == self.need.series), machine["name"])
+                           for machine in listed]
+                for fleet_id, listed in machines.items()}
+        return self._machines
 
 
 # Per Fleet, over its placeable nodes' rows: what a node holds is computed once, in the

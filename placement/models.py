@@ -64,6 +64,13 @@ class Workload(models.Model):
 class TrainingJob(Workload):
     volumes = models.ManyToManyField(Volume, blank=True, related_name="+")
     datasets = models.ManyToManyField(Dataset, blank=True, related_name="+")
+    # What a cluster Fleet's manager runs (a batch script for Slurm, an entrypoint for Ray).
+    script = models.TextField(blank=True)
+    # The manager's own record of it, once handed over: its id, its state in its words, and
+    # why handing it over failed, if it did. The allocator is the manager (P7).
+    backend_job_id = models.CharField(max_length=200, blank=True)
+    backend_state = models.CharField(max_length=32, blank=True)
+    backend_error = models.TextField(blank=True)
 
 
 class LifecycleJob(Workload):

@@ -9,7 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from audit.services import audit_record
-from fleets.choices import FleetState
+from fleets.choices import FleetKind, FleetState
 from fleets.models import Fleet
 from fleets.selectors import fleet_not_found
 from tuneplane.api.permissions import is_admin
@@ -18,8 +18,10 @@ from tuneplane.models import Membership, Project
 
 from .admission import Admitted, Need, admit_automatically, admit_deployment, admit_named
 from .choices import LIFECYCLE_CAPABILITY, DeploymentState, LifecycleKind, Refusal
+from .clusters import handover_on_commit
 from .models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession, Revision,
                      TrainingJob, Volume)
+
 
 def project_for(user, slug: str) -> Project:
     """The project a member submits to; another project reads as one that does not exist."""
@@ -54,7 +56,8 @@ def _record(model, *, actor, project: Project, admitted: Admitted, extra_after=N
         created_by=actor if isinstance(actor, AbstractBaseUser) else None, **fields)
     audit_record(actor=actor, action=f"{model._meta.model_name}.admitted", target=record, after={
         "project": project.slug, "fleet": fleet.id, "gates": admitted.gates,
-        **{key: value for key, value in fields.items() if isinstance(value, (str, int, dict))},
+        **{key: value for key, value in fields.items()
+           if isinstance(value, (str, int, dict)) and key != "script"},
         **(extra_after or {})})
     return record
 
@@ -69,14 +72,18 @@ def _job(model, *, actor, project_slug, need: Need, volumes, datasets, **fields)
                       series=need.series, cards=need.cards, nodes=need.nodes, **fields)
         job.volumes.set(volumes)
         job.datasets.set(datasets)
+        if job.fleet.kind != FleetKind.NODE and isinstance(job, TrainingJob):
+            handover_on_commit(job)
     return job
 
 
 def training_job_submit(*, actor, project: str, name: str, series: str = "", cards: int = 1,
-                        nodes: int = 1, volumes=(), datasets=()) -> TrainingJob:
-    """P1: placed automatically among the visible Fleets that pass every gate."""
+                        nodes: int = 1, volumes=(), datasets=(), script: str = "") -> TrainingJob:
+    """P1: placed automatically among the visible Fleets that pass every gate. On a cluster
+    Fleet, its script is then handed to the manager (placement.clusters)."""
     return _job(TrainingJob, actor=actor, project_slug=project, volumes=volumes,
-                datasets=datasets, need=Need("train", series, cards, nodes), name=name)
+                datasets=datasets, need=Need("train", series, cards, nodes), name=name,
+                script=script)
 
 
 def lifecycle_job_submit(*, actor, project: str, name: str, kind: str, series: str = "",

@@ -218,6 +218,9 @@ TUNEPLANE_QUIET_TRAIN = env_seconds("TUNEPLANE_QUIET_TRAIN", 300)
 TUNEPLANE_QUIET_SERVE = env_seconds("TUNEPLANE_QUIET_SERVE", 45)
 TUNEPLANE_QUIET_ENV = env_seconds("TUNEPLANE_QUIET_ENV", 45)
 TUNEPLANE_SWEEP_INTERVAL = env_seconds("TUNEPLANE_SWEEP_INTERVAL", 5)
+# How often cluster Fleets (slurm, kubernetes) are read from their managers, and their
+# submitted jobs' states read back. Keep it well inside TUNEPLANE_PLACEMENT_FRESHNESS.
+TUNEPLANE_CLUSTER_REFRESH_INTERVAL = env_seconds("TUNEPLANE_CLUSTER_REFRESH_INTERVAL", 15)
 # The control stream: how often a node heartbeats, and how long a lease outlives silence.
 TUNEPLANE_HEARTBEAT_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_INTERVAL", 10)
 TUNEPLANE_LEASE_TTL = env_seconds("TUNEPLANE_LEASE_TTL", 30)
@@ -245,5 +248,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": "INFO"},
     "loggers": {
         "tuneplane": {"level": os.environ.get("TUNEPLANE_LOG_LEVEL", "INFO")},
+        # A line per request to a cluster manager, every refresh: failures are logged by
+        # tuneplane.clusters instead.
+        "httpx": {"level": "WARNING"},
     },
 }

@@ -37,6 +37,15 @@ class JobRequest(CardsRequest):
         ref_name = "JobRequest"
 
 
+class TrainingJobRequest(JobRequest):
+    script = StrictCharField(max_length=100_000, required=False, allow_blank=True, default="",
+                             help_text="What a cluster Fleet's manager runs: a batch script "
+                             "for Slurm, an entrypoint for a RayJob.")
+
+    class Meta:
+        ref_name = "TrainingJobRequest"
+
+
 class LifecycleJobRequest(JobRequest):
     kind = StrictChoiceField(choices=LifecycleKind.values)
 
@@ -107,6 +116,13 @@ class JobSerializer(WorkloadSerializer):
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_delivery(self, job):
         return delivery_of(job.fleet, job.volumes.all(), job.datasets.all())
+
+
+class TrainingJobSerializer(JobSerializer):
+    class Meta(JobSerializer.Meta):
+        fields = JobSerializer.Meta.fields + ["script", "backend_job_id", "backend_state",
+                                              "backend_error"]
+        read_only_fields = fields
 
 
 class LifecycleJobSerializer(JobSerializer):

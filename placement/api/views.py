@@ -50,9 +50,10 @@ def documented(noun: str, request, response, *, refused=(404, 422)):
             request=request, responses={201: response, **refusals(400, 401, *refused)})(view))
 
 
-@documented("training job", s.JobRequest, s.JobSerializer)
+@documented("training job", s.TrainingJobRequest, s.TrainingJobSerializer)
 class TrainingJobsView(WorkloadListView):
-    model, serializer_class, request_serializer = TrainingJob, s.JobSerializer, s.JobRequest
+    model = TrainingJob
+    serializer_class, request_serializer = s.TrainingJobSerializer, s.TrainingJobRequest
     prefetch = ("volumes", "datasets")
 
     def submit(self, user, data):

@@ -1,0 +1,79 @@
+"""The interface a backend keeps, and the one shape of a machine every backend reports."""
+
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from fleets.choices import FleetKind
+
+from ..choices import SchedulingState
+
+
+# A job in one of these, in its manager's words (Slurm's, KubeRay's), is not read again.
+FINAL_JOB_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                              "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+                              "SUCCEEDED", "STOPPED"})
+
+
+def job_state_is_final(state: str) -> bool:
+    return state.upper() in FINAL_JOB_STATES
+
+
+class BackendError(Exception):
+    """The cluster manager did not answer, refused us, or answered with an error.
+
+    The message is for the Fleet page: what failed, in the manager's words, never a token.
+    """
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One machine as its manager reports it, in the terms the console reads every Fleet by.
+
+    ``state`` is a scheduling state: schedulable, cordoned (a cordon the console did not
+    make: Slurm's DRAIN, Kubernetes' unschedulable) or gone (down, not Ready).
+    """
+
+    name: str
+    cards: list[dict]  # [{"name": <the manager's card name>, "count": n}], mapped by J4
+    cards_used: int = 0
+    state: str = SchedulingState.SCHEDULABLE
+    reason: str = ""  # the manager's own words for a cordon or an absence
+    detail: dict = field(default_factory=dict)  # backend-specific, shown as is
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a backend needs to run an admitted job; the job record is the product (P7)."""
+
+    name: str
+    script: str
+    series: str  # the card name the manager knows, or "" for any
+    cards: int  # per node
+    nodes: int = 1
+
+
+class Backend(Protocol):
+    """Reads a cluster and hands it jobs. Every call may raise BackendError."""
+
+    def read(self) -> list[Machine]:
+        """Every machine of the Fleet now."""
+
+    def submit(self, job: JobSpec) -> str:
+        """Hands the job to the manager; returns the manager's id for it."""
+
+    def job_state(self, job_id: str) -> str:
+        """The manager's state of a job it was handed, in its own words (COMPLETED, …)."""
+
+
+def backend_for(fleet) -> Backend:
+    """The backend of a cluster Fleet, from its config; a node Fleet has none to read."""
+    if fleet.kind == FleetKind.SLURM:
+        from .slurm import SlurmBackend
+        return SlurmBackend.from_config(fleet.config)
+    if fleet.kind == FleetKind.KUBERNETES:
+        from .kubernetes import KubernetesBackend
+        return KubernetesBackend.from_config(fleet.config)
+    raise ValueError(f"a {fleet.kind} Fleet has no cluster manager to read")

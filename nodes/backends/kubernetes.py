@@ -1,0 +1,232 @@
+"""A Kubernetes Fleet: nodes read through the official client, jobs handed to KubeRay.
+
+Every call builds its own client from the Fleet's config, so a kubeconfig context never touches
+the process-wide default configuration and a bearer token is read when it is used: it lives on
+that call's client only, never on the backend (whose repr may reach a log) nor in a message.
+"""
+
+import json
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import urllib3
+from kubernetes.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config import ConfigException, new_client_from_config
+
+from ..choices import SchedulingState
+from .base import BackendError, JobSpec, Machine
+
+REQUEST_TIMEOUT = (3.0, 10.0)  # (connect, read) seconds: a dead API server fails a read fast
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU feature discovery's name for the card
+CORDON_REASON = "unschedulable in Kubernetes (cordoned outside the console)"
+
+RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL = "ray.io", "v1", "rayjobs"
+RAY_IMAGE_TAG = "2.45.0"
+# KubeRay refuses a RayJob name over 47 characters; generateName appends 5 more.
+RAYJOB_PREFIX_MAX = 47 - 5
+
+
+@dataclass(frozen=True)
+class KubernetesBackend:
+    """One Kubernetes cluster, reached by API URL (and bearer token) or by kubeconfig context."""
+
+    api_url: str = ""
+    context: str = ""
+    namespace: str = ""  # KubeRay's; only submit needs it
+    token_env: str = ""  # names where the token is, never the token
+    token_file: str = ""
+    timeout: tuple[float, float] = REQUEST_TIMEOUT
+
+    @classmethod
+    def from_config(cls, config: dict) -> "KubernetesBackend":
+        api_url, context = config.get("kube_api_url", ""), config.get("kube_context", "")
+        if not api_url and not context:
+            raise BackendError("config.kube_api_url or config.kube_context must be set")
+        if api_url and context:
+            raise BackendError("set config.kube_api_url or config.kube_context, not both")
+        return cls(api_url=api_url.rstrip("/"), context=context,
+                   namespace=config.get("kuberay_namespace", ""),
+                   token_env=config.get("kube_token_env", ""),
+                   token_file=config.get("kube_token_file", ""))
+
+    def read(self) -> list[Machine]:
+        with self._client() as client:
+            try:
+                nodes = CoreV1Api(client).list_node(_request_timeout=self.timeout)
+            except ValueError as error:  # the client checks required fields as it decodes
+                raise BackendError(f"Kubernetes API at {client.configuration.host} sent a node "
+                                   f"list the client cannot read: {error}") from error
+        return [machine_from_node(node) for node in nodes.items]
+
+    def submit(self, job: JobSpec) -> str:
+        if not self.namespace:
+            raise BackendError("config.kuberay_namespace is not set")
+        with self._client() as client:
+            created = CustomObjectsApi(client).create_namespaced_custom_object(
+                RAY_GROUP, RAY_VERSION, self.namespace, RAYJOB_PLURAL, rayjob_manifest(job),
+                _request_timeout=self.timeout)
+        return f"{self.namespace}/{created['metadata']['name']}"
+
+    def job_state(self, job_id: str) -> str:
+        namespace, _, name = job_id.partition("/")
+        if not namespace or not name:
+            raise BackendError(f"{job_id!r} is not a RayJob id of the form <namespace>/<name>")
+        with self._client() as client:
+            rayjob = CustomObjectsApi(client).get_namespaced_custom_object(
+                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name,
+                _request_timeout=self.timeout)
+        status = rayjob.get("status") or {}
+        return status.get("jobStatus") or status.get("jobDeploymentStatus") or "PENDING"
+
+    @contextmanager
+    def _client(self):
+        """A client for one call; the client's errors come out as BackendError."""
+        client = self._new_client()
+        host = client.configuration.host
+        try:
+            yield client
+        except ApiException as error:
+            raise BackendError(self._refusal(host, error)) from error
+        except urllib3.exceptions.HTTPError as error:
+            reason = getattr(error, "reason", None) or error
+            raise BackendError(f"Kubernetes API at {host} did not answer: {reason}") from error
+        finally:
+            # ApiClient.close() only stops its thread pool; this closes the sockets.
+            client.rest_client.pool_manager.clear()
+
+    def _new_client(self) -> ApiClient:
+        configuration = Configuration()  # a fresh one: the process-wide default stays untouched
+        configuration.retries = 0  # urllib3 would retry 3 times; the next refresh is the retry
+        if self.context:
+            return self._client_from_kubeconfig(configuration)
+        configuration.host = self.api_url
+        token = self._token()
+        if token:
+            configuration.api_key = {"BearerToken": token}
+            configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        return ApiClient(configuration)
+
+    def _client_from_kubeconfig(self, configuration: Configuration) -> ApiClient:
+        try:
+            # KUBECONFIG is read here because the client reads it once, at import.
+            # persist_config=False: refreshing a token must not rewrite the operator's file.
+            return new_client_from_config(config_file=os.environ.get("KUBECONFIG"),
+                                          context=self.context, persist_config=False,
+                                          client_configuration=configuration)
+        except ConfigException as error:
+            raise BackendError(
+                f"kubeconfig context {self.context!r} cannot be used: {error}") from error
+
+    def _token(self) -> str:
+        """The bearer token, read now so a rotated token is used at the next call."""
+        if self.token_env:
+            token = os.environ.get(self.token_env, "").strip()
+            if not token:
+                raise BackendError(f"environment variable {self.token_env} "
+                                   "(config.kube_token_env) is empty or not set")
+            return token
+        if self.token_file:
+            try:
+                token = Path(self.token_file).read_text().strip()
+            except OSError as error:
+                raise BackendError(f"config.kube_token_file {self.token_file} cannot be read: "
+                                   f"{error.strerror}") from error
+            if not token:
+                raise BackendError(f"config.kube_token_file {self.token_file} is empty")
+            return token
+        return ""
+
+    def _refusal(self, host: str, error: ApiException) -> str:
+        if not error.status:  # the client's own failure before any answer, e.g. TLS
+            return f"Kubernetes API at {host} did not answer: {error.reason}"
+        said = f"Kubernetes API at {host} answered {error.status} {error.reason}"
+        if error.status == 401:
+            check = (f"the credentials of kubeconfig context {self.context!r}" if self.context
+                     else "config.kube_token_env or config.kube_token_file")
+            return f"{said}: authentication failed; check {check}"
+        return f"{said}: {api_message(error)}"
+
+
+def api_message(error: ApiException) -> str:
+    """The API server's own words: the ``message`` of the Status it sends with an error."""
+    try:
+        body = json.loads(error.body)
+    except (TypeError, ValueError):
+        return error.reason or ""
+    return (body.get("message") if isinstance(body, dict) else "") or error.reason or ""
+
+
+def machine_from_node(node) -> Machine:
+    """One node as a Machine: its GPUs, and whether it is Ready and schedulable."""
+    capacity = _gpu_count(node.status.capacity)
+    allocatable = _gpu_count(node.status.allocatable)
+    count = capacity if allocatable is None else allocatable
+    name = (node.metadata.labels or {}).get(GPU_PRODUCT_LABEL, GPU_RESOURCE)
+    cards = [{"name": name, "count": count}] if count else []
+    state, reason = _scheduling(node)
+    return Machine(name=node.metadata.name, cards=cards, state=state, reason=reason,
+                   detail={"gpu_capacity": capacity or 0, "gpu_allocatable": allocatable or 0})
+
+
+def _gpu_count(resources: dict | None) -> int | None:
+    quantity = (resources or {}).get(GPU_RESOURCE)
+    return None if quantity is None else int(quantity)
+
+
+def _scheduling(node) -> tuple[str, str]:
+    ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
+    if ready is None:
+        return SchedulingState.GONE, "Kubernetes reports no Ready condition"
+    if ready.status != "True":
+        return SchedulingState.GONE, ready.message or ready.reason or f"Ready is {ready.status}"
+    if node.spec and node.spec.unschedulable:
+        return SchedulingState.CORDONED, CORDON_REASON
+    return SchedulingState.SCHEDULABLE, ""
+
+
+def rayjob_name_prefix(job_name: str) -> str:
+    """A generateName KubeRay accepts: a DNS-1035 label (starts with a letter), short enough."""
+    slug = re.sub(r"[^a-z0-9]+", "-", job_name.lower()).strip("-")
+    if not slug[:1].isalpha():
+        slug = f"job-{slug}"
+    return slug[:RAYJOB_PREFIX_MAX - 1].rstrip("-") + "-"
+
+
+def rayjob_manifest(job: JobSpec) -> dict:
+    """A RayJob whose cluster has one worker per node, each with the job's cards."""
+    worker_pod = {"containers": [{
+        "name": "ray-worker",
+        "image": f"rayproject/ray:{RAY_IMAGE_TAG}-gpu",
+        "resources": {"limits": {GPU_RESOURCE: job.cards}},
+    }]}
+    if job.series:
+        worker_pod["nodeSelector"] = {GPU_PRODUCT_LABEL: job.series}
+    return {
+        "apiVersion": f"{RAY_GROUP}/{RAY_VERSION}",
+        "kind": "RayJob",
+        "metadata": {"generateName": rayjob_name_prefix(job.name),
+                     "labels": {"app.kubernetes.io/managed-by": "tuneplane"}},
+        "spec": {
+            "entrypoint": job.script,
+            "shutdownAfterJobFinishes": True,  # the cluster's GPUs go back when the job ends
+            "rayClusterSpec": {
+                "rayVersion": RAY_IMAGE_TAG,
+                "headGroupSpec": {
+                    "rayStartParams": {},  # required by KubeRay before 1.1
+                    "template": {"spec": {"containers": [{
+                        "name": "ray-head", "image": f"rayproject/ray:{RAY_IMAGE_TAG}"}]}},
+                },
+                "workerGroupSpecs": [{
+                    "groupName": "gpu",
+                    "replicas": job.nodes, "minReplicas": job.nodes, "maxReplicas": job.nodes,
+                    "rayStartParams": {},
+                    "template": {"spec": worker_pod},
+                }],
+            },
+        },
+    }

@@ -1,0 +1,15 @@
+"""Celery tasks: thin; each calls one service."""
+
+from celery import shared_task
+
+from .clusters import cluster_job_handover, cluster_jobs_track
+
+
+@shared_task(name="placement.cluster_job_handover", ignore_result=True)
+def cluster_job_handover_task(job_id: int) -> None:
+    cluster_job_handover(job_id)
+
+
+@shared_task(name="placement.cluster_jobs_track", ignore_result=True)
+def cluster_jobs_track_task() -> dict:
+    return cluster_jobs_track()

@@ -1,0 +1,355 @@
+"""Tested against replayed responses only: no real API server runs on these machines.
+
+``KubeReplay`` serves stored responses in the Kubernetes API's own formats to the official
+client, so what is proved here is our mapping, our requests and our error messages; that a
+real cluster answers the same way is the stored responses' claim, not these tests'.
+"""
+
+import dataclasses
+import json
+import socket
+import threading
+
+import pytest
+from kubernetes.client import Configuration
+
+from nodes.backends.base import BackendError, JobSpec
+from nodes.backends.kubernetes import CORDON_REASON, KubernetesBackend, rayjob_name_prefix
+from nodes.choices import SchedulingState
+
+from .kube_replay import RESPONSES, KubeReplay
+
+NODES = "/api/v1/nodes"
+RAYJOBS = "/apis/ray.io/v1/namespaces/ml-jobs/rayjobs"
+RAYJOB = f"{RAYJOBS}/llama-sft-7b-x9k2p"
+TOKEN = "eyJhbGciOiJSUzI1NiJ9.replay-test-token.c2lnbmF0dXJl"  # distinctive, to look for leaks
+TOKEN_ENV = "TUNEPLANE_TEST_KUBE_TOKEN"
+SHORT_TIMEOUT = (0.5, 0.5)
+H100 = "NVIDIA-H100-80GB-HBM3"
+SFT_JOB = JobSpec(name="Llama SFT 7B", script="python train.py --epochs 3", series=H100,
+                  cards=8, nodes=2)
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch):
+    """The client takes HTTP(S)_PROXY from the environment; the replay server is local."""
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def replay():
+    with KubeReplay() as server:
+        yield server
+
+
+def backend_at(url: str, **config) -> KubernetesBackend:
+    return KubernetesBackend.from_config(
+        {"kube_api_url": url, "kuberay_namespace": "ml-jobs", **config})
+
+
+def replay_file(name: str) -> str:
+    return (RESPONSES / name).read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# read()
+
+def test_read_maps_each_node_to_a_machine(replay):
+    replay.serve("GET", NODES, "nodes.json")
+
+    machines = {m.name: m for m in backend_at(replay.url).read()}
+
+    assert list(machines) == ["gpu-h100-01", "gpu-h100-02", "gpu-a100-07", "gpu-l4-03",
+                              "cpu-system-01"]
+    ready = machines["gpu-h100-01"]
+    assert ready.cards == [{"name": H100, "count": 8}]
+    assert (ready.state, ready.reason, ready.cards_used) == (SchedulingState.SCHEDULABLE, "", 0)
+    assert ready.detail == {"gpu_capacity": 8, "gpu_allocatable": 8}
+
+
+def test_an_unschedulable_node_is_a_cordon_the_console_did_not_make(replay):
+    replay.serve("GET", NODES, "nodes.json")
+
+    machines = {m.name: m for m in backend_at(replay.url).read()}
+
+    cordoned = machines["gpu-h100-02"]
+    assert (cordoned.state, cordoned.reason) == (SchedulingState.CORDONED, CORDON_REASON)
+    # One GPU failed its health check: the device plugin no longer offers it.
+    assert cordoned.cards == [{"name": H100, "count": 7}]
+    assert cordoned.detail == {"gpu_capacity": 8, "gpu_allocatable": 7}
+
+
+def test_a_node_not_ready_is_gone_in_the_kubelets_words(replay):
+    replay.serve("GET", NODES, "nodes.json")
+
+    machines = {m.name: m for m in backend_at(replay.url).read()}
+
+    lost = machines["gpu-a100-07"]
+    assert lost.state == SchedulingState.GONE
+    assert lost.reason == "Kubelet stopped posting node status."
+    assert lost.cards == [{"name": "NVIDIA-A100-SXM4-80GB", "count": 4}]
+
+
+def test_gpus_without_a_product_label_show_as_unmapped_and_cpu_nodes_have_no_cards(replay):
+    replay.serve("GET", NODES, "nodes.json")
+
+    machines = {m.name: m for m in backend_at(replay.url).read()}
+
+    assert machines["gpu-l4-03"].cards == [{"name": "nvidia.com/gpu", "count": 2}]
+    cpu = machines["cpu-system-01"]
+    assert (cpu.cards, cpu.state) == ([], SchedulingState.SCHEDULABLE)
+    assert cpu.detail == {"gpu_capacity": 0, "gpu_allocatable": 0}
+
+
+def test_gpus_missing_from_allocatable_are_counted_from_capacity(replay):
+    nodes = json.loads(replay_file("nodes.json"))
+    del nodes["items"][3]["status"]["allocatable"]["nvidia.com/gpu"]
+    replay.serve("GET", NODES, nodes)
+
+    l4 = backend_at(replay.url).read()[3]
+
+    assert l4.cards == [{"name": "nvidia.com/gpu", "count": 2}]
+    assert l4.detail == {"gpu_capacity": 2, "gpu_allocatable": 0}
+
+
+def test_a_node_without_a_ready_condition_is_gone(replay):
+    nodes = json.loads(replay_file("nodes.json"))
+    nodes["items"][4]["status"]["conditions"] = []  # as when a node has just registered
+    replay.serve("GET", NODES, nodes)
+
+    cpu = backend_at(replay.url).read()[4]
+
+    assert (cpu.state, cpu.reason) == (SchedulingState.GONE,
+                                       "Kubernetes reports no Ready condition")
+
+
+def test_a_node_list_the_client_cannot_decode_is_a_backend_error(replay):
+    nodes = json.loads(replay_file("nodes.json"))
+    del nodes["items"][0]["status"]["conditions"][0]["type"]
+    replay.serve("GET", NODES, nodes)
+
+    with pytest.raises(BackendError, match="node list the client cannot read"):
+        backend_at(replay.url).read()
+
+
+# Credentials
+
+def test_a_token_from_the_environment_is_read_at_call_time_and_sent_as_bearer(
+        replay, monkeypatch):
+    replay.serve("GET", NODES, "nodes.json")
+    backend = backend_at(replay.url, kube_token_env=TOKEN_ENV)
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+
+    backend.read()
+
+    assert replay.requests[-1].headers["authorization"] == f"Bearer {TOKEN}"
+    assert TOKEN not in repr(backend)
+
+
+def test_a_token_from_a_file_is_sent_as_bearer(replay, tmp_path):
+    replay.serve("GET", NODES, "nodes.json")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+
+    backend_at(replay.url, kube_token_file=str(token_file)).read()
+
+    assert replay.requests[-1].headers["authorization"] == f"Bearer {TOKEN}"
+
+
+def test_an_unset_token_variable_is_named_and_nothing_is_sent(replay, monkeypatch):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+
+    with pytest.raises(BackendError, match=f"{TOKEN_ENV} .config.kube_token_env"):
+        backend_at(replay.url, kube_token_env=TOKEN_ENV).read()
+    assert replay.requests == []
+
+
+def test_401_says_authentication_failed_and_never_shows_the_token(replay, monkeypatch):
+    replay.serve("GET", NODES, "status-401.json", status=401)
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+
+    with pytest.raises(BackendError) as caught:
+        backend_at(replay.url, kube_token_env=TOKEN_ENV).read()
+
+    message = str(caught.value)
+    assert "401" in message and "authentication failed" in message
+    assert "kube_token_env" in message
+    assert TOKEN not in message and TOKEN not in str(caught.value.__cause__)
+
+
+def test_a_kubeconfig_context_is_loaded_without_touching_the_default_config(
+        replay, tmp_path, monkeypatch):
+    replay.serve("GET", NODES, "nodes.json")
+    elsewhere = f"http://127.0.0.1:{free_port()}"
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "replay", "cluster": {"server": replay.url}},
+                     {"name": "elsewhere", "cluster": {"server": elsewhere}}],
+        "users": [{"name": "console", "user": {"token": TOKEN}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "replay", "user": "console"}},
+                     {"name": "other", "context": {"cluster": "elsewhere", "user": "console"}}],
+        "current-context": "other",
+    }))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    default_host = Configuration.get_default_copy().host
+
+    machines = KubernetesBackend.from_config({"kube_context": "lab"}).read()
+
+    assert len(machines) == 5
+    assert replay.requests[-1].headers["authorization"] == f"Bearer {TOKEN}"
+    assert Configuration.get_default_copy().host == default_host != replay.url
+
+
+def test_an_unknown_kubeconfig_context_is_a_backend_error(tmp_path, monkeypatch):
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "clusters": [],
+                                      "users": [], "contexts": []}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+
+    with pytest.raises(BackendError, match="kubeconfig context 'lab' cannot be used"):
+        KubernetesBackend.from_config({"kube_context": "lab"}).read()
+
+
+# Failures
+
+def test_500_is_a_backend_error_in_the_api_servers_words(replay):
+    replay.serve("GET", NODES, "status-500.json", status=500)
+
+    with pytest.raises(BackendError) as caught:
+        backend_at(replay.url).read()
+
+    assert "500" in str(caught.value)
+    assert "etcdserver: request timed out" in str(caught.value)
+
+
+def test_a_closed_port_is_a_backend_error():
+    url = f"http://127.0.0.1:{free_port()}"
+    backend = dataclasses.replace(backend_at(url), timeout=SHORT_TIMEOUT)
+
+    with pytest.raises(BackendError, match=f"Kubernetes API at {url} did not answer"):
+        backend.read()
+
+
+def test_a_server_that_never_answers_is_a_backend_error():
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts in the kernel, says nothing
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        backend = dataclasses.replace(backend_at(url), timeout=SHORT_TIMEOUT)
+
+        with pytest.raises(BackendError, match="did not answer.*timed out"):
+            backend.read()
+
+
+def test_the_client_does_not_retry_a_dropped_connection():
+    connections = []
+    with socket.create_server(("127.0.0.1", 0)) as rude:
+        def hang_up():
+            while True:
+                try:
+                    peer, _ = rude.accept()
+                except OSError:
+                    return
+                connections.append(peer)
+                peer.close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        backend = dataclasses.replace(backend_at(f"http://127.0.0.1:{rude.getsockname()[1]}"),
+                                      timeout=SHORT_TIMEOUT)
+
+        with pytest.raises(BackendError, match="did not answer"):
+            backend.read()
+    assert len(connections) == 1
+
+
+# Jobs
+
+def test_submit_creates_a_rayjob_in_the_kuberay_namespace(replay):
+    replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
+
+    job_id = backend_at(replay.url).submit(SFT_JOB)
+
+    assert job_id == "ml-jobs/llama-sft-7b-x9k2p"
+    [sent] = replay.requests
+    assert (sent.method, sent.path) == ("POST", RAYJOBS)
+    assert (sent.body["apiVersion"], sent.body["kind"]) == ("ray.io/v1", "RayJob")
+    assert sent.body["metadata"]["generateName"] == "llama-sft-7b-"
+    spec = sent.body["spec"]
+    assert spec["entrypoint"] == "python train.py --epochs 3"
+    [workers] = spec["rayClusterSpec"]["workerGroupSpecs"]
+    assert workers["replicas"] == 2
+    pod = workers["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": H100}
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert "resources" not in head
+
+
+def test_a_job_for_any_series_has_no_node_selector(replay):
+    replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
+
+    backend_at(replay.url).submit(dataclasses.replace(SFT_JOB, series=""))
+
+    [workers] = replay.requests[-1].body["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert "nodeSelector" not in workers["template"]["spec"]
+
+
+def test_submit_without_a_kuberay_namespace_sends_nothing(replay):
+    backend = KubernetesBackend.from_config({"kube_api_url": replay.url})
+
+    with pytest.raises(BackendError, match="config.kuberay_namespace is not set"):
+        backend.submit(SFT_JOB)
+    assert replay.requests == []
+
+
+@pytest.mark.parametrize("job_name, prefix", [
+    ("Llama SFT 7B", "llama-sft-7b-"),
+    ("7b/eval: run #2", "job-7b-eval-run-2-"),
+    ("", "job-"),
+    ("x" * 80, "x" * 41 + "-"),
+])
+def test_rayjob_names_are_dns_labels_kuberay_accepts(job_name, prefix):
+    assert rayjob_name_prefix(job_name) == prefix
+
+
+def test_job_state_is_the_rayjobs_job_status(replay):
+    replay.serve("GET", RAYJOB, "rayjob-running.json")
+
+    assert backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p") == "RUNNING"
+    assert replay.requests[-1].path == RAYJOB
+
+
+@pytest.mark.parametrize("status, state", [
+    (None, "PENDING"),
+    ({"jobDeploymentStatus": "Initializing"}, "Initializing"),
+])
+def test_job_state_before_the_job_runs(replay, status, state):
+    rayjob = json.loads(replay_file("rayjob-created.json"))
+    if status:
+        rayjob["status"] = status
+    replay.serve("GET", RAYJOB, rayjob)
+
+    assert backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p") == state
+
+
+def test_job_state_of_a_rayjob_that_is_gone_is_a_backend_error(replay):
+    with pytest.raises(BackendError, match="404"):
+        backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p")
+
+
+# Config
+
+def test_a_config_without_url_or_context_names_both_keys():
+    with pytest.raises(BackendError, match="config.kube_api_url or config.kube_context"):
+        KubernetesBackend.from_config({"kuberay_namespace": "ml-jobs"})
+
+
+def test_a_config_with_both_url_and_context_is_refused():
+    with pytest.raises(BackendError, match="not both"):
+        KubernetesBackend.from_config({"kube_api_url": "https://k8s.example:6443",
+                                       "kube_context": "lab"})

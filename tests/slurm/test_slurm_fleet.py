@@ -1,0 +1,145 @@
+"""A `slurm` Fleet against a real Slurm 22.05 cluster (DESIGN.md §6; L1, D1, J4, P6, P7).
+
+The cluster is tests/slurm_cluster.py's: one node, four fake H100s, slurmrestd on loopback.
+"""
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from audit.models import AuditEvent
+from nodes.clusters import cluster_refresh
+from nodes.models import CardAlias, HardwareSeries
+from nodes.services import card_alias_map
+from placement.admission import Need, admit_automatically
+from placement.clusters import cluster_job_handover, cluster_jobs_track
+from placement.services import training_job_submit
+from tuneplane.errors import PlacementRefused
+
+pytestmark = [pytest.mark.slurm]
+
+TOKEN_ENV = "TUNEPLANE_TEST_SLURM_JWT"
+
+
+@pytest.fixture
+def hpc(slurm_cluster, make_fleet, monkeypatch, tmp_path, admin_user):
+    """A slurm Fleet on the cluster's debug partition, its card type mapped as an admin
+    would map it (J4), and read once."""
+    monkeypatch.setenv(TOKEN_ENV, slurm_cluster.token)
+    fleet = make_fleet("hpc", kind="slurm", capabilities=["train"], config={
+        "slurm_rest_url": slurm_cluster.url, "slurm_api_version": "v0.0.38",
+        "slurm_partition": slurm_cluster.partition, "slurm_user": "root",
+        "slurm_token_env": TOKEN_ENV, "slurm_workdir": str(tmp_path)})
+    cluster_refresh(fleet)
+    card_alias_map(actor=admin_user, alias=CardAlias.objects.get(name="h100"),
+                   series=HardwareSeries.objects.get(slug="h100"))
+    return fleet
+
+
+def settled(fleet, within=30.0) -> dict:
+    """The machine once Slurm calls it schedulable again, or as it is after ``within`` s."""
+    deadline = time.monotonic() + within
+    while True:
+        [machine] = cluster_refresh(fleet).machines
+        if machine["state"] == "schedulable" or time.monotonic() > deadline:
+            return machine
+        time.sleep(0.5)
+
+
+def refused(member, cards, now=None) -> PlacementRefused:
+    with pytest.raises(PlacementRefused) as refusal:
+        admit_automatically(member, Need("train", "h100", cards), now=now)
+    return refusal.value
+
+
+def test_its_inventory_is_what_slurm_says_four_h100(hpc, slurm_cluster):
+    [machine] = cluster_refresh(hpc).machines
+    assert machine["name"] == slurm_cluster.node_name
+    assert machine["cards"] == [{"name": "h100", "count": 4}]
+    assert machine["state"] == "schedulable"
+    assert machine["detail"]["partitions"] == [slurm_cluster.partition]
+
+
+def test_J4_an_unmapped_slurm_card_type_never_fits_a_pinned_series(hpc, member, admin_user):
+    card_alias_map(actor=admin_user, alias=CardAlias.objects.get(name="h100"), series=None)
+    assert refused(member, 2).reason == "inventory_fit"
+
+
+def test_P7_two_h100_are_admitted_handed_to_slurm_and_run_to_completed(hpc, member, project):
+    job = training_job_submit(actor=member, project="ml", name="finetune", series="h100",
+                              cards=2, script="#!/bin/sh\nsleep 1\n")
+    assert job.fleet_id == "hpc" and job.admission["fits_on"]
+    job = cluster_job_handover(job.pk)
+    assert job.backend_job_id.isdigit(), job.backend_error
+    assert cluster_job_handover(job.pk).backend_job_id == job.backend_job_id  # at most once
+    deadline = time.monotonic() + 60
+    while job.backend_state != "COMPLETED" and time.monotonic() < deadline:
+        cluster_jobs_track()
+        job.refresh_from_db()
+        time.sleep(0.5)
+    assert job.backend_state == "COMPLETED"
+    states = list(AuditEvent.objects.filter(action="trainingjob.backend_state")
+                  .order_by("pk").values_list("after__backend_state", flat=True))
+    assert states[-1] == "COMPLETED" and len(states) == len(set(states))
+
+
+def test_P6_eight_h100_are_refused_with_the_largest_fit_that_exists(hpc, member):
+    refusal = refused(member, 8)
+    assert refusal.reason == "inventory_fit"
+    assert refusal.details["best_offer"] == "largest fit: 4 × h100 on one node in hpc"
+
+
+def test_D1_a_node_drained_in_slurm_stops_fitting_and_shows_as_not_made_by_the_console(
+        hpc, member, slurm_cluster, admin_client):
+    node = slurm_cluster.node_name
+    slurm_cluster.scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason=test-drain")
+    try:
+        [machine] = cluster_refresh(hpc).machines
+        assert (machine["state"], machine["reason"]) == ("cordoned", "Slurm drain: test-drain")
+        assert refused(member, 2).reason == "inventory_fit"
+        page = admin_client.get("/admin/fleets/fleet/hpc/change/").content.decode()
+        assert "test-drain" in page and "not made by the console" in page
+    finally:
+        slurm_cluster.scontrol("update", f"NodeName={node}", "State=RESUME")
+    # Resumed, Slurm pings slurmd first (NOT_RESPONDING meanwhile: gone, to the console).
+    assert settled(hpc)["state"] == "schedulable"
+    assert admit_automatically(member, Need("train", "h100", 2)).fleet_id == "hpc"
+
+
+def test_D1_a_draining_slurm_fleet_takes_no_new_work_and_slurm_is_untouched(hpc, member,
+                                                                           slurm_cluster):
+    hpc.state = "draining"
+    hpc.save(update_fields=["state"])
+    assert refused(member, 2).reason == "state"
+    assert "DRAIN" not in slurm_cluster.scontrol("show", "node", slurm_cluster.node_name)
+
+
+def test_L1_slurmrestd_gone_ages_the_fleet_out_of_placement_with_the_error_shown(
+        hpc, member, slurm_cluster, admin_client, settings):
+    read = cluster_refresh(hpc)
+    slurm_cluster.stop_restd()
+    try:
+        failed = cluster_refresh(hpc)
+        assert failed.observed_at == read.observed_at and "did not answer" in failed.error
+        window = timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
+        within = read.observed_at + window - timedelta(seconds=1)
+        assert admit_automatically(member, Need("train", "h100", 2), now=within).fleet_id == "hpc"
+        assert refused(member, 2, now=read.observed_at + window + timedelta(seconds=1)) \
+            .reason == "inventory_fit"
+        page = admin_client.get("/admin/fleets/fleet/hpc/change/").content.decode()
+        assert "unreachable" in page and "did not answer" in page
+        assert AuditEvent.objects.filter(action="fleet.cluster_unreachable").count() == 1
+    finally:
+        slurm_cluster.start_restd()
+    hpc.config["slurm_rest_url"] = slurm_cluster.url
+    hpc.save(update_fields=["config"])
+    assert cluster_refresh(hpc).error == ""
+    assert AuditEvent.objects.filter(action="fleet.cluster_reachable").count() == 1
+
+
+def test_a_bad_token_is_an_error_that_names_no_token(hpc, monkeypatch, slurm_cluster):
+    monkeypatch.setenv(TOKEN_ENV, "not-a-jwt")
+    snapshot = cluster_refresh(hpc)
+    assert "500" in snapshot.error and "22.05" in snapshot.error
+    assert "not-a-jwt" not in snapshot.error and slurm_cluster.token not in snapshot.error

@@ -178,6 +178,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "tuneplane.api.schema.document_request_refusals"],
 }
 
 # Celery: Redis when REDIS_URL is set, otherwise a broker that needs no server.

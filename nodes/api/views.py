@@ -82,7 +82,7 @@ class NodeJoinView(GenericAPIView):
 
     @extend_schema(summary="Join a node Fleet with a join token",
                    request=JoinRequestSerializer,
-                   responses={201: JoinResponseSerializer, **errors(400, 403, 413)})
+                   responses={201: JoinResponseSerializer, **errors(400, 403, 413, 429)})
     def post(self, request):
         serializer = JoinRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

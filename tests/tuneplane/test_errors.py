@@ -57,3 +57,24 @@ def test_openapi_schema_and_docs(client, db):
     docs = client.get("/api/docs")
     assert docs.status_code == 200 and b"swagger-ui" in docs.content
     assert b"drf_spectacular_sidecar" in docs.content  # served locally, no CDN
+
+
+def test_a_nul_in_a_query_parameter_is_a_400_naming_it_not_a_500(admin_api):
+    """Found by fuzzing: PostgreSQL refuses NUL in text, and that reached the database."""
+    response = admin_api.get("/api/fleets?project=ml%00x")
+    assert_error(response, 400, "invalid")
+    assert response.json()["error"]["field"] == "project"
+    assert_error(admin_api.get("/api/fleets?%00=1"), 400, "invalid")
+
+
+def test_an_overlong_query_string_is_our_414_before_the_http_servers(admin_api):
+    """Found by fuzzing: gunicorn answered such a request line with its own 414 page."""
+    assert_error(admin_api.get("/api/nodes?limit=" + "9" * 3000), 414, "uri_too_long")
+    assert admin_api.get("/api/nodes?limit=" + "9" * 10).status_code == 200
+
+
+def test_every_operation_documents_the_refusals_made_before_its_view(client, db):
+    document = client.get("/api/schema", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            assert {"400", "414"} <= set(operation["responses"]), (method, path)

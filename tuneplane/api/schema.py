@@ -25,10 +25,25 @@ _DESCRIPTIONS = {
     404: "Not found — also the answer for anything the caller may not see.",
     409: "Conflicts with a rule; `rule` names it.",
     413: "Request body over the limit.",
+    414: "Query string over the limit (2,048 characters).",
     422: "Placement refused at admission; `reason` says why.",
+    429: "Too many requests from this address; retry after the `Retry-After` seconds.",
 }
 
 
 def errors(*statuses: int) -> dict:
     return {status: OpenApiResponse(ErrorBody, description=_DESCRIPTIONS[status])
             for status in statuses}
+
+
+def document_request_refusals(result, generator, request, public):
+    """Every API operation may refuse a request before its view runs: a malformed query or
+    path (400) or an overlong query string (414). Said once here, not on every view."""
+    for operation in (op for item in result.get("paths", {}).values() for op in item.values()):
+        responses = operation.setdefault("responses", {})
+        for status in (400, 414):
+            responses.setdefault(str(status), {
+                "description": _DESCRIPTIONS[status],
+                "content": {"application/json": {"schema": {
+                    "$ref": "#/components/schemas/Error"}}}})
+    return result

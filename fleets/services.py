@@ -2,7 +2,7 @@
 
 import logging
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from audit.services import audit_record
 from tuneplane.deployment_settings import check_config
@@ -118,6 +118,18 @@ def fleet_update(
 def fleet_set_state(*, actor, fleet: Fleet, state: str) -> Fleet:
     """Activate, drain or disable a Fleet. Draining and disabling kill nothing (D1)."""
     return fleet_update(actor=actor, fleet=fleet, state=state, action="fleet.state_changed")
+
+
+def fleet_hold(fleet_id: str) -> bool:
+    """Keep a Fleet from being deleted until this transaction ends, without keeping anyone
+    else from holding it or changing it: what a write that will reference the Fleet takes
+    first, so that it and a deletion queue in one order instead of deadlocking (F7).
+    Whether the Fleet exists."""
+    if connection.vendor != "postgresql":  # SQLite's write transactions are serial already
+        return Fleet.objects.filter(pk=fleet_id).exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM fleets_fleet WHERE id = %s FOR KEY SHARE", [fleet_id])
+        return cursor.fetchone() is not None
 
 
 def fleet_delete(*, actor, fleet: Fleet) -> None:

@@ -32,7 +32,7 @@ def cluster_refresh(fleet: Fleet) -> ClusterSnapshot:
         machines, error = None, str(exc)
     with transaction.atomic():
         snapshot, _ = ClusterSnapshot.objects.select_for_update().get_or_create(fleet=fleet)
-        was_failing = bool(snapshot.error)
+        was_failing, error_before = bool(snapshot.error), snapshot.error
         snapshot.attempted_at = now
         if error:
             snapshot.error = error[:2000]
@@ -45,7 +45,9 @@ def cluster_refresh(fleet: Fleet) -> ClusterSnapshot:
         if bool(error) != was_failing:
             audit_record(actor=Actor.system("clusters"), target=fleet,
                          action="fleet.cluster_unreachable" if error else "fleet.cluster_reachable",
-                         after={"error": error} if error else {"machines": len(machines)})
+                         before={"reachable": not was_failing, "error": error_before},
+                         after={"reachable": not error, "error": error,
+                                **({} if error else {"machines": len(machines)})})
     if error:
         logger.warning("cluster Fleet %s: %s", fleet.id, error)
     return snapshot

@@ -103,6 +103,7 @@ def _flag_stray(node_id: str, reported: Reported, now: datetime) -> None:
                                                                 reported.exit_code):
         StrayCommand.objects.filter(pk=stray.pk).update(last_reported_at=now)
         return
+    before = None if stray is None else {"state": stray.state, "exit_code": stray.exit_code}
     if stray is None:
         stray = StrayCommand(node_id=node_id, command_id=reported.command_id,
                              first_reported_at=now)
@@ -110,8 +111,9 @@ def _flag_stray(node_id: str, reported: Reported, now: datetime) -> None:
                                                             now)
     stray.save()
     audit_record(actor=Actor.of_node(node_id), action="node_command.stray_reported",
-                 target=stray, after={"command": reported.command_id, "state": reported.state,
-                                      "exit_code": reported.exit_code})
+                 target=stray, before=before,
+                 after={"command": reported.command_id, "state": reported.state,
+                        "exit_code": reported.exit_code})
 
 
 def checked(reported: Reported) -> Reported:

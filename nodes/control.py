@@ -19,7 +19,7 @@ from tuneplane.errors import ApplicationError
 from . import pki
 from .choices import SchedulingState
 from .inventory import normalize_inventory
-from .models import ControlSession, Node, NodeCredential
+from .models import ControlSession, GatewayReplica, Node, NodeCredential
 from .scheduling import node_observe_storage_root
 from .selectors import cards_summary
 
@@ -81,7 +81,8 @@ def _close(session: ControlSession, reason: str, now: datetime) -> None:
     session.save(update_fields=["closed_at", "close_reason"])
     Node.objects.filter(pk=session.node_id).update(lease_expires_at=None)  # its only open one
     audit_record(actor=Actor.system("gateway"), action="control_session.closed",
-                 target=session, after={"node": session.node_id, "reason": session.close_reason})
+                 target=session, before={"open": True},
+                 after={"open": False, "node": session.node_id, "reason": session.close_reason})
 
 
 def session_close(*, session_id, reason: str) -> None:
@@ -198,3 +199,26 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
                          target=node, before=before, after=after)
         node_observe_storage_root(node_id=node_id, visible=inventory["storage_root_visible"])
     return node
+
+
+def gateway_started(*, name: str) -> GatewayReplica:
+    """A gateway replica starts listening: audited, as what follows it in the log (sessions
+    reopening) reads against it."""
+    now = timezone.now()
+    with transaction.atomic():
+        earlier = GatewayReplica.objects.select_for_update().filter(name=name).first()
+        replica, _ = GatewayReplica.objects.update_or_create(
+            name=name, defaults={"started_at": now, "seen_at": now})
+        audit_record(actor=Actor.system("gateway"), action="gateway.started", target=replica,
+                     before={"started_at": earlier.started_at.isoformat(),
+                             "seen_at": earlier.seen_at.isoformat()} if earlier else None,
+                     after={"name": name, "started_at": now.isoformat()})
+    return replica
+
+
+def gateway_alive(*, name: str, started_at: datetime) -> None:
+    """Still listening: an observation, every few seconds, not audited (like a lease)."""
+    now = timezone.now()
+    updated = GatewayReplica.objects.filter(name=name).update(seen_at=now)
+    if not updated:  # its row was removed meanwhile: it is back, since it first started
+        GatewayReplica.objects.create(name=name, started_at=started_at, seen_at=now)

@@ -242,6 +242,21 @@ async def expire(streams: Streams) -> None:
             streams.close(stream.node_id, "lease expired", session_id=stream.session_id)
 
 
+async def announce() -> None:
+    """This replica is listening: said at start, then every half heartbeat interval, so the
+    liveness sweep can tell a console that heard nothing from nodes that said nothing."""
+    name, started = replica_name(), None
+    while True:
+        try:
+            if started is None:
+                started = (await _db(control.gateway_started)(name=name)).started_at
+            else:
+                await _db(control.gateway_alive)(name=name, started_at=started)
+        except Exception:  # the database is away: the sweep holds its judgement meanwhile
+            logger.exception("announcing this gateway replica failed")
+        await asyncio.sleep(max(settings.TUNEPLANE_HEARTBEAT_INTERVAL / 2, 1))
+
+
 async def poll(streams: Streams) -> None:
     """The record, not the nudge: pending commands for this replica's nodes, one statement
     per interval whatever the number of nodes."""
@@ -260,7 +275,8 @@ class NodeControlService(AsyncService):
     @classmethod
     def background(cls) -> list:
         """What a gateway process runs beside its streams."""
-        return [cls.batcher.run(), listen(cls.streams), poll(cls.streams), expire(cls.streams)]
+        return [cls.batcher.run(), listen(cls.streams), poll(cls.streams), expire(cls.streams),
+                announce()]
 
     async def Connect(self, request_iterator, context):
         peer = peer_of(context)
@@ -350,6 +366,8 @@ class NodeControlService(AsyncService):
                         await _db(commands.node_command_report)(
                             node_id=node_id, reported=commands.Reported.of(
                                 state.command_id, state.state, state.exit_code))
+                    else:  # a second Hello, or nothing at all: the stream already has both
+                        logger.warning("node %s: unexpected %s ignored", node_id, kind)
                 except ValidationFailed as error:
                     logger.warning("node %s: %s refused: %s", node_id, kind, error.message)
         except (asyncio.CancelledError, grpc.aio.AioRpcError):

@@ -9,10 +9,12 @@ no longer matches.
 """
 
 import logging
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone as tz
 
+from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Max, Min, QuerySet
 from django.utils import timezone
 
 from audit.services import Actor, audit_record_many
@@ -20,7 +22,7 @@ from fleets.models import Fleet
 from tuneplane import correlation
 
 from .choices import LIVENESS_CAPABILITIES, SchedulingState
-from .models import Node, quiet_threshold
+from .models import GatewayReplica, Node, quiet_threshold
 
 logger = logging.getLogger("tuneplane.liveness")
 
@@ -29,6 +31,7 @@ THRESHOLD_OF = {"train": "train", "eval": "train", "serve": "serve", "env": "env
 # What "gone" may replace: a drained machine that goes quiet is simply switched off.
 GONE_FROM = (SchedulingState.ENROLLED, SchedulingState.SCHEDULABLE, SchedulingState.DRAINING)
 ACTOR = Actor.system("liveness")
+EPOCH = datetime(1970, 1, 1, tzinfo=tz.utc)
 
 
 def gone_threshold(capabilities) -> str:
@@ -37,43 +40,47 @@ def gone_threshold(capabilities) -> str:
     return max(names, key=quiet_threshold)
 
 
-def _transition(guarded: QuerySet, change: dict, action: str, after: dict) -> int:
-    """Lock what the guard matches, change it, audit it: three statements, any row count."""
+def _transition(guarded: QuerySet, change: dict, action: str, before: dict | None,
+                after: dict) -> int:
+    """Lock what the guard matches, change it, audit it: three statements, any row count.
+    ``before`` is what every matched row was; None: its scheduling state, row by row."""
     rows = list(guarded.select_for_update().values_list("id", "scheduling_state"))
     if not rows:
         return 0
     ids = [node_id for node_id, _ in rows]
     guarded.filter(pk__in=ids).update(**change)
     audit_record_many(actor=ACTOR, action=action, target_type="nodes.node", changes=[
-        (node_id, {"scheduling_state": state} if "scheduling_state" in change else None, after)
-        for node_id, state in rows])
+        (node_id, before or {"scheduling_state": state}, after) for node_id, state in rows])
     return len(rows)
 
 
-def _sweep_with_the_orm(now: datetime, capabilities_of: dict) -> dict[str, int]:
+def _sweep_with_the_orm(hearing: "Hearing", capabilities_of: dict) -> dict[str, int]:
     """The sweep where PostgreSQL is not (SQLite, the embedded default)."""
     changed: dict[str, int] = {}
     live = Node.objects.exclude(scheduling_state=SchedulingState.REMOVED)
     for capability in LIVENESS_CAPABILITIES:
         flag = f"quiet_{capability}"
-        cutoff = now - quiet_threshold(capability)
+        cutoff = hearing.until - quiet_threshold(capability)
         declaring = [fleet for fleet, caps in capabilities_of.items() if capability in caps]
         changed[f"{capability}_quiet"] = _transition(
-            live.filter(fleet_id__in=declaring, last_seen_at__lt=cutoff, **{flag: False}),
-            {flag: True}, "node.quiet", {"capability": capability, "liveness": "quiet"})
+            live.filter(fleet_id__in=declaring if hearing.judges(capability) else [],
+                        last_seen_at__lt=cutoff, **{flag: False}),
+            {flag: True}, "node.quiet", {"capability": capability, "liveness": "ok"},
+            {"capability": capability, "liveness": "quiet"})
         changed[f"{capability}_ok"] = _transition(
             live.filter(**{flag: True}).exclude(fleet_id__in=declaring,
                                                  last_seen_at__lt=cutoff),
-            {flag: False}, "node.answering", {"capability": capability, "liveness": "ok"})
+            {flag: False}, "node.answering", {"capability": capability, "liveness": "quiet"},
+            {"capability": capability, "liveness": "ok"})
     by_threshold: dict[str, list[str]] = {}
     for fleet, caps in capabilities_of.items():
         by_threshold.setdefault(gone_threshold(caps), []).append(fleet)
     changed["gone"] = sum(
         _transition(live.filter(fleet_id__in=fleets, scheduling_state__in=GONE_FROM,
-                                last_seen_at__lt=now - quiet_threshold(threshold)),
-                    {"scheduling_state": SchedulingState.GONE}, "node.gone",
+                                last_seen_at__lt=hearing.until - quiet_threshold(threshold)),
+                    {"scheduling_state": SchedulingState.GONE}, "node.gone", None,
                     {"scheduling_state": SchedulingState.GONE, "threshold": threshold})
-        for threshold, fleets in by_threshold.items())
+        for threshold, fleets in by_threshold.items() if hearing.judges(threshold))
     return changed
 
 
@@ -82,11 +89,16 @@ def _sweep_with_the_orm(now: datetime, capabilities_of: dict) -> dict[str, int]:
 # row another sweep changed meanwhile, so each transition happens once — update them by
 # primary key, and write one audit event per transition. No row travels to Python.
 _JUDGE = """
-    (n.fleet_id = ANY(%(f_train)s) AND n.last_seen_at < %(t_train)s) AS train,
-    (n.fleet_id = ANY(%(f_serve)s) AND n.last_seen_at < %(t_serve)s) AS serve,
-    (n.fleet_id = ANY(%(f_env)s) AND n.last_seen_at < %(t_env)s) AS env,
+    (n.fleet_id = ANY(%(f_train)s) AND n.last_seen_at < %(t_train)s
+     AND (%(j_train)s OR n.quiet_train)) AS train,
+    (n.fleet_id = ANY(%(f_serve)s) AND n.last_seen_at < %(t_serve)s
+     AND (%(j_serve)s OR n.quiet_serve)) AS serve,
+    (n.fleet_id = ANY(%(f_env)s) AND n.last_seen_at < %(t_env)s
+     AND (%(j_env)s OR n.quiet_env)) AS env,
     (n.scheduling_state = ANY(%(gone_from)s) AND n.last_seen_at < r.gone_cut) AS gone"""
-_EVENT = """(CASE WHEN c.{cap} THEN 'node.quiet' ELSE 'node.answering' END, NULL::jsonb,
+_EVENT = """(CASE WHEN c.{cap} THEN 'node.quiet' ELSE 'node.answering' END,
+     jsonb_build_object('capability', '{cap}', 'liveness',
+                        CASE WHEN c.{cap} THEN 'ok' ELSE 'quiet' END),
      jsonb_build_object('capability', '{cap}', 'liveness',
                         CASE WHEN c.{cap} THEN 'quiet' ELSE 'ok' END), c.{cap} <> c.was_{cap})"""
 SWEEP_SQL = f"""
@@ -130,21 +142,25 @@ SELECT action, capability, count(*) FROM written GROUP BY action, capability
 _KEY = {"node.quiet": "{}_quiet", "node.answering": "{}_ok", "node.gone": "gone"}
 
 
-def _sweep_in_one_statement(now: datetime, capabilities_of: dict) -> dict[str, int]:
+def _sweep_in_one_statement(now: datetime, hearing: "Hearing",
+                            capabilities_of: dict) -> dict[str, int]:
     fleets = list(capabilities_of)
     gone_by = [gone_threshold(capabilities_of[fleet]) for fleet in fleets]
     thresholds = {capability: quiet_threshold(capability)
                   for capability in LIVENESS_CAPABILITIES}
     params = {
         "fleets": fleets, "gone_by": gone_by,
-        "gone_cut": [now - quiet_threshold(name) for name in gone_by],
-        "recent_cut": now - min(thresholds.values()), "gone_from": list(GONE_FROM),
+        # A Fleet whose gone threshold the console has not listened for: no one is older.
+        "gone_cut": [hearing.until - quiet_threshold(name) if hearing.judges(name) else EPOCH
+                     for name in gone_by],
+        "recent_cut": hearing.until - min(thresholds.values()), "gone_from": list(GONE_FROM),
         "at": now, "actor_type": ACTOR.type, "actor_id": ACTOR.id, "actor_label": ACTOR.label,
         "correlation": correlation.current(),
     }
     for capability, threshold in thresholds.items():
         params[f"f_{capability}"] = [f for f in fleets if capability in capabilities_of[f]]
-        params[f"t_{capability}"] = now - threshold
+        params[f"t_{capability}"] = hearing.until - threshold
+        params[f"j_{capability}"] = hearing.judges(capability)
     changed = {key: 0 for capability in LIVENESS_CAPABILITIES
                for key in (f"{capability}_quiet", f"{capability}_ok")} | {"gone": 0}
     with connection.cursor() as cursor:
@@ -154,15 +170,48 @@ def _sweep_in_one_statement(now: datetime, capabilities_of: dict) -> dict[str, i
     return changed
 
 
+@dataclass(frozen=True)
+class Hearing:
+    """What the console heard: gateway replicas listening since ``since`` (None: none is
+    listening) up to ``until``. Silence is evidence only while the console listened: up to
+    ``until``, and only once it has listened for a whole lease and for the threshold judged
+    — long enough for every node that is up to have reconnected and spoken. So a console
+    outage, a gateway restart included, is never mistaken for a fleet outage (the
+    console-outage grace rule; the failure of Nomad issue #3035 is the opposite)."""
+
+    since: datetime | None
+    until: datetime
+
+    def judges(self, threshold: str) -> bool:
+        lease = timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
+        return self.since is not None and \
+            self.until - self.since >= max(lease, quiet_threshold(threshold))
+
+
+def console_hearing(now: datetime) -> Hearing:
+    """Replicas that announced themselves within a lease are listening; the earliest start
+    among them is when the console's present listening began."""
+    lease = timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
+    heard = GatewayReplica.objects.filter(seen_at__gte=now - lease).aggregate(
+        since=Min("started_at"), until=Max("seen_at"))
+    if heard["since"] is None:
+        return Hearing(None, now)
+    return Hearing(heard["since"], min(now, heard["until"]))
+
+
 def liveness_sweep(*, now: datetime | None = None) -> dict[str, int]:
-    """Mark what went quiet or gone since the last sweep, and what answers again."""
+    """Mark what went quiet or gone since the last sweep, and what answers again, on the
+    silence the console heard (Hearing)."""
     now = now or timezone.now()
     capabilities_of = dict(Fleet.objects.values_list("id", "capabilities"))
+    hearing = console_hearing(now)
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            changed = _sweep_in_one_statement(now, capabilities_of)
+            changed = _sweep_in_one_statement(now, hearing, capabilities_of)
         else:
-            changed = _sweep_with_the_orm(now, capabilities_of)
+            changed = _sweep_with_the_orm(hearing, capabilities_of)
+    if hearing.since is None:
+        logger.info("liveness sweep: no gateway replica is listening; silence is not judged")
     if any(changed.values()):
         logger.info("liveness sweep: %s", ", ".join(f"{k} {v}" for k, v in changed.items() if v))
     return changed

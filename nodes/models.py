@@ -149,6 +149,19 @@ class JoinToken(models.Model):
         return f"{self.prefix}… for {self.fleet_id}"
 
 
+class GatewayReplica(models.Model):
+    """A gateway process, as it announces itself: when it started, and when it last said it
+    was still listening. The liveness sweep reads these to tell a console that heard nothing
+    from a fleet that said nothing (a console outage is not a fleet outage)."""
+
+    name = models.CharField(primary_key=True, max_length=300)
+    started_at = models.DateTimeField()
+    seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class ControlSession(models.Model):
     """One control stream from a node to a gateway replica; its lease is renewed by heartbeats.
 

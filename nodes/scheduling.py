@@ -92,9 +92,13 @@ def node_cordon(*, actor, node: Node, reason: str) -> Node:
         existing = NodeCordon.objects.filter(node=node, source=CordonSource.OPERATOR).first()
         if existing is None:
             _add_cordon(node, CordonSource.OPERATOR, reason, actor)
-        elif existing.reason != reason:
-            _lift_cordon(node, existing, actor)
-            _add_cordon(node, CordonSource.OPERATOR, reason, actor)
+        elif existing.reason != reason:  # the same cordon, a new reason: one change
+            before = _cordon_view(existing)
+            existing.reason, existing.created_by = reason, as_actor(actor).label
+            existing.created_at = timezone.now()
+            existing.save(update_fields=["reason", "created_by", "created_at"])
+            audit_record(actor=actor, action="node.cordoned", target=node,
+                         before={"cordon": before}, after={"cordon": _cordon_view(existing)})
     return node
 
 

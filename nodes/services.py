@@ -12,6 +12,7 @@ from django.utils import timezone
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
 from fleets.models import Fleet
+from fleets.services import fleet_hold
 from tuneplane.errors import ApplicationError, Conflict, ValidationFailed
 from tuneplane.models import hash_secret, new_secret
 
@@ -161,10 +162,13 @@ def node_join(*, token: str, fleet_id: str, csr: str, inventory, address: str = 
         # used_at set (J2). No join in this filter: Django would turn it into
         # "id IN (subquery)", whose snapshot is not re-checked, and every racer would win.
         # Tokens exist only for node Fleets (J1 at mint; kind never changes).
+        # The Fleet first, as a deletion takes it: a join racing a deletion then waits for
+        # it (and finds its token gone) instead of deadlocking with it (F7).
+        held = isinstance(fleet_id, str) and fleet_hold(fleet_id)
         won = JoinToken.objects.filter(
             digest=digest, fleet_id=fleet_id, used_at__isnull=True, revoked_at__isnull=True,
             expires_at__gt=now,
-        ).update(used_at=now)
+        ).update(used_at=now) if held else 0
         if won == 1:
             join_token = JoinToken.objects.select_related("fleet").get(digest=digest)
             node = Node.objects.create(

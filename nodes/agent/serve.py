@@ -217,8 +217,6 @@ class Agent:
             self.identity = {**self.identity,
                              "credential_expires_at": reply.credential_expires_at,
                              "credential_issued_at": datetime.now(timezone.utc).isoformat()}
-            state.save_credential(
-                self.directory, identity=self.identity, key_pem=key_pem,
-                certificate_pem=reply.certificate,
-                ca_bundle=(self.directory / state.CA_BUNDLE).read_text())
+            state.save_rotated(self.directory, identity=self.identity, key_pem=key_pem,
+                               certificate_pem=reply.certificate)
             logger.info("credential rotated; expires %s", reply.credential_expires_at)

@@ -37,7 +37,12 @@ def write_private(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    _sync(path.parent)
+
+
+def _sync(directory: Path) -> None:
+    """A rename is durable once its directory is."""
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
@@ -45,6 +50,9 @@ def write_private(path: Path, data: bytes) -> None:
 
 
 def read_identity(directory: Path) -> dict | None:
+    """The node's identity, once a rotation a crash interrupted is finished or undone."""
+    if directory.is_dir():
+        _settle_rotation(directory)
     try:
         return json.loads((directory / IDENTITY).read_text())
     except FileNotFoundError:
@@ -59,3 +67,37 @@ def save_credential(directory: Path, *, identity: dict, key_pem: bytes, certific
     write_private(directory / CERTIFICATE, certificate_pem.encode())
     write_private(directory / CA_BUNDLE, ca_bundle.encode())
     write_private(directory / IDENTITY, json.dumps(identity, indent=2).encode())
+
+
+# A rotation (J6) stages the new pair beside the old one, then puts it in place. The staged
+# identity is written last and put in place last: while it exists, the staged pair is whole.
+STAGED = ".next"
+ROTATED = (KEY, CERTIFICATE, IDENTITY)  # the order they are put in place
+
+
+def save_rotated(directory: Path, *, identity: dict, key_pem: bytes,
+                 certificate_pem: str) -> None:
+    """A rotated credential: a crash at any point leaves the old pair or the new one, never
+    a key with the other's certificate (read_identity finishes or undoes what it finds)."""
+    write_private(directory / (KEY + STAGED), key_pem)
+    write_private(directory / (CERTIFICATE + STAGED), certificate_pem.encode())
+    write_private(directory / (IDENTITY + STAGED), json.dumps(identity, indent=2).encode())
+    _put_staged_in_place(directory)
+
+
+def _put_staged_in_place(directory: Path) -> None:
+    for name in ROTATED:
+        staged = directory / (name + STAGED)
+        if staged.exists():
+            os.replace(staged, directory / name)
+    _sync(directory)
+
+
+def _settle_rotation(directory: Path) -> None:
+    """A whole staged pair is put in place; a partial one (the crash came while staging) is
+    dropped, and the old pair, untouched, stays."""
+    if (directory / (IDENTITY + STAGED)).exists():
+        _put_staged_in_place(directory)
+        return
+    for name in ROTATED:
+        (directory / (name + STAGED)).unlink(missing_ok=True)

@@ -35,8 +35,9 @@ def wait_until(check, timeout=20.0, what="condition"):
 def running_gateway(tmp_path, console_pki, **settings):
     """``manage.py grpcserve`` on a free port; stopped with SIGTERM, which must exit 0."""
     port = free_port()
-    env = console_env(tmp_path, TUNEPLANE_PKI_DIR=str(console_pki),
-                      TUNEPLANE_HEARTBEAT_INTERVAL="1", TUNEPLANE_LEASE_TTL="3", **settings)
+    env = console_env(tmp_path, **{"TUNEPLANE_PKI_DIR": str(console_pki),
+                                   "TUNEPLANE_HEARTBEAT_INTERVAL": "1",
+                                   "TUNEPLANE_LEASE_TTL": "3", **settings})
     process = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind",
                                 f"127.0.0.1:{port}"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)

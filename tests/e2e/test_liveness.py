@@ -7,6 +7,7 @@ serve (L2), then gone on the train threshold (L4) — thresholds shortened to se
 import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -19,8 +20,10 @@ from .console import ROOT, console_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
+# The lease too: silence counts only once a gateway has listened for one (the grace rule).
 SHORT = {"TUNEPLANE_SWEEP_INTERVAL": "1", "TUNEPLANE_QUIET_SERVE": "2",
-         "TUNEPLANE_QUIET_ENV": "2", "TUNEPLANE_QUIET_TRAIN": "8"}
+         "TUNEPLANE_QUIET_ENV": "2", "TUNEPLANE_QUIET_TRAIN": "8",
+         "TUNEPLANE_HEARTBEAT_INTERVAL": "1", "TUNEPLANE_LEASE_TTL": "3"}
 
 
 def celery(*args, env):
@@ -29,19 +32,26 @@ def celery(*args, env):
 
 
 @contextmanager
-def sweeping_console(tmp_path, console_pki, redis_url):
-    """A gateway, a Celery worker and beat sweeping every second, thresholds in seconds."""
+def sweepers(tmp_path, redis_url):
+    """A Celery worker and beat sweeping every second, thresholds in seconds."""
     seed_schedule()
     console = console_env(tmp_path, REDIS_URL=redis_url, **SHORT)
     worker = celery("worker", "-l", "INFO", "--pool", "solo", env=console)
     beat = celery("beat", "-l", "INFO", "-s", str(tmp_path / "beat-schedule"), env=console)
     try:
-        with running_gateway(tmp_path, console_pki, REDIS_URL=redis_url, **SHORT) as target:
-            yield target
+        yield
     finally:
         for process in (beat, worker):
             process.terminate()
             process.wait(30)
+
+
+@contextmanager
+def sweeping_console(tmp_path, console_pki, redis_url):
+    """The sweepers and a gateway."""
+    with sweepers(tmp_path, redis_url), \
+            running_gateway(tmp_path, console_pki, REDIS_URL=redis_url, **SHORT) as target:
+        yield target
 
 
 def test_schedule_is_seeded_with_an_expiry_and_keeps_a_pause(settings):
@@ -114,3 +124,28 @@ def test_L2_a_deployment_degrades_while_its_node_is_quiet_and_is_ready_again(
             if agent.returncode is None:
                 agent.send_signal(signal.SIGTERM)
                 agent.wait(20)
+
+
+def test_grace_a_console_outage_is_not_a_fleet_outage(require_redis, tmp_path, console_pki,
+                                                      make_fleet, mint, admin_api):
+    """The node's agent and the gateway die together; the worker and beat sweep on. While no
+    gateway listens, and for the train threshold after one is back, the silent node is not
+    gone: the console heard nothing, which is not evidence. Then it is."""
+    fleet = make_fleet("gpu-lab", kind="node", capabilities=["train", "serve"])
+    node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
+
+    def state():
+        return admin_api.get(f"/api/nodes/{node.id}").json()["scheduling"]["state"]
+
+    with sweepers(tmp_path, require_redis):
+        with running_gateway(tmp_path, console_pki, REDIS_URL=require_redis, **SHORT) as target:
+            agent = serve(env, target, tmp_path)
+            wait_until(lambda: state() == "schedulable", what="the node schedulable")
+            agent.send_signal(signal.SIGKILL)
+            agent.wait(10)
+        time.sleep(12)  # no gateway: beyond the train threshold (8 s)
+        assert state() == "schedulable"
+        with running_gateway(tmp_path, console_pki, REDIS_URL=require_redis, **SHORT):
+            time.sleep(5)  # listening, for less than the train threshold
+            assert state() == "schedulable"
+            wait_until(lambda: state() == "gone", what="gone once heard", timeout=30)

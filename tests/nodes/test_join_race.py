@@ -11,7 +11,7 @@ from tests.fleets.test_concurrency import race
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-RACERS = 24
+RACERS = 50  # the figure: 50 concurrent redemptions of one token
 
 
 def test_J2_concurrent_redemptions_of_one_token_make_exactly_one_node(make_fleet, mint):

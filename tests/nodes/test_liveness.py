@@ -10,9 +10,18 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from nodes.control import node_report_inventory, session_open
 from nodes.liveness import liveness_sweep
-from nodes.models import Node, NodeCordon, NodeCredential
+from nodes.models import GatewayReplica, Node, NodeCordon, NodeCredential
 from nodes.scheduling import node_cordon
 from tests.conftest import H100_INVENTORY, SYSTEM
+
+
+@pytest.fixture(autouse=True)
+def console_listening(db):
+    """A gateway replica that has been listening all along, so silence is evidence here; the
+    grace rule's own tests below take it away."""
+    return GatewayReplica.objects.create(name="test-gateway",
+                                         started_at=timezone.now() - timedelta(days=1),
+                                         seen_at=timezone.now() + timedelta(days=1))
 
 
 @pytest.fixture
@@ -131,3 +140,61 @@ def test_two_sweeps_at_once_make_each_transition_once(fleet_nodes):
     assert Node.objects.filter(scheduling_state="gone").count() == 200
     assert AuditEvent.objects.filter(action="node.gone").count() == 200
     assert AuditEvent.objects.filter(action="node.quiet").count() == 400
+
+
+# -- a console outage is not a fleet outage -------------------------------------------------
+
+def test_grace_no_gateway_listening_marks_nothing_quiet_or_gone_but_restores_answers(
+        fleet_nodes, admin_api, console_listening):
+    silent_one = fleet_nodes("gpu-lab", ["train", "serve"], silent_for=400)[0]
+    back = fleet_nodes("lab-2", ["serve"], silent_for=50)[0]
+    liveness_sweep()
+    assert shown(admin_api, back)["liveness"] == {"serve": "quiet"}
+    console_listening.delete()  # every gateway down: the console hears nothing
+    silent(back, 0)  # (a heartbeat recorded just before)
+    changed = liveness_sweep()
+    assert shown(admin_api, silent_one)["scheduling"]["state"] == "gone"  # judged before
+    assert shown(admin_api, back)["liveness"] == {"serve": "ok"}
+    assert changed["serve_ok"] == 1
+    fresh = fleet_nodes("lab-3", ["train", "serve"], silent_for=400)[0]
+    assert not any(v for k, v in liveness_sweep().items() if k.endswith("_quiet") or k == "gone")
+    assert shown(admin_api, fresh)["scheduling"]["state"] == "schedulable"
+
+
+def test_grace_a_restarted_gateway_gets_one_lease_before_silence_counts(fleet_nodes, admin_api,
+                                                                        console_listening,
+                                                                        settings):
+    """The failure this rule prevents: the console restarts after an outage and marks every
+    node it has not heard from during its own downtime quiet or gone at once. After a
+    restart, silence counts from the restart: a lease at least, then each threshold."""
+    restarted = timezone.now()
+    console_listening.started_at = restarted
+    console_listening.save()
+    node = fleet_nodes("gpu-lab", ["train", "serve"], silent_for=400)[0]
+
+    def sweep_after(seconds):
+        GatewayReplica.objects.update(seen_at=restarted + timedelta(seconds=seconds))
+        liveness_sweep(now=restarted + timedelta(seconds=seconds))
+        return shown(admin_api, node)
+
+    settings.TUNEPLANE_LEASE_TTL = 30
+    assert sweep_after(29)["liveness"] == {"train": "ok", "serve": "ok"}
+    assert not AuditEvent.objects.filter(action__in=["node.quiet", "node.gone"]).exists()
+    assert sweep_after(45)["liveness"] == {"train": "ok", "serve": "quiet"}
+    assert sweep_after(299)["scheduling"]["state"] == "schedulable"
+    assert sweep_after(300)["scheduling"]["state"] == "gone"
+
+
+def test_grace_silence_counts_only_up_to_when_the_console_was_last_listening(
+        fleet_nodes, admin_api, console_listening):
+    """A gateway that died 10 s ago heard nothing in those 10 s: a node silent for 50 s has
+    been silent for only 40 s of the console's listening, under serve's 45 s."""
+    now = timezone.now()
+    console_listening.seen_at = now - timedelta(seconds=10)
+    console_listening.save()
+    node = fleet_nodes("gpu-lab", ["serve"], silent_for=50)[0]
+    liveness_sweep(now=now)
+    assert shown(admin_api, node)["liveness"] == {"serve": "ok"}
+    silent(node, 56)
+    liveness_sweep(now=now)
+    assert shown(admin_api, node)["liveness"] == {"serve": "quiet"}

@@ -1,4 +1,8 @@
+import logging
+
+import redis
 from django.conf import settings
+from django.core.cache.backends.locmem import LocMemCache
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
@@ -20,6 +24,7 @@ from .serializers import (CommandRequestSerializer, CommandSerializer, CordonReq
                           JoinRequestSerializer, JoinResponseSerializer, JoinTokenSerializer,
                           MintedJoinTokenSerializer, NodeSerializer)
 
+logger = logging.getLogger("tuneplane.nodes")
 
 class FleetJoinTokensView(GenericAPIView):
     serializer_class = JoinTokenSerializer
@@ -61,12 +66,24 @@ class JoinTokenDetailView(GenericAPIView):
 
 
 class JoinThrottle(SimpleRateThrottle):
-    """Per client address, so tokens cannot be guessed at speed (TUNEPLANE_JOIN_RATE)."""
+    """Per client address, so tokens cannot be guessed at speed (TUNEPLANE_JOIN_RATE). The
+    counts live in the cache (Redis, shared by every web replica); while Redis is away they
+    live in this process, so joins go on, still throttled, per replica."""
 
     scope = "node-join"
+    local_cache = LocMemCache("node-join-throttle", {})
 
     def get_rate(self):
         return settings.TUNEPLANE_JOIN_RATE
+
+    def allow_request(self, request, view):
+        try:
+            return super().allow_request(request, view)
+        except redis.RedisError as error:
+            logger.warning("join throttle counts in this process while the cache is away (%s)",
+                           error)
+            self.cache = self.local_cache
+            return super().allow_request(request, view)
 
     def get_cache_key(self, request, view):
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}

@@ -209,6 +209,21 @@ def test_join_is_throttled_per_address(anon_api, node_fleet, settings):
     assert other.status_code == 403
 
 
+def test_join_stays_throttled_per_replica_while_the_cache_is_away(anon_api, node_fleet,
+                                                                 settings):
+    """Redis refusing connections: joins are answered (403 for a bad token), not 500, and
+    the burst is still cut at the rate, counted in this process."""
+    from tests.e2e.console import free_port
+
+    settings.TUNEPLANE_JOIN_RATE = "5/minute"
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": f"redis://127.0.0.1:{free_port()}/0"}}
+    burst = f"2001:db8::{uuid.uuid4().hex[:4]}:9"
+    statuses = [anon_api.post("/api/nodes/join", join_body("tpj_guess"),
+                              REMOTE_ADDR=burst).status_code for _ in range(9)]
+    assert statuses.count(403) == 5 and statuses.count(429) == 4
+
+
 def test_node_list_is_admin_only_and_query_count_is_flat(anon_api, admin_api, member_api,
                                                          node_fleet, mint,
                                                          django_assert_max_num_queries):

@@ -77,16 +77,33 @@ class JoinThrottle(SimpleRateThrottle):
         return settings.TUNEPLANE_JOIN_RATE
 
     def allow_request(self, request, view):
+        """A fixed window, counted with one atomic increment: DRF's own throttle reads the
+        history and writes it back, so a concurrent burst from one address got through
+        several times over (measured: 10 of 40 at a rate of 5)."""
+        self.num_requests, self.duration = self.parse_rate(self.get_rate())
+        key = self.get_cache_key(request, view)
         try:
-            return super().allow_request(request, view)
+            count = _count_in_window(self.cache, key, self.duration)
         except redis.RedisError as error:
             logger.warning("join throttle counts in this process while the cache is away (%s)",
                            error)
-            self.cache = self.local_cache
-            return super().allow_request(request, view)
+            count = _count_in_window(self.local_cache, key, self.duration)
+        return count <= self.num_requests
+
+    def wait(self):
+        return self.duration  # at most one window; the count resets when it ends
 
     def get_cache_key(self, request, view):
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+def _count_in_window(cache, key: str, seconds: int) -> int:
+    cache.add(key, 0, timeout=seconds)  # starts the window, unless one is running
+    try:
+        return cache.incr(key)
+    except ValueError:  # the window ended between the two calls
+        cache.add(key, 0, timeout=seconds)
+        return cache.incr(key)
 
 
 class NodeJoinView(GenericAPIView):

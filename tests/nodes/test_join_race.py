@@ -1,5 +1,7 @@
 """J2: two joins racing for one token — exactly one wins. Real threads, real PostgreSQL."""
 
+import uuid
+
 import pytest
 from django.db import connection
 
@@ -30,3 +32,21 @@ def test_J2_concurrent_redemptions_of_one_token_make_exactly_one_node(make_fleet
     assert AuditEvent.objects.filter(action="node.join_refused").count() == RACERS - 1
     assert {e.after["reason"] for e in AuditEvent.objects.filter(
         action="node.join_refused")} == {"token already used"}
+
+
+@pytest.mark.redis
+def test_join_throttle_holds_under_a_concurrent_burst(require_redis, node_fleet, settings):
+    """Forty guesses at once from one address, against the rate of five a minute in Redis:
+    exactly five are looked at, thirty-five are refused with 429 — counted, not raced."""
+    from rest_framework.test import APIClient
+
+    from tests.nodes.test_join import join_body
+
+    settings.TUNEPLANE_JOIN_RATE = "5/minute"
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": require_redis}}
+    address = f"2001:db8::{uuid.uuid4().hex[:4]}:1"
+    statuses = race(lambda i: APIClient().post("/api/nodes/join", join_body("tpj_guess"),
+                                               format="json", REMOTE_ADDR=address).status_code,
+                    count=40)
+    assert statuses.count(429) == 35 and statuses.count(403) == 5, statuses

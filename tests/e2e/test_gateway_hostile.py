@@ -4,6 +4,7 @@ stream beside it is unaffected."""
 
 import queue
 import signal
+import threading
 import time
 
 import grpc
@@ -126,4 +127,36 @@ def test_a_flood_of_hellos_leaves_one_session_and_the_others_untouched(gateway, 
         assert ControlSession.objects.filter(node=node, closed_at__isnull=True).count() == 1
         for stream in streams:
             stream.outgoing.put(None)
+    still_beating(bystander)
+
+
+def test_a_malformed_message_ends_only_its_own_stream(gateway, joined, bystander):
+    """Bytes that are no NodeMessage at all, on an authenticated channel."""
+    node, _, directory = joined
+    with grpc.secure_channel(gateway, credentials(directory)) as channel:
+        raw = channel.stream_stream("/tuneplane.node.v1.NodeControl/Connect",
+                                    request_serializer=lambda data: data,
+                                    response_deserializer=lambda data: data)
+        hello = pb.NodeMessage(hello=pb.Hello(node_id=node.id)).SerializeToString()
+        release = threading.Event()
+
+        def messages():
+            yield hello
+            yield b"\xff\xfe not a protobuf \x00" * 64
+            release.wait(10)  # the client would go on: the server must end it
+
+        call = raw(messages(), timeout=10)
+        answers = []
+        try:
+            for answer in call:
+                answers.append(answer)
+        except grpc.RpcError as error:
+            answers.append(error.code())
+        finally:
+            release.set()
+    assert len(answers) == 1  # the Welcome; then the server ended the stream, not the client
+    assert pb.ControlMessage.FromString(answers[0]).WhichOneof("body") == "welcome"
+    closed = wait_until(lambda: ControlSession.objects.filter(
+        node=node, closed_at__isnull=False).first(), what="its session closed")
+    assert closed.close_reason == "stream ended"  # at the bad bytes, not at the lease's end
     still_beating(bystander)

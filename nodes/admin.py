@@ -237,12 +237,22 @@ class CardAliasAdmin(StaffAdmin):
     search_fields = ["name"]
     list_select_related = ["series"]
 
+    def get_readonly_fields(self, request, obj=None):
+        # Nodes' card summaries follow a mapping by this name: it is what machines report.
+        return ["name", "first_seen_at"] if obj is not None else ["first_seen_at"]
+
+    def has_delete_permission(self, request, obj=None):
+        # Unmapping goes through the mapping (series empty), so that nodes follow it.
+        return super().has_delete_permission(request, obj) and (obj is None or
+                                                               obj.series_id is None)
+
     def save_model(self, request, obj, form, change):
-        if change and "series" in form.changed_data:
-            services.card_alias_map(actor=Actor.of_user(request.user), alias=obj,
-                                    series=obj.series)
-        else:
+        series = obj.series
+        if not change:  # a name added by hand: recorded unmapped, then mapped as any other
+            obj.series = None
             super().save_model(request, obj, form, change)
+        if series is not None or change and "series" in form.changed_data:
+            services.card_alias_map(actor=Actor.of_user(request.user), alias=obj, series=series)
 
 
 @admin.register(NodeCommand)

@@ -16,7 +16,8 @@ from fleets.choices import FleetKind
 from fleets.models import Fleet
 
 from .backends import BackendError, backend_for
-from .models import CardAlias, ClusterSnapshot
+from .models import ClusterSnapshot
+from .services import card_names_remember
 
 logger = logging.getLogger("tuneplane.clusters")
 
@@ -40,7 +41,8 @@ def cluster_refresh(fleet: Fleet) -> ClusterSnapshot:
         else:
             snapshot.machines, snapshot.observed_at = machines, now
             snapshot.error, snapshot.error_since = "", None
-            _remember_cards(machines, now)
+            card_names_remember((card["name"] for machine in machines
+                                 for card in machine["cards"]), now)
         snapshot.save()
         if bool(error) != was_failing:
             audit_record(actor=Actor.system("clusters"), target=fleet,
@@ -58,13 +60,11 @@ def clusters_refresh() -> dict:
     and disabled Fleets are read too — reading touches nothing (D1)."""
     read = failed = 0
     for fleet in Fleet.objects.filter(kind__in=CLUSTER_KINDS).order_by("id"):
-        snapshot = cluster_refresh(fleet)
+        try:
+            snapshot = cluster_refresh(fleet)
+        except Exception:  # a manager's surprise answer, a Fleet deleted meanwhile
+            logger.exception("cluster Fleet %s could not be read", fleet.id)
+            failed += 1
+            continue
         read, failed = (read + 1, failed) if not snapshot.error else (read, failed + 1)
     return {"read": read, "failed": failed}
-
-
-def _remember_cards(machines: list[dict], now) -> None:
-    """A card name no one has seen becomes an unmapped registry entry, as with nodes (J4)."""
-    names = {card["name"] for machine in machines for card in machine["cards"]}
-    CardAlias.objects.bulk_create([CardAlias(name=name, first_seen_at=now) for name in names],
-                                  ignore_conflicts=True)

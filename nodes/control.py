@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from audit.services import Actor, audit_record
@@ -22,6 +23,7 @@ from .inventory import normalize_inventory
 from .models import ControlSession, GatewayReplica, Node, NodeCredential
 from .scheduling import node_observe_storage_root
 from .selectors import cards_summary
+from .services import card_names_remember
 
 logger = logging.getLogger("tuneplane.gateway")
 
@@ -86,8 +88,16 @@ def _close(session: ControlSession, reason: str, now: datetime) -> None:
 
 
 def session_close(*, session_id, reason: str) -> None:
-    """The stream ended. Not evidence that anything the node runs has stopped (L5)."""
+    """The stream ended. Not evidence that anything the node runs has stopped (L5).
+
+    Locks in the one order every writer here keeps — the node, then its sessions — so a
+    close racing a reconnect or a removal waits instead of deadlocking."""
+    node_id = (ControlSession.objects.filter(pk=session_id).values_list("node_id", flat=True)
+               .first())
+    if node_id is None:
+        return
     with transaction.atomic():
+        Node.objects.select_for_update().filter(pk=node_id).first()
         session = (ControlSession.objects.select_for_update()
                    .filter(pk=session_id, closed_at__isnull=True).first())
         if session is not None:
@@ -112,6 +122,12 @@ def leases_renew(heartbeats: dict[str, datetime],
     fresh = [i in inventory_fresh for i in ids]
     with transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            # The nodes first, in id order: the one lock order of every writer here (node,
+            # then its sessions), so a flush racing a close, a reconnect or another flush
+            # waits instead of deadlocking.
+            cursor.execute(
+                "SELECT n.id FROM nodes_node n JOIN nodes_controlsession s ON s.node_id = n.id "
+                "WHERE s.id = ANY(%s::uuid[]) ORDER BY n.id FOR UPDATE OF n", [ids])
             cursor.execute(
                 "UPDATE nodes_controlsession AS s SET last_heartbeat_at = v.seen, "
                 "lease_expires_at = v.lease FROM unnest(%s::uuid[], %s::timestamptz[], "
@@ -183,6 +199,7 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
         before = {"inventory": node.inventory, "scheduling_state": node.scheduling_state}
         node.inventory = inventory
         node.inventory_observed_at = now
+        card_names_remember((card["name"] for card in inventory["cards"]), now)
         for name, value in cards_summary(inventory).items():
             setattr(node, name, value)
         live = ControlSession.objects.filter(node=node, closed_at__isnull=True,
@@ -217,8 +234,13 @@ def gateway_started(*, name: str) -> GatewayReplica:
 
 
 def gateway_alive(*, name: str, started_at: datetime) -> None:
-    """Still listening: an observation, every few seconds, not audited (like a lease)."""
+    """Still listening: an observation, every few seconds, not audited (like a lease). A
+    replica that could not say so for a lease (the database was away) heard nothing
+    meanwhile: its listening starts again now, so the grace rule applies as after a restart."""
     now = timezone.now()
-    updated = GatewayReplica.objects.filter(name=name).update(seen_at=now)
-    if not updated:  # its row was removed meanwhile: it is back, since it first started
-        GatewayReplica.objects.create(name=name, started_at=started_at, seen_at=now)
+    gap = now - timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
+    updated = GatewayReplica.objects.filter(name=name).update(
+        seen_at=now, started_at=Case(When(seen_at__lt=gap, then=Value(now)),
+                                     default=F("started_at")))
+    if not updated:  # its row was removed meanwhile
+        GatewayReplica.objects.create(name=name, started_at=now, seen_at=now)

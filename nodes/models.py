@@ -3,6 +3,7 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.db import models
 
 from fleets.models import Fleet
@@ -24,7 +25,10 @@ def new_node_id() -> str:
 class HardwareSeries(models.Model):
     """What a job pins: ``h100``, ``a100-80gb``. Card names map onto it through CardAlias."""
 
-    slug = models.SlugField(max_length=63, unique=True)
+    # With a letter: a key of digits alone ("4090") reads as an array index in a JSON path,
+    # and nodes' cards are kept per series slug in JSON.
+    slug = models.SlugField(max_length=63, unique=True, validators=[RegexValidator(
+        r"[a-z]", "A series slug needs a letter, e.g. rtx-4090.")])
     name = models.CharField(max_length=200)
     vendor = models.CharField(max_length=32, blank=True)
 

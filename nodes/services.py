@@ -184,7 +184,7 @@ def node_join(*, token: str, fleet_id: str, csr: str, inventory, address: str = 
                 not_before=certificate.not_before, not_after=certificate.not_after)
             join_token.node = node
             join_token.save(update_fields=["node"])
-            _remember_cards(inventory, now)
+            card_names_remember((card["name"] for card in inventory["cards"]), now)
             warnings = _join_warnings(node, inventory, now)
             audit_record(actor=Actor.of_node(node.id), action="node.joined", target=node, after={
                 "fleet": node.fleet_id, "hostname": node.hostname, "address": node.address,
@@ -198,12 +198,12 @@ def node_join(*, token: str, fleet_id: str, csr: str, inventory, address: str = 
                       warnings=warnings)
 
 
-def _remember_cards(inventory: dict, now) -> None:
-    """Card names no one has seen yet become unmapped registry entries for an admin to map."""
-    CardAlias.objects.bulk_create(
-        [CardAlias(name=card["name"], first_seen_at=now) for card in inventory["cards"]],
-        ignore_conflicts=True,
-    )
+def card_names_remember(names, now) -> None:
+    """Card names no one has seen yet become unmapped registry entries for an admin to map
+    (J4): from a join, an inventory report over the stream, or a cluster's snapshot. An
+    observation, not audited: the mapping an admin makes of it is."""
+    CardAlias.objects.bulk_create([CardAlias(name=name, first_seen_at=now) for name in
+                                   sorted(set(names))], ignore_conflicts=True)
 
 
 def card_alias_map(*, actor, alias: CardAlias, series: HardwareSeries | None) -> CardAlias:

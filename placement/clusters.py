@@ -66,7 +66,7 @@ def cluster_jobs_track() -> dict:
             continue
         try:
             state = backend_for(job.fleet).job_state(job.backend_job_id)
-        except BackendError as exc:
+        except Exception as exc:  # one job's trouble never stops the others
             failed += 1
             logger.warning("job %s on %s: %s", job.pk, job.fleet_id, exc)
             continue

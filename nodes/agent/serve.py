@@ -58,6 +58,7 @@ class Agent:
                  memory_budget_bytes: int | None):
         self.directory = directory
         self.target = target
+        state.settle_rotation(directory)  # a rotation a crash interrupted: finished or undone
         self.identity = state.read_identity(directory)
         self.inventory_file = inventory_file
         self.storage_root = storage_root

@@ -50,9 +50,6 @@ def _sync(directory: Path) -> None:
 
 
 def read_identity(directory: Path) -> dict | None:
-    """The node's identity, once a rotation a crash interrupted is finished or undone."""
-    if directory.is_dir():
-        _settle_rotation(directory)
     try:
         return json.loads((directory / IDENTITY).read_text())
     except FileNotFoundError:
@@ -86,16 +83,19 @@ def save_rotated(directory: Path, *, identity: dict, key_pem: bytes,
 
 
 def _put_staged_in_place(directory: Path) -> None:
-    for name in ROTATED:
+    for name in ROTATED:  # each rename durable before the next: the identity's comes last
         staged = directory / (name + STAGED)
         if staged.exists():
             os.replace(staged, directory / name)
-    _sync(directory)
+            _sync(directory)
 
 
-def _settle_rotation(directory: Path) -> None:
-    """A whole staged pair is put in place; a partial one (the crash came while staging) is
+def settle_rotation(directory: Path) -> None:
+    """What the agent does first when it starts serving (the one writer of its credential):
+    a whole staged pair is put in place; a partial one (the crash came while staging) is
     dropped, and the old pair, untouched, stays."""
+    if not directory.is_dir():
+        return
     if (directory / (IDENTITY + STAGED)).exists():
         _put_staged_in_place(directory)
         return

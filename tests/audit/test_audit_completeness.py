@@ -64,6 +64,8 @@ NOT_AUDITED = {
                                   "heartbeats, which only renew a lease",
     "nodes.control.gateway_alive": "Still listening: an observation, every few seconds, "
                                    "not audited (like a lease).",
+    "nodes.services.card_names_remember": "An observation, not audited: the mapping an admin "
+                                          "makes of it is.",
 }
 
 CREATED, CHANGED, DELETED = "created", "changed", "deleted"
@@ -293,6 +295,10 @@ def gateway_alive(w):
     return lambda: control.gateway_alive(name="gw-1", started_at=replica.started_at)
 
 
+def card_names_remember(w):
+    return lambda: nodes.card_names_remember(["Mystery Accelerator Z"], timezone.now())
+
+
 def leases_renew(w):
     session = w.live()
     return lambda: control.leases_renew({str(session.id): timezone.now()})
@@ -516,6 +522,7 @@ SCENARIOS = {
     "nodes.control.gateway_started/restart": Scenario(gateway_started_again,
                                                       (changed("gateway.started"),)),
     "nodes.control.gateway_alive": Scenario(gateway_alive, ()),
+    "nodes.services.card_names_remember": Scenario(card_names_remember, ()),
     "nodes.control.leases_renew": Scenario(leases_renew, ()),
     "nodes.commands.node_command_create": Scenario(node_command_create,
                                                    (created("node_command.created"),)),

@@ -84,3 +84,22 @@ def test_stray_and_node_command_lists_render(client, admin_user, node_fleet, min
     page = client.get("/admin/nodes/straycommand/")
     assert page.status_code == 200 and b"c-by-hand" in page.content
     assert client.get("/admin/nodes/nodecommand/").status_code == 200
+
+
+def test_J4_a_card_name_added_with_its_series_in_the_admin_is_followed_by_nodes(
+        staff, admin_user, node_fleet, mint):
+    from nodes.services import node_join
+    from tests.conftest import H100_INVENTORY, make_csr
+
+    inventory = {**H100_INVENTORY, "cards": [{"name": "Hand Added X9", "count": 2}]}
+    node = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1],
+                     inventory=inventory).node
+    CardAlias.objects.filter(name="Hand Added X9").delete()  # as if never reported
+    series = HardwareSeries.objects.create(slug="x9", name="X9")
+    response = staff.post("/admin/nodes/cardalias/add/", {"name": "Hand Added X9",
+                                                          "series": series.pk})
+    assert response.status_code == 302, response.content.decode()[-1500:]
+    node.refresh_from_db()
+    assert node.series_cards == {"x9": 2}
+    assert AuditEvent.objects.filter(action="card_alias.mapped",
+                                     after__series="x9").count() == 1

@@ -30,7 +30,9 @@ def credential(days: int) -> tuple[bytes, str, dict]:
 
 
 def held(directory) -> tuple[str, dict]:
-    """The certificate on disk, after checking the key on disk is its key."""
+    """What the agent holds once it starts again: the certificate on disk, after checking
+    the key on disk is its key."""
+    state.settle_rotation(directory)
     identity = state.read_identity(directory)
     key = serialization.load_pem_private_key((directory / state.KEY).read_bytes(), None)
     cert_pem = (directory / state.CERTIFICATE).read_text()

@@ -198,3 +198,20 @@ def test_grace_silence_counts_only_up_to_when_the_console_was_last_listening(
     silent(node, 56)
     liveness_sweep(now=now)
     assert shown(admin_api, node)["liveness"] == {"serve": "quiet"}
+
+
+def test_grace_a_replica_that_could_not_announce_for_a_lease_listens_anew(console_listening,
+                                                                          settings):
+    """Its database was away: it heard nothing it could record, so the grace applies again."""
+    from nodes.control import gateway_alive, gateway_started
+    from nodes.liveness import console_hearing
+
+    console_listening.delete()  # this replica alone
+    replica = gateway_started(name="gw-1")
+    GatewayReplica.objects.filter(pk="gw-1").update(
+        started_at=timezone.now() - timedelta(hours=1),
+        seen_at=timezone.now() - timedelta(seconds=settings.TUNEPLANE_LEASE_TTL + 1))
+    gateway_alive(name="gw-1", started_at=replica.started_at)
+    hearing = console_hearing(timezone.now())
+    assert timezone.now() - hearing.since < timedelta(seconds=5)
+    assert not hearing.judges("serve")

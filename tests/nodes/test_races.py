@@ -118,3 +118,23 @@ def test_F7_a_fleet_deleted_while_a_deployment_is_admitted_never_leaves_one_with
         assert not isinstance(admitted, Exception) or isinstance(admitted, ApplicationError), \
             admitted
     connection.close()
+
+
+def test_a_close_racing_a_reconnect_and_a_lease_flush_never_deadlocks(placeable):
+    """The old stream's close, the new stream's open and a heartbeat flush, at once, over
+    and over: each waits for the others (one lock order: the node, then its sessions)."""
+    from django.utils import timezone
+
+    from nodes.control import leases_renew, session_close
+
+    node = placeable()
+    serial = NodeCredential.objects.get(node=node).serial
+    for _ in range(15):
+        old = ControlSession.objects.get(node=node, closed_at__isnull=True)
+        calls = [lambda: session_close(session_id=old.id, reason="stream ended"),
+                 lambda: session_open(node_id=node.id, serial=serial, gateway="b"),
+                 lambda: leases_renew({str(old.id): timezone.now()})]
+        results = race(lambda i: calls[i](), count=len(calls))
+        assert not [r for r in results if isinstance(r, Exception)], results
+        open_now = ControlSession.objects.get(node=node, closed_at__isnull=True)
+        assert Node.objects.get(pk=node.pk).lease_expires_at == open_now.lease_expires_at

@@ -134,7 +134,8 @@ class Agent:
                         self._send_inventory(outgoing)
                         threading.Thread(
                             target=self._heartbeat, daemon=True,
-                            args=(outgoing, message.welcome.heartbeat_interval_seconds)).start()
+                            args=(outgoing, message.welcome.heartbeat_interval_seconds,
+                                  self.call)).start()
                         threading.Thread(target=self._rotate_when_due, args=(stub,),
                                          daemon=True).start()
                     elif kind == "command":
@@ -181,11 +182,13 @@ class Agent:
                             command.exit_code)
                 self._tell(command, outgoing)
 
-    def _heartbeat(self, outgoing: queue.Queue, interval: int) -> None:
+    def _heartbeat(self, outgoing: queue.Queue, interval: int, call) -> None:
         """Each beat probes the inventory: sent whole when it changed, else named by digest,
-        which keeps the console's observation of it fresh at no extra write (L1)."""
+        which keeps the console's observation of it fresh at no extra write (L1). It beats
+        for its own stream only: one outliving a reconnect would take reports into a dead
+        stream's queue."""
         sequence = 0
-        while not self.stopping.wait(interval) and self.call is not None and self.call.is_active():
+        while not self.stopping.wait(interval) and call.is_active():
             sequence += 1
             self._send_inventory(outgoing, unless_unchanged=True)
             outgoing.put(pb.NodeMessage(heartbeat=pb.Heartbeat(

@@ -23,9 +23,11 @@ Standalone (grpc.aio, no Django), run as a subprocess so its load is not the cal
 
 Only the first open of each node is paced (``--ramp-concurrency``), to set the
 fleet up; reconnects are paced by nothing but their backoff, as real agents'.
-Every outage is recorded: when the stream ended, how many connects it took,
-when the next Welcome came. Runs until SIGTERM or SIGINT; progress goes to
-stderr and the result is one JSON line on stdout.
+Every outage is recorded: when the stream ended, how many connects it took, when
+the last of them began and when the next Welcome came. So is every stream the
+console closed: its reason, how long it was held, the heartbeats sent on it and
+the acks that came back. Runs until SIGTERM or SIGINT; progress goes to stderr,
+the result is one JSON line on stdout.
 """
 
 import argparse
@@ -33,6 +35,7 @@ import asyncio
 import json
 import random
 import signal
+import statistics
 import sys
 import time
 from collections import Counter
@@ -47,6 +50,8 @@ from tests.bench.gateway_load import describe, raise_fd_limit
 
 RUNNING, SUCCEEDED = "running", "succeeded"
 PROGRESS_SECONDS = 5
+LAG_TICK_SECONDS = 0.1
+EXAMPLES = 5
 INVENTORY = inventory_message({
     "cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}], "driver": "550.54",
     "container_runtime": "docker 28.2.2", "storage_root_visible": True,
@@ -60,18 +65,34 @@ class Outage:
 
     lost: float  # epoch seconds, so the caller can line them up with its own clock
     connects: int = 0
+    last_connect: float | None = None  # when the connect that got the Welcome began
     welcomed: float | None = None
 
 
 @dataclass
+class Held:
+    """One stream that got its Welcome: what went over it, and how it ended."""
+
+    welcomed: float
+    beats: int = 0
+    acks: int = 0
+    closed_by_console: str = ""  # the reason of the console's Close, if it sent one
+    ended: float | None = None
+
+
+@dataclass
 class KnownCommand:
-    """A command as the node's state dir holds it."""
+    """A command as the node's state dir holds it, and what befell it (for the record)."""
 
     state: str = RUNNING
     received: int = 1
     in_hello: bool = True  # False once forgotten: the console has reconciled it finished
     redelivered_after_forgotten: int = 0
     updates: Counter = field(default_factory=Counter)  # CommandUpdates sent, by state
+    history: list = field(default_factory=list)  # [epoch seconds, event, stream number]
+
+    def note(self, event: str, stream: int) -> None:
+        self.history.append([round(time.time(), 3), event, stream])
 
 
 class Fleet:
@@ -81,8 +102,9 @@ class Fleet:
         self.args = args
         self.stopping = asyncio.Event()
         self.errors: Counter = Counter()
-        self.closes: Counter = Counter()
+        self.closed: list[Held] = []  # streams the console closed with a reason
         self.running: set[asyncio.Task] = set()  # commands being "run", kept from the collector
+        self.loop_lag_max = 0.0
 
     def backoff(self, attempt: int) -> float:
         """The agent's: attempt 0 follows a stream that got a Welcome."""
@@ -99,16 +121,19 @@ class SimulatedNode:
             certificate_chain=node["cert"].encode())
         self.known: dict[str, KnownCommand] = {}
         self.reported: dict[str, str] = {}  # what the current stream has told, by command
+        self.streams = 0  # connects so far; the current one's number
         self.outages: list[Outage] = []
-        self.held = False
+        self.held: Held | None = None
         self.first_welcome: float | None = None
         self.settled = asyncio.Event()  # the first open got a Welcome, or failed
+        self.life: asyncio.Task | None = None
 
     async def live(self) -> None:
         attempt, outage = 0, None
         while True:
             if outage is not None:
                 outage.connects += 1
+                outage.last_connect = time.time()
             welcomed = await self.stream(random.choice(self.fleet.args.target), outage)
             self.settled.set()
             if welcomed:
@@ -119,10 +144,13 @@ class SimulatedNode:
 
     async def stream(self, target: str, outage: Outage | None) -> bool:
         """One stream, until it ends. Returns whether it got as far as a Welcome."""
+        self.streams += 1
         outgoing: asyncio.Queue = asyncio.Queue()
         told = {command_id: command.state for command_id, command in self.known.items()
                 if command.in_hello}
         self.reported = dict(told)
+        for command_id, state in told.items():
+            self.known[command_id].note(f"told {state} in Hello", self.streams)
         outgoing.put_nowait(pb.NodeMessage(hello=pb.Hello(
             node_id=self.node_id, agent_version="bench-reconnecting",
             commands=[pb.CommandState(command_id=command_id, state=state,
@@ -134,32 +162,39 @@ class SimulatedNode:
 
         channel = grpc.aio.secure_channel(target, self.credentials,
                                           options=[("grpc.use_local_subchannel_pool", 1)])
-        beating, welcomed = None, False
+        beating = None
         try:
             async for message in control_pb2_grpc.NodeControlStub(channel).Connect(requests()):
                 kind = message.WhichOneof("body")
                 if kind == "welcome":
-                    welcomed, self.held = True, True
                     self._welcomed(told, outage)
                     outgoing.put_nowait(pb.NodeMessage(inventory=INVENTORY))
                     beating = asyncio.create_task(self._beat(
                         outgoing, message.welcome.heartbeat_interval_seconds))
+                elif kind == "heartbeat_ack":
+                    self.held.acks += 1
                 elif kind == "command":
                     self._accept(message.command, outgoing)
                 elif kind == "close":
-                    self.fleet.closes[message.close.reason] += 1
+                    self.held.closed_by_console = message.close.reason
+                    self.fleet.closed.append(self.held)
         except grpc.aio.AioRpcError as error:
-            self.fleet.errors[f"{'stream' if welcomed else 'open'}: {describe(error)}"] += 1
+            when = "stream" if self.held else "open"
+            self.fleet.errors[f"{when}: {describe(error)}"] += 1
         finally:
-            self.held = False
+            if self.held is not None:
+                self.held.ended = time.time()
             if beating is not None:
                 beating.cancel()
             outgoing.put_nowait(None)
             await channel.close()
+        welcomed, self.held = self.held is not None, None
         return welcomed
 
     def _welcomed(self, told: dict[str, str], outage: Outage | None) -> None:
         now = time.time()
+        self.held = Held(welcomed=now)
+        self.settled.set()
         if outage is None:
             self.first_welcome = self.first_welcome or now
         else:
@@ -168,6 +203,7 @@ class SimulatedNode:
         for command_id, state in told.items():
             if state != RUNNING:
                 self.known[command_id].in_hello = False
+                self.known[command_id].note("forgotten at Welcome", self.streams)
 
     def _accept(self, message: pb.Command, outgoing: asyncio.Queue) -> None:
         command = self.known.get(message.command_id)
@@ -180,16 +216,19 @@ class SimulatedNode:
             command.received += 1
             if not command.in_hello:
                 command.redelivered_after_forgotten += 1
+        command.note("received", self.streams)
         self._tell(message.command_id, outgoing)
 
     async def _run(self, command: KnownCommand) -> None:
         await asyncio.sleep(random.uniform(0, self.fleet.args.command_seconds))
         command.state = SUCCEEDED
+        command.note("finished", self.streams)
 
     def _tell(self, command_id: str, outgoing: asyncio.Queue) -> None:
         command = self.known[command_id]
         self.reported[command_id] = command.state
         command.updates[command.state] += 1
+        command.note(f"CommandUpdate {command.state}", self.streams)
         outgoing.put_nowait(pb.NodeMessage(command_update=pb.CommandUpdate(
             state=pb.CommandState(command_id=command_id, state=command.state, exit_code=0))))
 
@@ -198,6 +237,7 @@ class SimulatedNode:
         while True:
             await asyncio.sleep(interval)
             sequence += 1
+            self.held.beats += 1
             outgoing.put_nowait(pb.NodeMessage(heartbeat=pb.Heartbeat(
                 sequence=sequence, storage_root_visible=True,
                 inventory_digest=INVENTORY_DIGEST)))
@@ -206,28 +246,56 @@ class SimulatedNode:
                     self._tell(command_id, outgoing)
 
 
-async def progress(nodes: list[SimulatedNode], started: float) -> None:
+async def watch(fleet: Fleet, nodes: list[SimulatedNode], started: float) -> None:
+    """Progress to stderr, and how late this loop runs its timers: a fleet that lags would
+    be silent to the console for reasons of its own."""
+    loop = asyncio.get_running_loop()
+    next_report = loop.time() + PROGRESS_SECONDS
     while True:
-        await asyncio.sleep(PROGRESS_SECONDS)
-        held = sum(node.held for node in nodes)
-        print(f"reconnecting fleet: {held} held, {len(nodes) - held} out, "
-              f"{time.time() - started:.0f} s", file=sys.stderr, flush=True)
+        due = loop.time() + LAG_TICK_SECONDS
+        await asyncio.sleep(LAG_TICK_SECONDS)
+        fleet.loop_lag_max = max(fleet.loop_lag_max, loop.time() - due)
+        if loop.time() >= next_report:
+            next_report += PROGRESS_SECONDS
+            held = sum(node.held is not None for node in nodes)
+            print(f"reconnecting fleet: {held} held, {len(nodes) - held} out, "
+                  f"{time.time() - started:.0f} s", file=sys.stderr, flush=True)
 
 
 def command_figures(nodes: list[SimulatedNode]) -> dict:
-    commands = [command for node in nodes for command in node.known.values()]
+    commands = [(node.node_id, command_id, command) for node in nodes
+                for command_id, command in node.known.items()]
     updates = Counter()
-    for command in commands:
+    for _, _, command in commands:
         updates.update(command.updates)
     return {
-        "received": {command_id: command.received for node in nodes
-                     for command_id, command in node.known.items()},
-        "states": dict(Counter(command.state for command in commands)),
-        "redelivered": sum(command.received - 1 for command in commands),
-        "redelivered_after_forgotten": sum(c.redelivered_after_forgotten for c in commands),
+        "received": {command_id: command.received for _, command_id, command in commands},
+        "states": dict(Counter(command.state for _, _, command in commands)),
+        "redelivered": sum(command.received - 1 for _, _, command in commands),
+        "redelivered_after_forgotten": sum(command.redelivered_after_forgotten
+                                           for _, _, command in commands),
         "updates": dict(updates),
-        "updates_repeated": sum(count - 1 for command in commands
-                                for count in command.updates.values() if count > 1)}
+        "updates_repeated": sum(count - 1 for _, _, command in commands
+                                for count in command.updates.values() if count > 1),
+        # What the node went through with the commands it would have run twice.
+        "forgotten_then_received": [
+            {"node": node_id, "command": command_id, "history": command.history}
+            for node_id, command_id, command in commands
+            if command.redelivered_after_forgotten][:EXAMPLES]}
+
+
+def closed_figures(closed: list[Held]) -> dict:
+    """By the console's reason: how long the streams it closed were held, the heartbeats
+    the node sent on them and the acks it got back."""
+    by_reason: dict[str, list[Held]] = {}
+    for held in closed:
+        by_reason.setdefault(held.closed_by_console, []).append(held)
+    return {reason: {"streams": len(streams),
+                     "held_seconds_median": round(statistics.median(
+                         h.ended - h.welcomed for h in streams if h.ended), 2),
+                     "beats_median": statistics.median(h.beats for h in streams),
+                     "acks_max": max(h.acks for h in streams)}
+            for reason, streams in by_reason.items()}
 
 
 async def run(args) -> dict:
@@ -242,28 +310,28 @@ async def run(args) -> dict:
     started = time.time()
     opens = asyncio.Semaphore(args.ramp_concurrency)
 
-    async def first_open(node: SimulatedNode) -> asyncio.Task:
+    async def first_open(node: SimulatedNode) -> None:
         async with opens:
-            life = asyncio.create_task(node.live())
+            node.life = asyncio.create_task(node.live())
             await node.settled.wait()
-        return life
 
-    reporting = asyncio.create_task(progress(nodes, started))
-    ramp = asyncio.create_task(asyncio.gather(*(first_open(node) for node in nodes)))
+    watching = asyncio.create_task(watch(fleet, nodes, started))
+    ramp = asyncio.gather(*(first_open(node) for node in nodes))
     await fleet.stopping.wait()
-    held = sum(node.held for node in nodes)
-    lives = await ramp if ramp.done() else []
-    for task in [reporting, ramp, *lives, *fleet.running]:
+    held = sum(node.held is not None for node in nodes)
+    lives = [node.life for node in nodes if node.life is not None]
+    for task in [watching, ramp, *lives, *fleet.running]:
         task.cancel()
-    await asyncio.gather(reporting, ramp, *lives, return_exceptions=True)
+    await asyncio.gather(watching, ramp, *lives, return_exceptions=True)
     welcomes = [node.first_welcome for node in nodes if node.first_welcome]
     return {
         "nodes": len(nodes), "targets": args.target, "held_at_stop": held,
         "ramp_seconds": round(max(welcomes) - started, 2) if welcomes else None,
-        "outages": [[node.node_id, outage.lost, outage.welcomed, outage.connects]
-                    for node in nodes for outage in node.outages],
+        "outages": [[node.node_id, outage.lost, outage.welcomed, outage.connects,
+                     outage.last_connect] for node in nodes for outage in node.outages],
         "commands": command_figures(nodes),
-        "closes": dict(fleet.closes), "errors": dict(fleet.errors)}
+        "closed_by_console": closed_figures(fleet.closed), "errors": dict(fleet.errors),
+        "loop_lag_max_seconds": round(fleet.loop_lag_max, 3)}
 
 
 def main() -> None:

@@ -1,0 +1,359 @@
+"""`make bench`: SIGKILL a gateway replica under 1,000 connected nodes, start it again.
+
+The nodes are ``tests/bench/reconnecting_load.py`` (one subprocess, one mTLS stream
+per node with its own certificate, reconnecting with the agent's jittered backoff);
+the gateways are ``manage.py grpcserve`` on PostgreSQL and Redis, with a Celery
+worker and beat sweeping liveness every second. Once every node holds a session,
+one command per node is created through ``node_command_create``: half just before
+the kill, half while the replica is down. The replica is SIGKILLed, left down
+``DOWN_SECONDS`` (longer if creating those commands takes longer), and started again
+on the same port, under the same replica name. Then:
+
+- every node whose stream was on it has an open session again — timed from the
+  restarted replica's ready line to the last one, and per node from the loss of
+  its stream to its next Welcome;
+- none is declared gone: the fleet is held until the train threshold has passed
+  since the restart, the first moment the sweep could judge a node silent since
+  the kill (the console-outage grace rule), and a couple of sweeps beyond;
+- every command was run once (the fleet received each id, a redelivered one is not
+  re-run, and none came back after the node had forgotten it as reconciled) and
+  is recorded succeeded once, with no stray; deliveries beyond the first are counted;
+- the sessions close (replaced by the reconnecting streams: a killed replica closes
+  nothing) and reopen in the audit log.
+
+Twice: one replica; two replicas with every node picking one at random per connect,
+killing the first. N is ``TUNEPLANE_BENCH_RESTART_NODES`` (default 1000).
+"""
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from contextlib import ExitStack, contextmanager
+from datetime import datetime, timezone as tz
+from pathlib import Path
+
+import pytest
+from django.db.models import Count, Q
+
+from audit.models import AuditEvent
+from nodes import pki
+from nodes.choices import CommandState, SchedulingState
+from nodes.commands import node_command_create
+from nodes.models import ControlSession, Node, NodeCommand, StrayCommand
+from tests.bench.test_bench_gateway import enroll, serving
+from tests.e2e.agents import wait_until
+from tests.e2e.console import ROOT, console_env, free_port
+from tuneplane.schedule import seed_schedule
+
+pytestmark = [pytest.mark.bench, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+NODES = int(os.environ.get("TUNEPLANE_BENCH_RESTART_NODES", "1000"))
+QUIET_TRAIN_SECONDS = 60
+SETTINGS = {"TUNEPLANE_HEARTBEAT_INTERVAL": "2", "TUNEPLANE_LEASE_TTL": "6",
+            "TUNEPLANE_SWEEP_INTERVAL": "1", "TUNEPLANE_QUIET_TRAIN": str(QUIET_TRAIN_SECONDS),
+            "TUNEPLANE_QUIET_SERVE": "10", "TUNEPLANE_QUIET_ENV": "10"}
+DOWN_SECONDS = 5
+BACKOFF_MAX_SECONDS = 8
+# Beyond the train threshold after the restart: sweeps that would have found a node gone.
+HOLD_MARGIN_SECONDS = 5
+RAMP_TIMEOUT_SECONDS = 300
+RECONNECT_TIMEOUT_SECONDS = 300
+COMMANDS_TIMEOUT_SECONDS = 120
+FLEET_STOP_TIMEOUT_SECONDS = 120
+READY = "gateway serving"
+COMMAND = {"argv": ["true"]}
+
+
+def celery(*args, env: dict, log: Path) -> subprocess.Popen:
+    """Output to a file: a worker logging every second's sweep would fill a pipe and stall."""
+    with log.open("w") as output:
+        return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tuneplane", *args],
+                                env=env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
+
+
+@contextmanager
+def sweepers(env: dict, directory: Path):
+    """A Celery worker and beat, sweeping liveness every second; yields the worker's log."""
+    seed_schedule()
+    log = directory / "worker.log"
+    worker = celery("worker", "-l", "INFO", "--pool", "solo", env=env, log=log)
+    beat = celery("beat", "-l", "INFO", "-s", str(directory / "beat-schedule"), env=env,
+                  log=directory / "beat.log")
+    try:
+        yield log
+    finally:
+        for process in (beat, worker):
+            process.terminate()
+            process.wait(30)
+
+
+def sweeps_run(log: Path) -> int:
+    return sum("nodes.liveness_sweep" in line and "succeeded" in line
+               for line in log.read_text().splitlines())
+
+
+class ReconnectingFleet:
+    """The simulated nodes, as a subprocess whose progress goes to ``fleet.log``."""
+
+    def __init__(self, targets: list[str], credentials: Path, directory: Path):
+        self.log = directory / "fleet.log"
+        with self.log.open("w") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.bench.reconnecting_load", "--credentials",
+                 str(credentials), "--nodes", str(NODES),
+                 "--backoff-max", str(BACKOFF_MAX_SECONDS),
+                 *[option for target in targets for option in ("--target", target)]],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+
+    def running(self) -> bool:
+        """For waits: a fleet that died fails them at once, with its last words."""
+        assert self.process.poll() is None, self.log.read_text()[-4000:]
+        return True
+
+    def stop(self) -> dict:
+        """SIGTERM: the nodes close their streams; their figures, as JSON."""
+        self.process.send_signal(signal.SIGTERM)
+        out = self.process.communicate(timeout=FLEET_STOP_TIMEOUT_SECONDS)[0]
+        assert self.process.returncode == 0, self.log.read_text()[-4000:]
+        return json.loads(out.strip().splitlines()[-1])
+
+
+@contextmanager
+def reconnecting_fleet(targets: list[str], credentials: Path, directory: Path):
+    fleet = ReconnectingFleet(targets, credentials, directory)
+    try:
+        yield fleet
+    finally:
+        if fleet.process.returncode is None:
+            fleet.process.kill()
+            fleet.process.wait()
+
+
+def epoch(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=tz.utc)
+
+
+def replica_name(target: str) -> str:
+    """As ``nodes.gateway.replica_name`` names a replica bound to ``target``."""
+    return f"{socket.gethostname()}:{target}"
+
+
+def reopened(node_ids: set[str], since: float) -> int:
+    """Of ``node_ids``, those with an open session opened since ``since`` (epoch seconds)."""
+    return ControlSession.objects.filter(node_id__in=node_ids, closed_at__isnull=True,
+                                         opened_at__gte=epoch(since)).count()
+
+
+def command_all(actor, nodes: list[Node]) -> tuple[list[str], float]:
+    """One command per node, through the service; the ids and the seconds it took."""
+    started = time.monotonic()
+    ids = [node_command_create(actor=actor, node=node, kind="run", payload=COMMAND).id
+           for node in nodes]
+    return ids, time.monotonic() - started
+
+
+def percentiles(values: list[float]) -> str:
+    if not values:
+        return "none"
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * len(ordered)) - 1)]
+    return f"{statistics.median(ordered):.1f} / {p99:.1f} / {ordered[-1]:.1f} s"
+
+
+def audited_since(action: str, since: float):
+    return AuditEvent.objects.filter(action=action, at__gte=epoch(since))
+
+
+def database_figures(killed_at: float, created: list[str], worker_log: Path) -> dict:
+    """What the console recorded: liveness, commands and sessions, from the kill on."""
+    succeeded_events = Counter(dict(
+        AuditEvent.objects.filter(action="node_command.succeeded").order_by()
+        .values_list("target_id").annotate(n=Count("id"))))
+    return {
+        "gone_nodes": Node.objects.filter(scheduling_state=SchedulingState.GONE).count(),
+        "gone_events": AuditEvent.objects.filter(action="node.gone").count(),
+        "quiet_events": Counter(audited_since("node.quiet", killed_at)
+                                .values_list("after__capability", flat=True)),
+        "command_states": Counter(NodeCommand.objects.values_list("state", flat=True)),
+        "succeeded_once": sum(succeeded_events[command_id] == 1 for command_id in created),
+        "succeeded_more": sum(succeeded_events[command_id] > 1 for command_id in created),
+        "lost_events": AuditEvent.objects.filter(action="node_command.lost").count(),
+        "strays": StrayCommand.objects.count(),
+        "closed_events": Counter(audited_since("control_session.closed", killed_at)
+                                 .values_list("after__reason", flat=True)),
+        "opened_events": audited_since("control_session.opened", killed_at).count(),
+        "open_sessions": ControlSession.objects.filter(closed_at__isnull=True).count(),
+        "sweeps": sweeps_run(worker_log)}
+
+
+def fleet_figures(fleet: dict, killed_at: float, ready_at: float) -> dict:
+    """Per node whose stream the kill ended: its first outage from then on."""
+    first = {}
+    for node_id, lost_at, welcomed, connects, last_connect in fleet["outages"]:
+        if lost_at >= killed_at and node_id not in first:
+            first[node_id] = (lost_at, welcomed, connects, last_connect)
+    back = [welcomed for _, welcomed, _, _ in first.values() if welcomed is not None]
+    outages_after_kill = sum(outage[1] >= killed_at for outage in fleet["outages"])
+    return {
+        "lost_streams": len(first), "not_back": len(first) - len(back),
+        "all_back_after_kill": max(back) - killed_at if back else None,
+        "all_back_after_ready": max(back) - ready_at if back else None,
+        "back_before_ready": sum(welcomed < ready_at for welcomed in back),
+        "per_node_loss_to_welcome": [w - lost for lost, w, _, _ in first.values() if w],
+        "per_node_ready_to_welcome": [w - ready_at for w in back if w >= ready_at],
+        # The open that succeeded: TLS handshake, Hello, session and reconciliation, Welcome.
+        "per_node_last_open": [w - last for _, w, _, last in first.values() if w],
+        "connects": [connects for _, _, connects, _ in first.values()],
+        "lost_again": outages_after_kill - len(first)}
+
+
+def console_record(node_id: str, command_id: str) -> list[tuple[float, str]]:
+    """The audit trail of one node's sessions and of one command, as (epoch, what)."""
+    events = AuditEvent.objects.filter(
+        Q(action__startswith="control_session.", after__node=node_id)
+        | Q(target_id=command_id)).order_by("at", "id")
+    return [(event.at.timestamp(), f"console: {event.action} "
+             f"{(event.after or {}).get('reason', '')}".rstrip()) for event in events]
+
+
+def timeline(example: dict, killed_at: float) -> str:
+    """A command the node got again after forgetting it: its story, from both sides."""
+    node = [(at, f"node: {event} (stream {stream})") for at, event, stream in example["history"]]
+    lines = sorted(node + example["console"])
+    return "\n".join(f"    {at - killed_at:+8.3f} s  {what}" for at, what in lines)
+
+
+def restart_scenario(*, replicas: int, node_fleet, admin_user, console_pki, redis_url,
+                     tmp_path) -> dict:
+    """Start ``replicas`` gateways and the fleet, kill the first replica, restart it."""
+    credentials = enroll(node_fleet, NODES, tmp_path)
+    if not (console_pki / "gateway.pem").exists():  # before replicas race to issue it
+        pki.issue_server_certificate(["127.0.0.1", "localhost"])
+    nodes = list(Node.objects.order_by("hostname"))
+    env = console_env(tmp_path, TUNEPLANE_PKI_DIR=str(console_pki), TUNEPLANE_DEBUG="0",
+                      REDIS_URL=redis_url, **SETTINGS)
+    targets = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
+
+    def gateway(target: str):
+        return serving([sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind",
+                        target], env, READY)
+
+    figures = {"replicas": replicas, "nodes": NODES}
+    with ExitStack() as stack:
+        worker_log = stack.enter_context(sweepers(env, tmp_path))
+        victim, _ = [stack.enter_context(gateway(target)) for target in targets][0]
+        started = time.monotonic()
+        fleet = stack.enter_context(reconnecting_fleet(targets, credentials, tmp_path))
+        wait_until(lambda: fleet.running() and ControlSession.objects.filter(
+            closed_at__isnull=True).count() == NODES, RAMP_TIMEOUT_SECONDS,
+            what="every node holding a session")
+        figures["ramp_seconds"] = time.monotonic() - started
+        time.sleep(2 * int(SETTINGS["TUNEPLANE_HEARTBEAT_INTERVAL"]))  # every stream beat
+
+        created, figures["create_before_seconds"] = command_all(admin_user, nodes[::2])
+        lost = set(ControlSession.objects.filter(closed_at__isnull=True,
+                                                 gateway=replica_name(targets[0]))
+                   .values_list("node_id", flat=True))
+        killed_at = time.time()
+        victim.kill()
+        victim.wait()
+        more, figures["create_during_seconds"] = command_all(admin_user, nodes[1::2])
+        created += more
+        time.sleep(max(0.0, killed_at + DOWN_SECONDS - time.time()))
+        figures["down_seconds"] = time.time() - killed_at
+
+        stack.enter_context(gateway(targets[0]))
+        ready_at = time.time()
+        wait_until(lambda: fleet.running() and reopened(lost, killed_at) == len(lost),
+                   RECONNECT_TIMEOUT_SECONDS,
+                   what=f"the {len(lost)} nodes of the killed replica back")
+        figures["sessions_open_after_ready"] = time.time() - ready_at
+        wait_until(lambda: NodeCommand.objects.filter(state__in=[
+            CommandState.SUCCEEDED, CommandState.FAILED]).count() == len(created),
+            COMMANDS_TIMEOUT_SECONDS, what="every command finished")
+        figures["commands_done_after_ready"] = time.time() - ready_at
+        time.sleep(max(0.0, ready_at + QUIET_TRAIN_SECONDS + HOLD_MARGIN_SECONDS - time.time()))
+
+        figures.update(database_figures(killed_at, created, worker_log))
+        result = fleet.stop()
+        for example in result["commands"]["forgotten_then_received"]:
+            example["console"] = console_record(example["node"], example["command"])
+    figures.update(fleet_figures(result, killed_at, ready_at))
+    received = result["commands"]["received"]
+    figures.update(
+        created=len(created), fleet=result, lost_expected=len(lost), killed_at=killed_at,
+        not_received=len(set(created) - set(received)),
+        received_unknown=len(set(received) - set(created)))
+    return figures
+
+
+def report(f: dict) -> str:
+    fleet, commands = f["fleet"], f["fleet"]["commands"]
+    replicas = "1 replica" if f["replicas"] == 1 else f"{f['replicas']} replicas, 1 killed"
+    closed = ", ".join(f"{reason} {n}" for reason, n in f["closed_events"].items())
+    lines = [
+        f"\nbench gateway restart: {f['nodes']:,} nodes, {replicas} (SIGKILL), down "
+        f"{f['down_seconds']:.1f} s: {f['lost_streams']:,} streams lost; all welcomed again "
+        f"{f['all_back_after_ready']:.1f} s after the restarted replica was ready "
+        f"({f['all_back_after_kill']:.1f} s after the kill; {f['back_before_ready']} back "
+        f"before it was ready; sessions all open in the database at "
+        f"{f['sessions_open_after_ready']:.1f} s)",
+        f"  per node, loss to Welcome p50 / p99 / max: "
+        f"{percentiles(f['per_node_loss_to_welcome'])}; restart ready to Welcome: "
+        f"{percentiles(f['per_node_ready_to_welcome'])}; the open that got it: "
+        f"{percentiles(f['per_node_last_open'])}; connects "
+        f"{statistics.median(f['connects']) if f['connects'] else 0:.0f} median, "
+        f"{max(f['connects'], default=0)} max; lost again after reconnecting: "
+        f"{f['lost_again']}",
+        f"  gone: {f['gone_nodes']} nodes, {f['gone_events']} node.gone events "
+        f"({f['sweeps']} sweeps; held {QUIET_TRAIN_SECONDS} s, the train threshold, past "
+        f"the restart); node.quiet since the kill: {dict(f['quiet_events']) or 0}",
+        f"  commands: {f['created']} created ({f['create_before_seconds']:.1f} s before the "
+        f"kill, {f['create_during_seconds']:.1f} s while down), states "
+        f"{dict(f['command_states'])}, all finished {f['commands_done_after_ready']:.1f} s "
+        f"after ready; succeeded audited once {f['succeeded_once']}, more than once "
+        f"{f['succeeded_more']}; lost {f['lost_events']}; strays {f['strays']}",
+        f"  fleet: received {len(commands['received'])} ids ({f['not_received']} created "
+        f"not received), delivered again {commands['redelivered']}, of which after the node "
+        f"had forgotten them as reconciled (a real agent runs those twice) "
+        f"{commands['redelivered_after_forgotten']}; CommandUpdates {commands['updates']} "
+        f"(repeated {commands['updates_repeated']}); ramp {f['ramp_seconds']:.1f} s; "
+        f"its loop lagged {fleet['loop_lag_max_seconds']:.2f} s at most",
+        f"  audit since the kill: control_session.closed {sum(f['closed_events'].values())} "
+        f"({closed}), control_session.opened {f['opened_events']}; open sessions "
+        f"{f['open_sessions']}",
+        f"  streams the console closed: {fleet['closed_by_console'] or 0}",
+        f"  stream errors: {sum(fleet['errors'].values())} {fleet['errors'] or ''}".rstrip()]
+    for example in commands["forgotten_then_received"][:1]:
+        lines.append(f"  command {example['command']} of node {example['node']}, from the "
+                     f"kill:\n{timeline(example, f['killed_at'])}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("replicas", [1, 2], ids=["one-replica", "two-replicas"])
+def test_bench_gateway_sigkill_and_restart_under_connected_nodes(
+        replicas, require_redis, node_fleet, admin_user, console_pki, settings, tmp_path,
+        capsys):
+    settings.TUNEPLANE_SWEEP_INTERVAL = 1  # the schedule seeded for the beat
+    started = time.monotonic()
+    f = restart_scenario(replicas=replicas, node_fleet=node_fleet, admin_user=admin_user,
+                         console_pki=console_pki, redis_url=require_redis, tmp_path=tmp_path)
+    with capsys.disabled():
+        print(report(f) + f"\n  scenario {time.monotonic() - started:.0f} s")
+
+    assert f["lost_streams"] == f["lost_expected"] > 0
+    assert f["not_back"] == 0 and f["fleet"]["held_at_stop"] == NODES, "nodes still out"
+    assert f["gone_nodes"] == f["gone_events"] == 0, "a reconnecting node declared gone"
+    assert f["command_states"] == {CommandState.SUCCEEDED: f["created"]}
+    assert f["succeeded_once"] == f["created"] and f["strays"] == f["lost_events"] == 0
+    assert f["not_received"] == f["received_unknown"] == 0, "commands lost on the way"
+    assert f["fleet"]["commands"]["redelivered_after_forgotten"] == 0, \
+        "commands delivered after a Hello told them finished: a real agent runs them twice"
+    assert sum(f["closed_events"].values()) >= f["lost_expected"]
+    assert f["opened_events"] >= f["lost_expected"]

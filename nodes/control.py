@@ -202,8 +202,7 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
         card_names_remember((card["name"] for card in inventory["cards"]), now)
         for name, value in cards_summary(inventory).items():
             setattr(node, name, value)
-        live = ControlSession.objects.filter(node=node, closed_at__isnull=True,
-                                             lease_expires_at__gt=now).exists()
+        live = node.lease_expires_at is not None and node.lease_expires_at > now
         # Enrolled, or back from gone: schedulable only through a live lease and this fresh
         # inventory (L1); a cordon, a separate record, is not touched.
         if node.scheduling_state in (SchedulingState.ENROLLED, SchedulingState.GONE) and live:

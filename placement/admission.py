@@ -20,7 +20,9 @@ from django.utils import timezone
 
 from fleets.choices import FleetKind, FleetState
 from fleets.selectors import fleet_get_visible, fleets_visible_to
-from nodes.selectors import card_series, cluster_machines_placeable, nodes_placeable
+from nodes.selectors import (
+    card_series, cards_summary, cluster_machines_placeable, nodes_placeable,
+)
 from tuneplane.errors import PlacementRefused
 
 from .choices import Refusal
@@ -106,18 +108,21 @@ class Holdings:
         return list(self.nodes.filter(fleet_id=fleet_id, held__gte=self.need.cards)
                     .order_by("-held", "id").values_list("id", flat=True)[:limit])
 
+    def _held(self, summary: dict) -> int:
+        """What one machine's card summary holds of the need, as _cards_held reads a node's."""
+        if not self.need.series:
+            return summary["card_count"]
+        return summary["series_cards"].get(self.need.series, 0)
+
     def cluster_machines(self) -> dict[str, list[tuple[int, str]]]:
         """Per cluster Fleet, each placeable machine's cards of the need and its name."""
         if self._machines is None:
             machines = cluster_machines_placeable(self.clusters, self.now) if self.clusters \
                 else {}
             series = card_series(card["name"] for listed in machines.values()
-                                 for machine in listed for card in machine["cards"]) \
-                if self.need.series and machines else {}
+                                 for machine in listed for card in machine["cards"])
             self._machines = {
-                fleet_id: [(sum(card["count"] for card in machine["cards"]
-                                if not self.need.series or series.get(card["name"])
-                                == self.need.series), machine["name"])
+                fleet_id: [(self._held(cards_summary(machine, series)), machine["name"])
                            for machine in listed]
                 for fleet_id, listed in machines.items()}
         return self._machines

@@ -137,6 +137,15 @@ def console_pki(tmp_path_factory):
     return directory
 
 
+@pytest.fixture
+def secrets_dir(settings, tmp_path):
+    """TUNEPLANE_SECRETS_DIR for this test: the only place a *_token_file may name."""
+    directory = tmp_path / "secrets"
+    directory.mkdir()
+    settings.TUNEPLANE_SECRETS_DIR = directory
+    return directory
+
+
 @pytest.fixture(autouse=True)
 def _join_rate(settings):
     # Tests join far faster than any operator; the throttle test sets its own rate.

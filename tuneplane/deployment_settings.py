@@ -47,6 +47,26 @@ def _absolute_path(value) -> str:
     return value
 
 
+def _token_env(value) -> str:
+    from nodes.backends.credentials import env_name_refusal
+
+    value = _matching(_ENV_NAME, "an environment variable name")(value)
+    refusal = env_name_refusal(value)
+    if refusal:
+        raise ValueError(refusal)
+    return value
+
+
+def _token_file(value) -> str:
+    from nodes.backends.credentials import file_path_refusal
+
+    value = _string(value)
+    refusal = file_path_refusal(value)
+    if refusal:
+        raise ValueError(refusal)
+    return value
+
+
 def _matching(pattern: re.Pattern, description: str):
     def check(value) -> str:
         value = _string(value)
@@ -86,22 +106,22 @@ SETTINGS = {
                           "Partition (or comma-separated partitions) that belong to the Fleet."),
         DeploymentSetting("slurm_user", frozenset({"slurm"}), _string,
                           "User name sent as X-SLURM-USER-NAME."),
-        DeploymentSetting("slurm_token_env", frozenset({"slurm"}),
-                          _matching(_ENV_NAME, "an environment variable name"),
-                          "Environment variable holding the slurmrestd JWT."),
-        DeploymentSetting("slurm_token_file", frozenset({"slurm"}), _absolute_path,
-                          "File holding the slurmrestd JWT."),
+        DeploymentSetting("slurm_token_env", frozenset({"slurm"}), _token_env,
+                          "Environment variable (TUNEPLANE_TOKEN_*) holding the slurmrestd JWT."),
+        DeploymentSetting("slurm_token_file", frozenset({"slurm"}), _token_file,
+                          "File in TUNEPLANE_SECRETS_DIR holding the slurmrestd JWT."),
         DeploymentSetting("slurm_workdir", frozenset({"slurm"}), _absolute_path,
                           "Working directory of submitted jobs on the Slurm nodes (/tmp)."),
         DeploymentSetting("kube_api_url", frozenset({"kubernetes"}), _http_url,
                           "Kubernetes API server URL."),
         DeploymentSetting("kube_context", frozenset({"kubernetes"}), _string,
                           "kubeconfig context to use instead of an API URL."),
-        DeploymentSetting("kube_token_env", frozenset({"kubernetes"}),
-                          _matching(_ENV_NAME, "an environment variable name"),
-                          "Environment variable holding a bearer token for kube_api_url."),
-        DeploymentSetting("kube_token_file", frozenset({"kubernetes"}), _absolute_path,
-                          "File holding a bearer token for kube_api_url (a service account's)."),
+        DeploymentSetting("kube_token_env", frozenset({"kubernetes"}), _token_env,
+                          "Environment variable (TUNEPLANE_TOKEN_*) holding a bearer token for "
+                          "kube_api_url."),
+        DeploymentSetting("kube_token_file", frozenset({"kubernetes"}), _token_file,
+                          "File in TUNEPLANE_SECRETS_DIR holding a bearer token for kube_api_url "
+                          "(a service account's)."),
         DeploymentSetting("kuberay_namespace", frozenset({"kubernetes"}),
                           _matching(_DNS_LABEL, "a Kubernetes namespace name"),
                           "Namespace KubeRay clusters run in."),

@@ -212,6 +212,8 @@ CELERY_TIMEZONE = TIME_ZONE
 TUNEPLANE_PUBLIC_URL = os.environ.get("TUNEPLANE_PUBLIC_URL", "http://127.0.0.1:8000")
 TUNEPLANE_GATEWAY_TARGET = os.environ.get("TUNEPLANE_GATEWAY_TARGET", "127.0.0.1:8443")
 TUNEPLANE_PKI_DIR = Path(os.environ.get("TUNEPLANE_PKI_DIR", VAR_DIR / "pki"))
+# The only files a cluster Fleet's *_token_file may name (nodes/backends/credentials.py).
+TUNEPLANE_SECRETS_DIR = Path(os.environ.get("TUNEPLANE_SECRETS_DIR", VAR_DIR / "secrets"))
 TUNEPLANE_DOWNLOADS_DIR = Path(os.environ.get("TUNEPLANE_DOWNLOADS_DIR", VAR_DIR / "downloads"))
 TUNEPLANE_JOIN_TOKEN_TTL = env_seconds("TUNEPLANE_JOIN_TOKEN_TTL", 24 * 3600)
 TUNEPLANE_NODE_CREDENTIAL_TTL = env_seconds("TUNEPLANE_NODE_CREDENTIAL_TTL", 24 * 3600)

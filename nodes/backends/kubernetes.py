@@ -10,7 +10,6 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import urllib3
 from kubernetes.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi
@@ -19,6 +18,7 @@ from kubernetes.config import ConfigException, new_client_from_config
 
 from ..choices import SchedulingState
 from .base import BackendError, JobSpec, Machine
+from .credentials import read_token
 
 REQUEST_TIMEOUT = (3.0, 10.0)  # (connect, read) seconds: a dead API server fails a read fast
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -124,22 +124,8 @@ class KubernetesBackend:
 
     def _token(self) -> str:
         """The bearer token, read now so a rotated token is used at the next call."""
-        if self.token_env:
-            token = os.environ.get(self.token_env, "").strip()
-            if not token:
-                raise BackendError(f"environment variable {self.token_env} "
-                                   "(config.kube_token_env) is empty or not set")
-            return token
-        if self.token_file:
-            try:
-                token = Path(self.token_file).read_text().strip()
-            except OSError as error:
-                raise BackendError(f"config.kube_token_file {self.token_file} cannot be read: "
-                                   f"{error.strerror}") from error
-            if not token:
-                raise BackendError(f"config.kube_token_file {self.token_file} is empty")
-            return token
-        return ""
+        return read_token(env_key="kube_token_env", env_name=self.token_env,
+                          file_key="kube_token_file", file_path=self.token_file)
 
     def _refusal(self, host: str, error: ApiException) -> str:
         if not error.status:  # the client's own failure before any answer, e.g. TLS

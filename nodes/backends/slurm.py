@@ -6,15 +6,14 @@ variable or a file named in the Fleet's config at each call: never the token its
 Fleet record, a log line or an error message.
 """
 
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
 from ..choices import SchedulingState
 from .base import BackendError, JobSpec, Machine
+from .credentials import read_token
 
 DEFAULT_API_VERSION = "v0.0.38"
 TIMEOUT = httpx.Timeout(10.0, connect=3.0)
@@ -104,17 +103,9 @@ class SlurmBackend:
     # -- the HTTP conversation --------------------------------------------------------------
 
     def _token(self) -> str:
-        if self.token_env:
-            token = os.environ.get(self.token_env, "")
-            if not token:
-                raise BackendError(f"environment variable {self.token_env} (slurm_token_env) "
-                                   "is not set")
-            return token.removeprefix("SLURM_JWT=").strip()
-        try:
-            return Path(self.token_file).read_text().strip().removeprefix("SLURM_JWT=")
-        except OSError as exc:
-            raise BackendError(f"cannot read slurm_token_file {self.token_file}: "
-                               f"{exc.strerror}") from None
+        token = read_token(env_key="slurm_token_env", env_name=self.token_env,
+                           file_key="slurm_token_file", file_path=self.token_file)
+        return token.removeprefix("SLURM_JWT=").strip()  # as `scontrol token` prints it
 
     def _call(self, method: str, path: str, **kwargs) -> dict:
         url = f"{self.url}/slurm/{self.api_version}/{path}"

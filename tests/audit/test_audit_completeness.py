@@ -70,7 +70,7 @@ NOT_AUDITED = {
 
 CREATED, CHANGED, DELETED = "created", "changed", "deleted"
 RUN = {"argv": ["sleep", "600"]}
-KUBE_TOKEN_ENV = "TUNEPLANE_TEST_KUBE_TOKEN"
+KUBE_TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_KUBE_TOKEN"
 RAYJOBS = "/apis/ray.io/v1/namespaces/ml-jobs/rayjobs"
 RAYJOB = f"{RAYJOBS}/llama-sft-7b-x9k2p"
 

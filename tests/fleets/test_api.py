@@ -168,7 +168,8 @@ def test_F4_known_key_with_wrong_type_is_400(admin_api, config, field):
 
 def test_F4_slurm_and_kubernetes_keys_are_checked(admin_api):
     good = {"slurm_rest_url": "http://127.0.0.1:6820", "slurm_api_version": "v0.0.38",
-            "slurm_partition": "debug", "slurm_user": "root", "slurm_token_env": "SLURM_JWT"}
+            "slurm_partition": "debug", "slurm_user": "root",
+            "slurm_token_env": "TUNEPLANE_TOKEN_SLURM"}
     assert admin_api.post("/api/fleets", {"id": "s", "kind": "slurm",
                                           "config": good}).json()["warnings"] == []
     bad = admin_api.post("/api/fleets", {"id": "s2", "kind": "slurm",

@@ -23,7 +23,7 @@ NODES = "/api/v1/nodes"
 RAYJOBS = "/apis/ray.io/v1/namespaces/ml-jobs/rayjobs"
 RAYJOB = f"{RAYJOBS}/llama-sft-7b-x9k2p"
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.replay-test-token.c2lnbmF0dXJl"  # distinctive, to look for leaks
-TOKEN_ENV = "TUNEPLANE_TEST_KUBE_TOKEN"
+TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_KUBE_TOKEN"
 SHORT_TIMEOUT = (0.5, 0.5)
 H100 = "NVIDIA-H100-80GB-HBM3"
 SFT_JOB = JobSpec(name="Llama SFT 7B", script="python train.py --epochs 3", series=H100,
@@ -152,9 +152,9 @@ def test_a_token_from_the_environment_is_read_at_call_time_and_sent_as_bearer(
     assert TOKEN not in repr(backend)
 
 
-def test_a_token_from_a_file_is_sent_as_bearer(replay, tmp_path):
+def test_a_token_from_a_file_is_sent_as_bearer(replay, secrets_dir):
     replay.serve("GET", NODES, "nodes.json")
-    token_file = tmp_path / "token"
+    token_file = secrets_dir / "token"
     token_file.write_text(TOKEN + "\n")
 
     backend_at(replay.url, kube_token_file=str(token_file)).read()

@@ -28,8 +28,8 @@ from tests.nodes.kube_replay import KubeReplay
 from tuneplane.models import ApiToken
 from tuneplane.services import api_token_create, api_token_revoke
 
-KUBE_TOKEN_ENV = "TUNEPLANE_TEST_SECRETS_KUBE_TOKEN"
-SLURM_TOKEN_ENV = "TUNEPLANE_TEST_SECRETS_SLURM_JWT"
+KUBE_TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_SECRETS_KUBE_TOKEN"
+SLURM_TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_SECRETS_SLURM_JWT"
 SLURM_NODES = "/slurm/v0.0.38/nodes"
 # How slurmrestd 22.05 answers a token it cannot verify.
 SLURM_REFUSAL = {"errors": [{"error": "Unspecified error", "error_number": -1}]}
@@ -149,14 +149,14 @@ def revoke_and_present_an_api_token(admin_user) -> Outcome:
                    answers=[answer.content.decode() for answer in refused])
 
 
-def read_cluster_fleets(admin: Api, replay: KubeReplay, monkeypatch, tmp_path) -> Outcome:
+def read_cluster_fleets(admin: Api, replay: KubeReplay, monkeypatch, secrets_dir) -> Outcome:
     """Fleets made through the API name where their JWT is; each is read once it works and
     once it is refused (401, 500), so the manager's refusal is stored and shown."""
     kube_jwt, env_jwt, file_jwt, pasted_jwt = (fake_jwt(subject) for subject in (
         "kube-reader", "slurm-env", "slurm-file", "pasted-into-the-config"))
     monkeypatch.setenv(KUBE_TOKEN_ENV, kube_jwt)
     monkeypatch.setenv(SLURM_TOKEN_ENV, env_jwt)
-    token_file = tmp_path / "slurm.jwt"
+    token_file = secrets_dir / "slurm.jwt"
     token_file.write_text(f"SLURM_JWT={file_jwt}\n")  # as `scontrol token` prints it
     slurm = {"slurm_rest_url": replay.url, "slurm_api_version": "v0.0.38",
              "slurm_partition": "debug", "slurm_user": "root"}
@@ -203,11 +203,11 @@ def replay(monkeypatch):
 
 def test_secrets_appear_nowhere_after_a_full_scenario(admin_user, node_fleet, console_pki,
                                                       replay, admin_client, monkeypatch,
-                                                      tmp_path, caplog):
+                                                      secrets_dir, caplog):
     admin = Api(admin_user)
     with every_statement_logged(caplog):
         outcomes = [join_rotate_and_be_refused(admin), revoke_and_present_an_api_token(admin_user),
-                    read_cluster_fleets(admin, replay, monkeypatch, tmp_path)]
+                    read_cluster_fleets(admin, replay, monkeypatch, secrets_dir)]
         missing_fleet = admin.post("/api/fleets/nope/join-tokens").content.decode()
         pages = {fleet.id: fleet_page(admin_client, fleet.id) for fleet in Fleet.objects.all()}
 

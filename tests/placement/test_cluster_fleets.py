@@ -16,7 +16,7 @@ from placement.services import training_job_submit
 from tests.nodes.kube_replay import KubeReplay
 from tuneplane.errors import PlacementRefused
 
-TOKEN_ENV = "TUNEPLANE_TEST_KUBE_TOKEN"
+TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_KUBE_TOKEN"
 RAYJOBS = "/apis/ray.io/v1/namespaces/ml-jobs/rayjobs"
 
 

@@ -19,7 +19,7 @@ from tuneplane.errors import PlacementRefused
 
 pytestmark = [pytest.mark.slurm]
 
-TOKEN_ENV = "TUNEPLANE_TEST_SLURM_JWT"
+TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_SLURM_JWT"
 
 
 @pytest.fixture

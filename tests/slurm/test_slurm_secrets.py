@@ -18,16 +18,16 @@ from tests.nodes.test_secrets import (
 
 pytestmark = [pytest.mark.slurm]
 
-TOKEN_ENV = "TUNEPLANE_TEST_SLURM_SECRETS_JWT"
-REFUSED_TOKEN_ENV = "TUNEPLANE_TEST_SLURM_SECRETS_REFUSED_JWT"
+TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_SLURM_SECRETS_JWT"
+REFUSED_TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_SLURM_SECRETS_REFUSED_JWT"
 
 
 def test_the_slurm_jwt_and_a_refused_token_appear_nowhere_after_reads(
-        slurm_cluster, admin_user, admin_client, monkeypatch, tmp_path, caplog):
+        slurm_cluster, admin_user, admin_client, monkeypatch, tmp_path, secrets_dir, caplog):
     refused_token = fake_jwt("signed-with-another-key")
     monkeypatch.setenv(TOKEN_ENV, slurm_cluster.token)
     monkeypatch.setenv(REFUSED_TOKEN_ENV, refused_token)
-    token_file = tmp_path / "slurm.jwt"
+    token_file = secrets_dir / "slurm.jwt"
     token_file.write_text(f"SLURM_JWT={slurm_cluster.token}\n")  # as `scontrol token` prints it
     slurm = {"slurm_rest_url": slurm_cluster.url, "slurm_api_version": "v0.0.38",
              "slurm_partition": slurm_cluster.partition, "slurm_user": "root",

@@ -34,6 +34,8 @@ from .pki import NODE_URI_PREFIX
 logger = logging.getLogger("tuneplane.gateway")
 
 HELLO_TIMEOUT_SECONDS = 10
+# Messages of one stream waiting for the database; beyond this, its reader waits too.
+STORE_QUEUE = 64
 _STATUS = {403: grpc.StatusCode.PERMISSION_DENIED, 400: grpc.StatusCode.INVALID_ARGUMENT,
            404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION}
 
@@ -305,6 +307,9 @@ class NodeControlService(AsyncService):
             await context.abort(_STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED),
                                 error.message)
         stream = Stream(peer.node_id, str(session.id))
+        # L5: what the node already knows is never sent on this stream, even by a poll or a
+        # nudge that read the command as pending before the reconcile below settled it.
+        stream.sent.update(item.command_id for item in reported)
         self.streams.take(stream)
         reader = None
         reason = "stream ended"
@@ -332,48 +337,74 @@ class NodeControlService(AsyncService):
                                                              reason=reason))
 
     async def _read(self, request_iterator, stream: Stream) -> None:
+        """Takes the node's messages as they arrive. A heartbeat is taken here and now (its
+        time, its lease, its ack), so a stream is never judged silent because the database
+        threads are busy; what needs the database goes, in order, to ``_store``."""
         node_id = stream.node_id
         last_sequence = -1
         storage_visible = None
+        work: asyncio.Queue = asyncio.Queue(maxsize=STORE_QUEUE)
+        store = asyncio.create_task(self._store(stream, work))
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("body")
-                try:
-                    if kind == "heartbeat":
-                        beat = message.heartbeat
-                        if beat.sequence <= last_sequence:
-                            logger.warning("node %s: heartbeat %d after %d ignored", node_id,
-                                           beat.sequence, last_sequence)
-                            continue
-                        last_sequence = beat.sequence
-                        stream.last_beat = time.monotonic()
-                        self.batcher.touch(stream, inventory_unchanged=bool(
-                            beat.inventory_digest)
-                            and beat.inventory_digest == stream.inventory_digest)
-                        stream.outbox.put_nowait(pb.ControlMessage(
-                            heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence)))
-                        if beat.storage_root_visible != storage_visible:
-                            storage_visible = beat.storage_root_visible
-                            await _db(scheduling.node_observe_storage_root)(
-                                node_id=node_id, visible=storage_visible)
-                    elif kind == "inventory":
-                        await _db(control.node_report_inventory)(
-                            node_id=node_id, inventory=inventory_from(message.inventory))
-                        stream.inventory_digest = inventory_digest(message.inventory)
+                if kind == "heartbeat":
+                    beat = message.heartbeat
+                    if beat.sequence <= last_sequence:
+                        logger.warning("node %s: heartbeat %d after %d ignored", node_id,
+                                       beat.sequence, last_sequence)
+                        continue
+                    last_sequence = beat.sequence
+                    stream.last_beat = time.monotonic()
+                    self.batcher.touch(stream, inventory_unchanged=bool(beat.inventory_digest)
+                                       and beat.inventory_digest == stream.inventory_digest)
+                    stream.outbox.put_nowait(pb.ControlMessage(
+                        heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence)))
+                    if beat.storage_root_visible != storage_visible:
+                        storage_visible = beat.storage_root_visible
+                        await work.put(message)
+                elif kind in ("inventory", "command_update"):
+                    if kind == "inventory":
                         storage_visible = message.inventory.storage_root_visible
-                    elif kind == "command_update":
-                        state = message.command_update.state
-                        await _db(commands.node_command_report)(
-                            node_id=node_id, reported=commands.Reported.of(
-                                state.command_id, state.state, state.exit_code))
-                    else:  # a second Hello, or nothing at all: the stream already has both
-                        logger.warning("node %s: unexpected %s ignored", node_id, kind)
-                except ValidationFailed as error:
-                    logger.warning("node %s: %s refused: %s", node_id, kind, error.message)
+                    # A full queue waits here: a node that floods slows only its own stream.
+                    await work.put(message)
+                else:  # a second Hello, or nothing at all: the stream already has both
+                    logger.warning("node %s: unexpected %s ignored", node_id, kind)
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             pass
         finally:
+            store.cancel()
             stream.outbox.put_nowait(None)
+
+    async def _store(self, stream: Stream, work: asyncio.Queue) -> None:
+        """The database work of one stream's messages, one at a time, in arrival order."""
+        node_id = stream.node_id
+        while True:
+            message = await work.get()
+            kind = message.WhichOneof("body")
+            try:
+                if kind == "heartbeat":
+                    await _db(scheduling.node_observe_storage_root)(
+                        node_id=node_id, visible=message.heartbeat.storage_root_visible)
+                elif kind == "inventory":
+                    await _db(control.node_report_inventory)(
+                        node_id=node_id, inventory=inventory_from(message.inventory))
+                    stream.inventory_digest = inventory_digest(message.inventory)
+                else:
+                    state = message.command_update.state
+                    await _db(commands.node_command_report)(
+                        node_id=node_id, reported=commands.Reported.of(
+                            state.command_id, state.state, state.exit_code))
+            except ValidationFailed as error:
+                logger.warning("node %s: %s refused: %s", node_id, kind, error.message)
+            except Exception:
+                # The database is away, say. Nothing is dropped quietly: the stream ends, and
+                # the node's reconnect reports its commands and inventory again (L5).
+                logger.exception("node %s: storing a %s failed; closing its stream", node_id,
+                                 kind)
+                self.streams.close(node_id, f"the console could not store a {kind}",
+                                   session_id=stream.session_id)
+                return
 
     async def RotateCredential(self, request, context):
         peer = peer_of(context)

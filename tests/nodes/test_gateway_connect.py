@@ -1,0 +1,193 @@
+"""The gateway's Connect handler in-process, driven step by step, for orderings a real stream
+hits only by chance: a poll landing while a reconnect is being settled (L5), a heartbeat
+arriving while the database threads are busy (L1).
+
+The handler, its Streams, its database threads and the database are the real ones; only the
+transport is replaced by a queue of messages and a context holding the node's certificate.
+"""
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from django.db import OperationalError
+
+from audit.services import Actor
+from nodes import commands, control, gateway
+from nodes.agent.proto import control_pb2 as pb
+from nodes.gateway import NodeControlService, deliver_pending
+from nodes.models import ControlSession, NodeCommand
+from nodes.services import node_join
+from tests.conftest import H100_INVENTORY, make_csr
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ADMIN = Actor.system("tests")
+RUN = {"argv": ["true"]}
+
+
+class Context:
+    """What Connect reads of a grpc.aio context: the verified peer certificate."""
+
+    def __init__(self, pem: str):
+        self.pem = pem.encode()
+
+    def auth_context(self):
+        return {"x509_pem_cert": [self.pem]}
+
+    async def abort(self, code: grpc.StatusCode, details: str):
+        raise AssertionError(f"aborted: {code} {details}")
+
+
+class Peer:
+    """A node's side of one stream: messages it sends, and what the gateway yields to it,
+    taken as grpc takes it: as soon as it is yielded."""
+
+    def __init__(self, node_id: str, pem: str, hello: pb.Hello):
+        self.node_id = node_id
+        self.sending: asyncio.Queue = asyncio.Queue()
+        self.sending.put_nowait(pb.NodeMessage(hello=hello))
+        self.received: asyncio.Queue = asyncio.Queue()
+        self.replies = NodeControlService().Connect(self._messages(), Context(pem))
+        self.pump = asyncio.ensure_future(self._pump())
+
+    async def _messages(self):
+        while (message := await self.sending.get()) is not None:
+            yield message
+
+    async def _pump(self):
+        async for reply in self.replies:
+            self.received.put_nowait(reply)
+
+    def send(self, **body) -> None:
+        self.sending.put_nowait(pb.NodeMessage(**body))
+
+    async def next(self, timeout: float = 10) -> pb.ControlMessage:
+        return await asyncio.wait_for(self.received.get(), timeout)
+
+    async def hang_up(self) -> None:
+        self.sending.put_nowait(None)
+        await asyncio.wait_for(self.pump, 10)
+
+
+@pytest.fixture
+def joined(node_fleet, mint):
+    result = node_join(token=mint(node_fleet)[1], fleet_id=node_fleet.id, csr=make_csr()[1],
+                       inventory=H100_INVENTORY)
+    return result.node, result.certificate.pem
+
+
+@pytest.fixture(autouse=True)
+def database_threads(monkeypatch):
+    """Threads of the test's own, two even on SQLite: one may be held on purpose."""
+    pool = ThreadPoolExecutor(2, thread_name_prefix="test-gateway-db")
+    monkeypatch.setattr(gateway, "_pool", pool)
+    monkeypatch.setattr(NodeControlService, "streams", gateway.Streams())
+    monkeypatch.setattr(NodeControlService, "batcher",
+                        gateway.LeaseBatcher(NodeControlService.streams))
+    yield pool
+    pool.shutdown(wait=True)
+
+
+def held(monkeypatch, module, name: str) -> tuple[threading.Event, threading.Event]:
+    """Make ``module.name`` wait, on its database thread, until released: (entered, release)."""
+    real, entered, release = getattr(module, name), threading.Event(), threading.Event()
+
+    def waiting(*args, **kwargs):
+        entered.set()
+        assert release.wait(20), f"{name} was never released"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, waiting)
+    return entered, release
+
+
+async def in_thread(event: threading.Event) -> None:
+    assert await asyncio.get_running_loop().run_in_executor(None, event.wait, 20)
+
+
+def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_finished(
+        joined, monkeypatch):
+    node, pem = joined
+    finished = commands.node_command_create(actor=ADMIN, node=node, kind="run", payload=RUN)
+    entered, release = held(monkeypatch, commands, "node_commands_reconcile")
+    hello = pb.Hello(node_id=node.id, agent_version="test", commands=[
+        pb.CommandState(command_id=str(finished.id), state="succeeded", exit_code=0)])
+
+    async def scenario() -> list[pb.ControlMessage]:
+        peer = Peer(node.id, pem, hello)
+        welcome = asyncio.ensure_future(peer.next())
+        await in_thread(entered)  # the stream is registered; its Hello not yet settled
+        # The poll (or a Redis nudge) runs now and still reads the command as pending.
+        await deliver_pending(NodeControlService.streams, node_id=node.id)
+        release.set()
+        received = [await welcome]
+        later = await gateway._db(commands.node_command_create)(actor=ADMIN, node=node,
+                                                                 kind="run", payload=RUN)
+        await deliver_pending(NodeControlService.streams, node_id=node.id)
+        received.append(await peer.next())
+        await peer.hang_up()
+        return received, str(later.id)
+
+    (welcome, first_command), later_id = asyncio.run(scenario())
+
+    assert welcome.WhichOneof("body") == "welcome"
+    # The outbox is in order: a redelivered command would come before the later one.
+    assert first_command.command.command_id == later_id
+    assert NodeCommand.objects.get(pk=finished.pk).state == "succeeded"
+
+
+def test_L1_a_heartbeat_is_taken_while_the_database_threads_are_busy(joined, monkeypatch):
+    node, pem = joined
+    entered, release = held(monkeypatch, control, "node_report_inventory")
+
+    async def scenario():
+        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        assert (await peer.next()).WhichOneof("body") == "welcome"
+        stream = NodeControlService.streams.by_node[node.id]
+        peer.send(inventory=pb.InventoryReport(
+            cards=[pb.Card(name="NVIDIA H100 80GB HBM3", count=8)]))
+        await in_thread(entered)  # the report's database work is held
+        beat_before = stream.last_beat
+        peer.send(heartbeat=pb.Heartbeat(sequence=1))
+        ack = await peer.next()  # not after the report's write: now
+        taken = (stream.last_beat > beat_before,
+                 stream.session_id in NodeControlService.batcher.pending)
+        release.set()
+        peer.send(heartbeat=pb.Heartbeat(sequence=2))
+        second_ack = await peer.next()
+        await peer.hang_up()
+        return ack, taken, second_ack
+
+    ack, (beat_advanced, lease_pending), second_ack = asyncio.run(scenario())
+
+    assert ack.heartbeat_ack.sequence == 1 and second_ack.heartbeat_ack.sequence == 2
+    assert beat_advanced and lease_pending
+
+
+def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
+        joined, monkeypatch):
+    node, pem = joined
+    command = commands.node_command_create(actor=ADMIN, node=node, kind="run", payload=RUN)
+
+    def database_away(**_):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(commands, "node_command_report", database_away)
+
+    async def scenario():
+        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        assert (await peer.next()).WhichOneof("body") == "welcome"
+        assert (await peer.next()).command.command_id == str(command.id)
+        peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
+            command_id=str(command.id), state="succeeded", exit_code=0)))
+        closed = await peer.next()
+        await peer.hang_up()
+        return closed
+
+    closed = asyncio.run(scenario())
+
+    # Not dropped quietly: the stream ends, and the reconnect's Hello reports it again.
+    assert closed.close.reason == "the console could not store a command_update"
+    assert not ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()

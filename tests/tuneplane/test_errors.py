@@ -77,4 +77,4 @@ def test_every_operation_documents_the_refusals_made_before_its_view(client, db)
     document = client.get("/api/schema", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
     for path, item in document["paths"].items():
         for method, operation in item.items():
-            assert {"400", "414"} <= set(operation["responses"]), (method, path)
+            assert {"400", "414", "503"} <= set(operation["responses"]), (method, path)

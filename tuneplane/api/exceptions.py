@@ -1,12 +1,19 @@
 """Every API error has one body: ``{"error": {"code": ..., "message": ...}}``."""
 
+import logging
+
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import InterfaceError, OperationalError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from tuneplane.errors import ApplicationError
+
+logger = logging.getLogger("tuneplane.api")
+# Seconds a client is asked to wait when the database is away (a restart takes a few).
+DATABASE_RETRY_AFTER = 5
 
 
 def error_body(code: str, message: str, **details) -> dict:
@@ -46,6 +53,17 @@ def validation_body(detail) -> dict:
 def exception_handler(exc, context):
     if isinstance(exc, ApplicationError):
         return Response(exc.as_body(), status=exc.status)
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        # The database restarting, unreachable, or a deadlock it broke: the request's
+        # transaction was rolled back, and the next connection is a new one. A client is
+        # told to retry, in the API's own error body, not handed a 500 page.
+        logger.warning("database unavailable for %s: %s", context["request"].path,
+                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return Response(error_body(
+            "database_unavailable", "The console's database did not answer; the request "
+            f"was not completed. Retry in {DATABASE_RETRY_AFTER} seconds."),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER)})
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

@@ -28,6 +28,8 @@ _DESCRIPTIONS = {
     414: "Query string over the limit (2,048 characters).",
     422: "Placement refused at admission; `reason` says why.",
     429: "Too many requests from this address; retry after the `Retry-After` seconds.",
+    503: "The console's database did not answer (a restart, say); retry after the "
+         "`Retry-After` seconds.",
 }
 
 
@@ -38,10 +40,11 @@ def errors(*statuses: int) -> dict:
 
 def document_request_refusals(result, generator, request, public):
     """Every API operation may refuse a request before its view runs: a malformed query or
-    path (400) or an overlong query string (414). Said once here, not on every view."""
+    path (400) or an overlong query string (414); and any may meet its database away (503).
+    Said once here, not on every view."""
     for operation in (op for item in result.get("paths", {}).values() for op in item.values()):
         responses = operation.setdefault("responses", {})
-        for status in (400, 414):
+        for status in (400, 414, 503):
             responses.setdefault(str(status), {
                 "description": _DESCRIPTIONS[status],
                 "content": {"application/json": {"schema": {

@@ -36,6 +36,8 @@ logger = logging.getLogger("tuneplane.gateway")
 HELLO_TIMEOUT_SECONDS = 10
 # Messages of one stream waiting for the database; beyond this, its reader waits too.
 STORE_QUEUE = 64
+# An expiry pass this late says the replica's loop is behind, not that its nodes are silent.
+LATE_PASS_SECONDS = 1.0
 _STATUS = {403: grpc.StatusCode.PERMISSION_DENIED, 400: grpc.StatusCode.INVALID_ARGUMENT,
            404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION}
 
@@ -71,6 +73,8 @@ class Stream:
     sent: set[str] = field(default_factory=set)
     # Digest of the inventory the console stored from this stream (see Heartbeat in the proto).
     inventory_digest: str = ""
+    # Its silence counts from the Welcome: before it, the wait is the console's, not the node's.
+    welcomed: bool = False
     last_beat: float = field(default_factory=time.monotonic)
 
     def deliver(self, commands) -> int:
@@ -233,15 +237,31 @@ async def listen(streams: Streams) -> None:
             delay = min(delay * 2, 30)
 
 
+def expire_pass(streams: Streams, *, now: float, late: float = 0.0) -> list[Stream]:
+    """Close the welcomed streams silent for a whole lease: a half-open connection must not
+    look like a live node. A pass that runs ``late`` by more than LATE_PASS_SECONDS judges
+    nothing: this replica's own loop was behind, so a heartbeat may be waiting unread (the
+    node's lease in the database is judged by the liveness sweep meanwhile, L1)."""
+    if late > LATE_PASS_SECONDS:
+        logger.warning("gateway loop ran %.1f s late; no stream judged silent on this pass",
+                       late)
+        return []
+    silent_since = now - settings.TUNEPLANE_LEASE_TTL
+    silent = [s for s in streams.by_node.values() if s.welcomed and s.last_beat < silent_since]
+    for stream in silent:
+        logger.info("node %s silent for a lease; closing its stream", stream.node_id)
+        streams.close(stream.node_id, "lease expired", session_id=stream.session_id)
+    return silent
+
+
 async def expire(streams: Streams) -> None:
-    """A stream whose node has been silent for a whole lease is closed: a half-open
-    connection must not look like a live node. One pass a second over every stream."""
+    """One pass a second over every stream."""
+    due = time.monotonic() + 1
     while True:
-        await asyncio.sleep(1)
-        silent_since = time.monotonic() - settings.TUNEPLANE_LEASE_TTL
-        for stream in [s for s in streams.by_node.values() if s.last_beat < silent_since]:
-            logger.info("node %s silent for a lease; closing its stream", stream.node_id)
-            streams.close(stream.node_id, "lease expired", session_id=stream.session_id)
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        now = time.monotonic()
+        expire_pass(streams, now=now, late=now - due)
+        due = now + 1
 
 
 async def announce() -> None:
@@ -316,13 +336,15 @@ class NodeControlService(AsyncService):
         try:
             pending = await _db(commands.node_commands_reconcile)(node_id=peer.node_id,
                                                                   reported=reported)
+            # Reading starts before the Welcome is written: a write the transport completes
+            # late must not leave the node's first heartbeats unread.
+            stream.welcomed, stream.last_beat = True, time.monotonic()
+            reader = asyncio.create_task(self._read(request_iterator, stream))
+            stream.deliver(pending)
             yield pb.ControlMessage(welcome=pb.Welcome(
                 session_id=stream.session_id,
                 heartbeat_interval_seconds=settings.TUNEPLANE_HEARTBEAT_INTERVAL,
                 lease_ttl_seconds=settings.TUNEPLANE_LEASE_TTL))
-            stream.last_beat = time.monotonic()  # its silence counts from the Welcome
-            stream.deliver(pending)
-            reader = asyncio.create_task(self._read(request_iterator, stream))
             while (message := await stream.outbox.get()) is not None:
                 if message.WhichOneof("body") == "close":
                     reason = message.close.reason

@@ -8,6 +8,7 @@ transport is replaced by a queue of messages and a context holding the node's ce
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -17,7 +18,7 @@ from django.db import OperationalError
 from audit.services import Actor
 from nodes import commands, control, gateway
 from nodes.agent.proto import control_pb2 as pb
-from nodes.gateway import NodeControlService, deliver_pending
+from nodes.gateway import NodeControlService, deliver_pending, expire_pass
 from nodes.models import ControlSession, NodeCommand
 from nodes.services import node_join
 from tests.conftest import H100_INVENTORY, make_csr
@@ -103,6 +104,13 @@ def held(monkeypatch, module, name: str) -> tuple[threading.Event, threading.Eve
     return entered, release
 
 
+def in_own_loop(scenario):
+    """Run ``scenario()`` on an event loop of its own, in a thread of its own: a browser test
+    earlier in the session may have left one running on this thread."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, scenario()).result()
+
+
 async def in_thread(event: threading.Event) -> None:
     assert await asyncio.get_running_loop().run_in_executor(None, event.wait, 20)
 
@@ -130,7 +138,7 @@ def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_fin
         await peer.hang_up()
         return received, str(later.id)
 
-    (welcome, first_command), later_id = asyncio.run(scenario())
+    (welcome, first_command), later_id = in_own_loop(scenario)
 
     assert welcome.WhichOneof("body") == "welcome"
     # The outbox is in order: a redelivered command would come before the later one.
@@ -160,7 +168,7 @@ def test_L1_a_heartbeat_is_taken_while_the_database_threads_are_busy(joined, mon
         await peer.hang_up()
         return ack, taken, second_ack
 
-    ack, (beat_advanced, lease_pending), second_ack = asyncio.run(scenario())
+    ack, (beat_advanced, lease_pending), second_ack = in_own_loop(scenario)
 
     assert ack.heartbeat_ack.sequence == 1 and second_ack.heartbeat_ack.sequence == 2
     assert beat_advanced and lease_pending
@@ -186,8 +194,52 @@ def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
         await peer.hang_up()
         return closed
 
-    closed = asyncio.run(scenario())
+    closed = in_own_loop(scenario)
 
     # Not dropped quietly: the stream ends, and the reconnect's Hello reports it again.
     assert closed.close.reason == "the console could not store a command_update"
     assert not ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()
+
+
+def test_L1_silence_counts_from_the_welcome_not_while_the_console_settles_the_hello(
+        joined, monkeypatch):
+    node, pem = joined
+    entered, release = held(monkeypatch, commands, "node_commands_reconcile")
+    streams = NodeControlService.streams
+
+    async def scenario():
+        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        await in_thread(entered)  # registered, its Hello waiting on the database
+        long_after = time.monotonic() + 1000
+        while_settling = expire_pass(streams, now=long_after)
+        release.set()
+        welcome = await peer.next()
+        after_welcome = expire_pass(streams, now=long_after)
+        closed = await peer.next()
+        await peer.hang_up()
+        return while_settling, welcome, after_welcome, closed
+
+    while_settling, welcome, after_welcome, closed = in_own_loop(scenario)
+
+    assert while_settling == []
+    assert welcome.WhichOneof("body") == "welcome"
+    assert [s.node_id for s in after_welcome] == [node.id]  # the pass does judge, once welcomed
+    assert closed.close.reason == "lease expired"
+
+
+def test_L1_a_pass_the_gateway_runs_late_judges_no_stream(joined):
+    node, pem = joined
+
+    async def scenario():
+        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        assert (await peer.next()).WhichOneof("body") == "welcome"
+        long_after = time.monotonic() + 1000
+        late = expire_pass(NodeControlService.streams, now=long_after,
+                           late=gateway.LATE_PASS_SECONDS + 0.5)
+        on_time = expire_pass(NodeControlService.streams, now=long_after, late=0.01)
+        await peer.hang_up()
+        return late, on_time
+
+    late, on_time = in_own_loop(scenario)
+
+    assert late == [] and [s.node_id for s in on_time] == [node.id]

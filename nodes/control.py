@@ -217,9 +217,11 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
     return node
 
 
-def gateway_started(*, name: str) -> GatewayReplica:
+def gateway_started(*, name: str, serving_since: datetime | None = None) -> GatewayReplica:
     """A gateway replica starts listening: audited, as what follows it in the log (sessions
-    reopening) reads against it."""
+    reopening) reads against it. Sessions its previous process left open (it was killed, so
+    it closed none) are closed now: a new process holds none of their streams. Only those
+    opened before ``serving_since``, when this process began: its own are live."""
     now = timezone.now()
     with transaction.atomic():
         earlier = GatewayReplica.objects.select_for_update().filter(name=name).first()
@@ -229,7 +231,46 @@ def gateway_started(*, name: str) -> GatewayReplica:
                      before={"started_at": earlier.started_at.isoformat(),
                              "seen_at": earlier.seen_at.isoformat()} if earlier else None,
                      after={"name": name, "started_at": now.isoformat()})
+    left_open = ControlSession.objects.filter(gateway=name, opened_at__lt=serving_since or now)
+    closed = _sessions_close(left_open, "gateway replica restarted", now)
+    if closed:
+        logger.info("gateway %s started: closed %d sessions its previous process left open",
+                    name, closed)
     return replica
+
+
+def sessions_of_silent_replicas_close(*, listening_since: datetime | None,
+                                      now: datetime | None = None) -> int:
+    """Close the sessions of gateway replicas silent for a lease, whose lease has run out: a
+    replica that was killed and not started again closed none of its sessions. Judged only
+    once the console has listened for a lease (``listening_since``, the liveness sweep's
+    Hearing): after a database outage every replica is silent until it announces again."""
+    now = now or timezone.now()
+    lease = timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
+    if listening_since is None or listening_since > now - lease:
+        return 0
+    silent = GatewayReplica.objects.filter(seen_at__lt=now - lease).values("name")
+    return _sessions_close(ControlSession.objects.filter(gateway__in=silent,
+                                                         lease_expires_at__lt=now),
+                           "gateway replica silent for a lease", now)
+
+
+def _sessions_close(sessions, reason: str, now: datetime, batch: int = 200) -> int:
+    """Close the open ones of ``sessions``, each audited, a batch per transaction; the nodes
+    locked first, in id order (the one lock order: node, then its sessions)."""
+    closed = 0
+    while True:
+        node_ids = sorted(set(sessions.filter(closed_at__isnull=True)
+                              .values_list("node_id", flat=True)[:batch]))
+        if not node_ids:
+            return closed
+        with transaction.atomic():
+            list(Node.objects.select_for_update().filter(pk__in=node_ids).order_by("pk")
+                 .values_list("pk", flat=True))
+            for session in (sessions.select_for_update()
+                            .filter(closed_at__isnull=True, node_id__in=node_ids)):
+                _close(session, reason, now)
+                closed += 1
 
 
 def gateway_alive(*, name: str, started_at: datetime) -> None:

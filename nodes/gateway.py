@@ -36,6 +36,8 @@ logger = logging.getLogger("tuneplane.gateway")
 HELLO_TIMEOUT_SECONDS = 10
 # Messages of one stream waiting for the database; beyond this, its reader waits too.
 STORE_QUEUE = 64
+# When this process began: every session it opens is younger (control.gateway_started).
+SERVING_SINCE = timezone.now()
 # An expiry pass this late says the replica's loop is behind, not that its nodes are silent.
 LATE_PASS_SECONDS = 1.0
 _STATUS = {403: grpc.StatusCode.PERMISSION_DENIED, 400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -271,7 +273,8 @@ async def announce() -> None:
     while True:
         try:
             if started is None:
-                started = (await _db(control.gateway_started)(name=name)).started_at
+                started = (await _db(control.gateway_started)(
+                    name=name, serving_since=SERVING_SINCE)).started_at
             else:
                 await _db(control.gateway_alive)(name=name, started_at=started)
         except Exception:  # the database is away: the sweep holds its judgement meanwhile

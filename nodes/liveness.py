@@ -22,6 +22,7 @@ from fleets.models import Fleet
 from tuneplane import correlation
 
 from .choices import LIVENESS_CAPABILITIES, SchedulingState
+from .control import sessions_of_silent_replicas_close
 from .models import GatewayReplica, Node, quiet_threshold
 
 logger = logging.getLogger("tuneplane.liveness")
@@ -205,6 +206,7 @@ def liveness_sweep(*, now: datetime | None = None) -> dict[str, int]:
     now = now or timezone.now()
     capabilities_of = dict(Fleet.objects.values_list("id", "capabilities"))
     hearing = console_hearing(now)
+    sessions_of_silent_replicas_close(listening_since=hearing.since, now=now)
     with transaction.atomic():
         if connection.vendor == "postgresql":
             changed = _sweep_in_one_statement(now, hearing, capabilities_of)

@@ -28,8 +28,8 @@ from nodes import clusters as node_clusters
 from nodes import commands, control, liveness, scheduling
 from nodes import services as nodes
 from nodes.commands import Reported
-from nodes.models import (CardAlias, ClusterSnapshot, GatewayReplica, HardwareSeries, Node,
-                          NodeCommand, NodeCordon, quiet_threshold)
+from nodes.models import (CardAlias, ClusterSnapshot, ControlSession, GatewayReplica,
+                          HardwareSeries, Node, NodeCommand, NodeCordon, quiet_threshold)
 from placement import clusters as placement_clusters
 from placement import services as placement
 from placement.models import Dataset, Volume
@@ -290,6 +290,20 @@ def gateway_started_again(w):
     return lambda: control.gateway_started(name="gw-1")
 
 
+def gateway_started_with_sessions_left_open(w):
+    session = w.live()  # on gw-1, whose process was then killed
+    return lambda: control.gateway_started(name="gw-1",
+                                           serving_since=session.opened_at + timedelta(1))
+
+
+def sessions_of_silent_replicas_close(w):
+    session = w.live()  # on gw-1, killed an hour ago and not started again
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    GatewayReplica.objects.create(name="gw-1", started_at=an_hour_ago, seen_at=an_hour_ago)
+    ControlSession.objects.filter(pk=session.pk).update(lease_expires_at=an_hour_ago)
+    return lambda: control.sessions_of_silent_replicas_close(listening_since=an_hour_ago)
+
+
 def gateway_alive(w):
     replica = control.gateway_started(name="gw-1")
     return lambda: control.gateway_alive(name="gw-1", started_at=replica.started_at)
@@ -521,6 +535,11 @@ SCENARIOS = {
     "nodes.control.gateway_started": Scenario(gateway_started, (created("gateway.started"),)),
     "nodes.control.gateway_started/restart": Scenario(gateway_started_again,
                                                       (changed("gateway.started"),)),
+    "nodes.control.gateway_started/sessions-left-open": Scenario(
+        gateway_started_with_sessions_left_open,
+        (created("gateway.started"), changed("control_session.closed"))),
+    "nodes.control.sessions_of_silent_replicas_close": Scenario(
+        sessions_of_silent_replicas_close, (changed("control_session.closed"),)),
     "nodes.control.gateway_alive": Scenario(gateway_alive, ()),
     "nodes.services.card_names_remember": Scenario(card_names_remember, ()),
     "nodes.control.leases_renew": Scenario(leases_renew, ()),

@@ -18,8 +18,9 @@ on the same port, under the same replica name. Then:
 - every command was run once (the fleet received each id, a redelivered one is not
   re-run, and none came back after the node had forgotten it as reconciled) and
   is recorded succeeded once, with no stray; deliveries beyond the first are counted;
-- the sessions close (replaced by the reconnecting streams: a killed replica closes
-  nothing) and reopen in the audit log.
+- the sessions close (a killed replica closes nothing: the restarted one closes what its
+  previous process left open, or a reconnecting stream replaces them) and reopen in the
+  audit log.
 
 Twice: one replica; two replicas with every node picking one at random per connect,
 killing the first. N is ``TUNEPLANE_BENCH_RESTART_NODES`` (default 1000).

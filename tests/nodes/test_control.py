@@ -97,3 +97,71 @@ def test_L1_the_node_row_keeps_its_open_sessions_lease_through_open_renew_replac
     assert lease_kept(second) == second.lease_expires_at
     session_close(session_id=second.id, reason="stream ended")
     assert lease_kept(second) is None
+
+
+def test_a_restarted_gateway_closes_the_sessions_its_killed_process_left_open(node_fleet, mint):
+    from nodes.control import gateway_started
+
+    left_open, elsewhere = sessions(node_fleet, mint, 2)
+    ControlSession.objects.filter(pk=left_open.pk).update(gateway="gw-1:8443")
+    serving_since = timezone.now()
+    opened_since = sessions(node_fleet, mint, 1)[0]  # by the new process, before it announced
+    ControlSession.objects.filter(pk=opened_since.pk).update(gateway="gw-1:8443")
+
+    gateway_started(name="gw-1:8443", serving_since=serving_since)
+
+    closed = dict(ControlSession.objects.values_list("id", "close_reason"))
+    assert closed[left_open.id] == "gateway replica restarted"
+    assert closed[opened_since.id] == "" and closed[elsewhere.id] == ""
+    assert Node.objects.get(pk=left_open.node_id).lease_expires_at is None
+
+
+def test_L1_sessions_of_a_replica_silent_for_a_lease_close_once_the_console_has_listened(
+        node_fleet, mint, settings):
+    from datetime import timedelta
+
+    from nodes.control import sessions_of_silent_replicas_close
+    from nodes.models import GatewayReplica
+
+    settings.TUNEPLANE_LEASE_TTL = 30
+    now = timezone.now()
+    dead, beating = sessions(node_fleet, mint, 2)
+    GatewayReplica.objects.create(name="dead", started_at=now - timedelta(hours=1),
+                                  seen_at=now - timedelta(seconds=31))
+    GatewayReplica.objects.create(name="alive", started_at=now - timedelta(hours=1),
+                                  seen_at=now)
+    ControlSession.objects.filter(pk=dead.pk).update(gateway="dead",
+                                                     lease_expires_at=now - timedelta(seconds=1))
+    ControlSession.objects.filter(pk=beating.pk).update(
+        gateway="alive", lease_expires_at=now - timedelta(seconds=1))
+
+    # Listening for less than a lease (the database just came back): nothing is judged.
+    assert sessions_of_silent_replicas_close(listening_since=now - timedelta(seconds=29),
+                                             now=now) == 0
+    assert sessions_of_silent_replicas_close(listening_since=None, now=now) == 0
+    assert sessions_of_silent_replicas_close(listening_since=now - timedelta(seconds=31),
+                                             now=now) == 1
+
+    closed = dict(ControlSession.objects.values_list("id", "close_reason"))
+    assert closed == {dead.id: "gateway replica silent for a lease", beating.id: ""}
+
+
+def test_the_liveness_sweep_closes_the_sessions_of_a_silent_replica(node_fleet, mint, settings):
+    from datetime import timedelta
+
+    from nodes.liveness import liveness_sweep
+    from nodes.models import GatewayReplica
+
+    settings.TUNEPLANE_LEASE_TTL = 30
+    now = timezone.now()
+    dead = sessions(node_fleet, mint, 1)[0]
+    GatewayReplica.objects.create(name="dead", started_at=now - timedelta(hours=1),
+                                  seen_at=now - timedelta(minutes=5))
+    GatewayReplica.objects.create(name="alive", started_at=now - timedelta(hours=1),
+                                  seen_at=now)
+    ControlSession.objects.filter(pk=dead.pk).update(gateway="dead",
+                                                     lease_expires_at=now - timedelta(minutes=5))
+
+    liveness_sweep(now=now)
+
+    assert ControlSession.objects.get(pk=dead.pk).closed_at == now

@@ -2,13 +2,17 @@
 back on the refresh schedule. Kept thin: admission and the record are the product; Slurm or
 KubeRay is the allocator (P7).
 
-Handing over is at most once: the job row is locked while the manager is asked, and a job
-with a manager id is never handed over again.
+Handing over is at most once: an attempt is marked before the manager is asked, a job with
+a manager id is never handed over again, and an attempt that died is resumed under the same
+key, found rather than submitted twice (cluster_job_handover).
 """
 
 import logging
+import uuid
+from datetime import timedelta
 
 from django.db import transaction
+from django.utils import timezone
 
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
@@ -20,6 +24,9 @@ from .models import TrainingJob
 logger = logging.getLogger("tuneplane.clusters")
 
 SYSTEM = Actor.system("clusters")
+# An attempt to hand a job over that has not answered in this long died on the way (the
+# backends' calls time out in seconds), and the next one resumes it.
+HANDOVER_STALE = timedelta(seconds=60)
 
 
 def handover_on_commit(job: TrainingJob) -> None:
@@ -31,23 +38,46 @@ def handover_on_commit(job: TrainingJob) -> None:
 
 
 def cluster_job_handover(job_id: int) -> TrainingJob:
-    """Hand one admitted job to its Fleet's manager and record the manager's id, or why not."""
+    """Hand one admitted job to its Fleet's manager and record the manager's id, or why not.
+
+    In three steps, so no row lock is held while the manager is asked and a crash anywhere
+    leaves a job handed over at most once: the attempt is marked (with the job's key) and
+    committed; the manager is asked; its answer is recorded. An attempt found marked and
+    older than HANDOVER_STALE died on the way, and is resumed under the same key: the
+    manager finds the job it already has instead of taking a second one.
+    """
+    now = timezone.now()
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update(of=("self",)).select_related("fleet") \
             .get(pk=job_id)
+        started = job.handover_started_at
+        if job.backend_job_id or (started and now - started < HANDOVER_STALE):
+            return job  # handed over, or being handed over now
+        resuming = started is not None
+        job.handover_key = job.handover_key or f"tp-{uuid.uuid4().hex[:12]}"
+        job.handover_started_at = now
+        job.save(update_fields=["handover_key", "handover_started_at"])
+    backend_job_id, error = "", ""
+    try:
+        backend = backend_for(job.fleet)
+        spec = _spec(job)
+        backend_job_id = backend.resume(spec) if resuming else backend.submit(spec)
+    except BackendError as exc:
+        error = str(exc)[:2000]
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update(of=("self",)).get(pk=job_id)
         if job.backend_job_id:
             return job
         before = {"backend_job_id": "", "backend_error": job.backend_error}
-        try:
-            job.backend_job_id = backend_for(job.fleet).submit(_spec(job))
-            job.backend_state, job.backend_error = "SUBMITTED", ""
-        except BackendError as exc:
-            job.backend_error = str(exc)[:2000]
-        job.save(update_fields=["backend_job_id", "backend_state", "backend_error"])
-        audit_record(actor=SYSTEM, action="trainingjob.handed_over" if job.backend_job_id
+        job.backend_job_id, job.backend_error = backend_job_id, error
+        job.backend_state = "SUBMITTED" if backend_job_id else job.backend_state
+        job.handover_started_at = None
+        job.save(update_fields=["backend_job_id", "backend_state", "backend_error",
+                                "handover_started_at"])
+        audit_record(actor=SYSTEM, action="trainingjob.handed_over" if backend_job_id
                      else "trainingjob.handover_failed", target=job, before=before,
-                     after={"backend_job_id": job.backend_job_id,
-                            "backend_error": job.backend_error})
+                     after={"backend_job_id": backend_job_id, "backend_error": error,
+                            "key": job.handover_key, "resumed": resuming})
     return job
 
 
@@ -92,7 +122,7 @@ def _spec(job: TrainingJob) -> JobSpec:
     if not job.script:
         raise BackendError("the job has no script: a cluster Fleet's manager needs one to run")
     return JobSpec(name=job.name, script=job.script, series=_card_name(job),
-                   cards=job.cards, nodes=job.nodes)
+                   cards=job.cards, nodes=job.nodes, key=job.handover_key)
 
 
 def _card_name(job: TrainingJob) -> str:

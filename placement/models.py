@@ -71,6 +71,12 @@ class TrainingJob(Workload):
     backend_job_id = models.CharField(max_length=200, blank=True)
     backend_state = models.CharField(max_length=32, blank=True)
     backend_error = models.TextField(blank=True)
+    # Handing over: the key the manager knows the job by (a Slurm comment, part of a RayJob's
+    # name), kept from the first attempt, and when the attempt under way began. A crash
+    # between the manager's answer and our commit is resumed under the same key, so the job
+    # is found, not submitted twice.
+    handover_key = models.CharField(max_length=32, blank=True)
+    handover_started_at = models.DateTimeField(null=True, blank=True)
 
 
 class LifecycleJob(Workload):

@@ -53,6 +53,7 @@ class JobSpec:
     series: str  # the card name the manager knows, or "" for any
     cards: int  # per node
     nodes: int = 1
+    key: str = ""  # the console's key for it, the same at every attempt (see Backend.resume)
 
 
 class Backend(Protocol):
@@ -63,6 +64,11 @@ class Backend(Protocol):
 
     def submit(self, job: JobSpec) -> str:
         """Hands the job to the manager; returns the manager's id for it."""
+
+    def resume(self, job: JobSpec) -> str:
+        """An earlier attempt to hand ``job`` over may have reached the manager (the console
+        stopped before recording its answer): the id of the job with ``job.key`` if the
+        manager has it, else what ``submit`` returns. Never a second job."""
 
     def job_state(self, job_id: str) -> str:
         """The manager's state of a job it was handed, in its own words (COMPLETED, …)."""

@@ -28,7 +28,8 @@ CORDON_REASON = "unschedulable in Kubernetes (cordoned outside the console)"
 RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL = "ray.io", "v1", "rayjobs"
 RAY_IMAGE_TAG = "2.45.0"
 # KubeRay refuses a RayJob name over 47 characters; generateName appends 5 more.
-RAYJOB_PREFIX_MAX = 47 - 5
+RAYJOB_NAME_MAX = 47
+RAYJOB_PREFIX_MAX = RAYJOB_NAME_MAX - 5
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,23 @@ class KubernetesBackend:
     def submit(self, job: JobSpec) -> str:
         if not self.namespace:
             raise BackendError("config.kuberay_namespace is not set")
+        manifest = rayjob_manifest(job)
         with self._client() as client:
-            created = CustomObjectsApi(client).create_namespaced_custom_object(
-                RAY_GROUP, RAY_VERSION, self.namespace, RAYJOB_PLURAL, rayjob_manifest(job),
-                _request_timeout=self.timeout)
+            try:
+                created = CustomObjectsApi(client).create_namespaced_custom_object(
+                    RAY_GROUP, RAY_VERSION, self.namespace, RAYJOB_PLURAL, manifest,
+                    _request_timeout=self.timeout)
+            except ApiException as error:
+                name = manifest["metadata"].get("name")
+                if error.status == 409 and name:  # AlreadyExists: this key's, handed over
+                    return f"{self.namespace}/{name}"
+                raise
         return f"{self.namespace}/{created['metadata']['name']}"
+
+    def resume(self, job: JobSpec) -> str:
+        """A keyed RayJob has a name of its own: creating it again answers 409, which
+        ``submit`` takes as the job already handed over."""
+        return self.submit(job)
 
     def job_state(self, job_id: str) -> str:
         namespace, _, name = job_id.partition("/")
@@ -183,6 +196,16 @@ def rayjob_name_prefix(job_name: str) -> str:
     return slug[:RAYJOB_PREFIX_MAX - 1].rstrip("-") + "-"
 
 
+def rayjob_naming(job: JobSpec) -> dict:
+    """A keyed job's RayJob has a name of its own, the same at every attempt; without a key,
+    the API server picks one (generateName)."""
+    if not job.key:
+        return {"generateName": rayjob_name_prefix(job.name)}
+    key = re.sub(r"[^a-z0-9-]+", "-", job.key.lower()).strip("-")
+    prefix = rayjob_name_prefix(job.name)[:RAYJOB_NAME_MAX - len(key) - 1].rstrip("-")
+    return {"name": f"{prefix}-{key}"}
+
+
 def rayjob_manifest(job: JobSpec) -> dict:
     """A RayJob whose cluster has one worker per node, each with the job's cards."""
     worker_pod = {"containers": [{
@@ -195,7 +218,7 @@ def rayjob_manifest(job: JobSpec) -> dict:
     return {
         "apiVersion": f"{RAY_GROUP}/{RAY_VERSION}",
         "kind": "RayJob",
-        "metadata": {"generateName": rayjob_name_prefix(job.name),
+        "metadata": {**rayjob_naming(job),
                      "labels": {"app.kubernetes.io/managed-by": "tuneplane"}},
         "spec": {
             "entrypoint": job.script,

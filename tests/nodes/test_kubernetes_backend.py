@@ -7,6 +7,7 @@ real cluster answers the same way is the stored responses' claim, not these test
 
 import dataclasses
 import json
+import re
 import socket
 import threading
 
@@ -14,7 +15,8 @@ import pytest
 from kubernetes.client import Configuration
 
 from nodes.backends.base import BackendError, JobSpec
-from nodes.backends.kubernetes import CORDON_REASON, KubernetesBackend, rayjob_name_prefix
+from nodes.backends.kubernetes import (CORDON_REASON, KubernetesBackend, rayjob_name_prefix,
+                                        rayjob_naming)
 from nodes.choices import SchedulingState
 
 from .kube_replay import RESPONSES, KubeReplay
@@ -297,6 +299,45 @@ def test_a_job_for_any_series_has_no_node_selector(replay):
 
     [workers] = replay.requests[-1].body["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     assert "nodeSelector" not in workers["template"]["spec"]
+
+
+KEYED_JOB = dataclasses.replace(SFT_JOB, key="tp-0123456789ab")
+ALREADY_EXISTS = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409,
+                  "reason": "AlreadyExists",
+                  "message": 'rayjobs.ray.io "llama-sft-7b-tp-0123456789ab" already exists'}
+
+
+def test_a_keyed_job_has_a_rayjob_name_of_its_own(replay):
+    replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
+
+    backend_at(replay.url).submit(KEYED_JOB)
+
+    metadata = replay.requests[-1].body["metadata"]
+    assert metadata["name"] == "llama-sft-7b-tp-0123456789ab"
+    assert "generateName" not in metadata
+
+
+def test_resuming_a_handover_the_cluster_already_took_returns_that_rayjob(replay):
+    """The console stopped after KubeRay took the job and before it recorded the answer:
+    creating the same name again answers 409, and no second RayJob exists."""
+    replay.serve("POST", RAYJOBS, ALREADY_EXISTS, status=409)
+
+    assert backend_at(replay.url).resume(KEYED_JOB) == "ml-jobs/llama-sft-7b-tp-0123456789ab"
+
+
+def test_a_409_for_an_unkeyed_job_is_an_error(replay):
+    replay.serve("POST", RAYJOBS, ALREADY_EXISTS, status=409)
+
+    with pytest.raises(BackendError, match="409"):
+        backend_at(replay.url).submit(SFT_JOB)
+
+
+@pytest.mark.parametrize("job_name", ["Llama SFT 7B", "x" * 80, "7b/eval: run #2", ""])
+def test_keyed_rayjob_names_are_dns_labels_within_kuberays_limit(job_name):
+    name = rayjob_naming(dataclasses.replace(KEYED_JOB, name=job_name))["name"]
+
+    assert len(name) <= 47 and name.endswith("-tp-0123456789ab") and name[0].isalpha()
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
 
 
 def test_submit_without_a_kuberay_namespace_sends_nothing(replay):

@@ -6,14 +6,18 @@ The cluster is tests/slurm_cluster.py's: one node, four fake H100s, slurmrestd o
 import time
 from datetime import timedelta
 
+import httpx
 import pytest
+from django.utils import timezone
 
 from audit.models import AuditEvent
+from nodes.backends import backend_for
 from nodes.clusters import cluster_refresh
 from nodes.models import CardAlias, HardwareSeries
 from nodes.services import card_alias_map
 from placement.admission import Need, admit_automatically
-from placement.clusters import cluster_job_handover, cluster_jobs_track
+from placement.clusters import _spec, cluster_job_handover, cluster_jobs_track
+from placement.models import TrainingJob
 from placement.services import training_job_submit
 from tuneplane.errors import PlacementRefused
 
@@ -82,6 +86,44 @@ def test_P7_two_h100_are_admitted_handed_to_slurm_and_run_to_completed(hpc, memb
     states = list(AuditEvent.objects.filter(action="trainingjob.backend_state")
                   .order_by("pk").values_list("after__backend_state", flat=True))
     assert states[-1] == "COMPLETED" and len(states) == len(set(states))
+
+
+def slurm_jobs_with_comment(slurm_cluster, comment: str) -> list[str]:
+    jobs = httpx.get(f"{slurm_cluster.url}/slurm/v0.0.38/jobs", headers=slurm_cluster.headers,
+                     timeout=10).json()["jobs"]
+    return [str(job["job_id"]) for job in jobs if job.get("comment") == comment]
+
+
+def test_P7_a_handover_that_died_after_slurm_took_the_job_is_resumed_never_submitted_twice(
+        hpc, member, slurm_cluster):
+    job = training_job_submit(actor=member, project="ml", name="resume-me", series="h100",
+                              cards=1, script="#!/bin/sh\nsleep 1\n")
+    # As a crashed attempt leaves it: marked and keyed, Slurm given the job, nothing recorded.
+    TrainingJob.objects.filter(pk=job.pk).update(
+        handover_key="tp-crashed0001", handover_started_at=timezone.now() - timedelta(minutes=2))
+    job.refresh_from_db()
+    taken = backend_for(hpc).submit(_spec(job))
+
+    cluster_jobs_track()
+
+    job.refresh_from_db()
+    assert job.backend_job_id == taken and job.handover_started_at is None
+    assert slurm_jobs_with_comment(slurm_cluster, "tp-crashed0001") == [taken]
+    event = AuditEvent.objects.get(action="trainingjob.handed_over", target_id=str(job.pk))
+    assert event.after["resumed"] is True and event.after["key"] == "tp-crashed0001"
+
+
+def test_P7_a_handover_under_way_is_left_to_its_worker(hpc, member, slurm_cluster):
+    job = training_job_submit(actor=member, project="ml", name="under-way", series="h100",
+                              cards=1, script="#!/bin/sh\nsleep 1\n")
+    TrainingJob.objects.filter(pk=job.pk).update(handover_key="tp-underway0001",
+                                                 handover_started_at=timezone.now())
+
+    cluster_jobs_track()
+
+    job.refresh_from_db()
+    assert job.backend_job_id == "" and job.handover_started_at is not None
+    assert slurm_jobs_with_comment(slurm_cluster, "tp-underway0001") == []
 
 
 def test_P6_eight_h100_are_refused_with_the_largest_fit_that_exists(hpc, member):

@@ -21,7 +21,16 @@ from .proto import control_pb2_grpc
 logger = logging.getLogger("tuneplane-node")
 
 BACKOFF_FIRST = 1.0
-BACKOFF_MAX = 60.0
+# Never waits longer than a lease between attempts (the console's default lease until a
+# Welcome says otherwise): after a console outage the console holds its judgement for at
+# least a lease, so every node that is up is back before silence counts against it.
+BACKOFF_MAX = 30.0
+
+
+def backoff_delay(attempt: int, lease_ttl: float) -> float:
+    """Seconds before reconnect attempt ``attempt``: doubling, capped by the lease, jittered."""
+    cap = min(BACKOFF_MAX, lease_ttl) if lease_ttl > 0 else BACKOFF_MAX
+    return min(cap, BACKOFF_FIRST * 2 ** min(attempt, 16)) * random.uniform(0.5, 1.0)
 ROTATE_AT = 2 / 3  # of the credential's lifetime
 ROTATION_RETRY_SECONDS = 30
 
@@ -69,6 +78,7 @@ class Agent:
         # What this stream has told the console of each command, to report only changes.
         self.reported: dict[str, str] = {}
         self.last_inventory: pb.InventoryReport | None = None
+        self.lease_ttl = BACKOFF_MAX  # until a Welcome gives the console's
 
     def report(self) -> dict:
         if not self.inventory_file:
@@ -96,7 +106,7 @@ class Agent:
             if self.stopping.is_set():
                 break
             attempt = 0 if connected else attempt + 1
-            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** attempt) * random.uniform(0.5, 1.0)
+            delay = backoff_delay(attempt, self.lease_ttl)
             logger.info("reconnecting in %.1fs", delay)
             self.stopping.wait(delay)
         logger.info("stopped")
@@ -127,6 +137,7 @@ class Agent:
                     kind = message.WhichOneof("body")
                     if kind == "welcome":
                         welcomed = True
+                        self.lease_ttl = message.welcome.lease_ttl_seconds
                         logger.info("connected to %s (session %s)", self.target,
                                     message.welcome.session_id)
                         # Reconciled by the console: finished ones need not be told again.

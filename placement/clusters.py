@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
-from nodes.backends import BackendError, JobSpec, backend_for, job_state_is_final
+from nodes.backends import (BackendError, JobSpec, OutcomeUnknown, backend_for,
+                            job_state_is_final)
 from nodes.selectors import card_series
 
 from .models import TrainingJob
@@ -44,7 +45,8 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
     leaves a job handed over at most once: the attempt is marked (with the job's key) and
     committed; the manager is asked; its answer is recorded. An attempt found marked and
     older than HANDOVER_STALE died on the way, and is resumed under the same key: the
-    manager finds the job it already has instead of taking a second one.
+    manager finds the job it already has instead of taking a second one. So is an attempt
+    whose call got no answer (OutcomeUnknown): the manager may have taken the job.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -53,7 +55,7 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
         started = job.handover_started_at
         if job.backend_job_id or (started and now - started < HANDOVER_STALE):
             return job  # handed over, or being handed over now
-        resuming = started is not None
+        resuming = bool(job.handover_key)  # an earlier attempt may have reached the manager
         job.handover_key = job.handover_key or f"tp-{uuid.uuid4().hex[:12]}"
         job.handover_started_at = now
         job.save(update_fields=["handover_key", "handover_started_at"])
@@ -62,11 +64,24 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
         backend = backend_for(job.fleet)
         spec = _spec(job)
         backend_job_id = backend.resume(spec) if resuming else backend.submit(spec)
+    except OutcomeUnknown as exc:
+        # It may have been taken: not a failure. Left marked, and stale at once, so the next
+        # pass of cluster_jobs_track resumes it under the same key.
+        logger.warning("job %s on %s: no answer to the handover (%s); resumed next pass",
+                       job_id, job.fleet_id, exc)
+        TrainingJob.objects.filter(pk=job_id, backend_job_id="").update(
+            handover_started_at=now - HANDOVER_STALE)
+        return job
     except BackendError as exc:
         error = str(exc)[:2000]
+    except Exception as exc:  # a surprise is this job's failure, shown, not the loop's end
+        logger.exception("job %s on %s: handover failed", job_id, job.fleet_id)
+        error = f"the console failed to hand the job over: {type(exc).__name__}"
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update(of=("self",)).get(pk=job_id)
         if job.backend_job_id:
+            if backend_job_id and backend_job_id != job.backend_job_id:
+                _duplicate(job, backend_job_id)
             return job
         before = {"backend_job_id": "", "backend_error": job.backend_error}
         job.backend_job_id, job.backend_error = backend_job_id, error
@@ -81,6 +96,17 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
     return job
 
 
+def _duplicate(job: TrainingJob, orphan: str) -> None:
+    """An attempt judged dead (stalled past HANDOVER_STALE) answered after all, and the
+    manager had taken the job from both: the first recorded stands; the other is named, for
+    an operator to cancel."""
+    logger.error("job %s was handed over twice: %s is recorded, %s is not and runs unrecorded",
+                 job.pk, job.backend_job_id, orphan)
+    audit_record(actor=SYSTEM, action="trainingjob.handed_over_twice", target=job,
+                 before={"backend_job_id": job.backend_job_id},
+                 after={"backend_job_id": job.backend_job_id, "unrecorded_job_id": orphan})
+
+
 def cluster_jobs_track() -> dict:
     """Hand over what is still waiting, then read back the state of every handed-over job
     not yet finished; record each change."""
@@ -88,7 +114,11 @@ def cluster_jobs_track() -> dict:
     waiting = (TrainingJob.objects.filter(backend_job_id="", backend_error="")
                .exclude(fleet__kind=FleetKind.NODE).values_list("id", flat=True))
     for job_id in list(waiting):
-        cluster_job_handover(job_id)
+        try:
+            cluster_job_handover(job_id)
+        except Exception:  # the database, say: this job waits for the next pass
+            failed += 1
+            logger.exception("job %s: handover not attempted", job_id)
     open_jobs = (TrainingJob.objects.exclude(backend_job_id="").select_related("fleet")
                  .order_by("id"))
     for job in open_jobs.iterator():

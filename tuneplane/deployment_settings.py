@@ -29,6 +29,8 @@ def _string(value) -> str:
         raise ValueError("must not be empty")
     if len(value) > MAX_VALUE_LENGTH:
         raise ValueError(f"must be at most {MAX_VALUE_LENGTH} characters")
+    if any(ord(character) < 32 or ord(character) == 127 for character in value):
+        raise ValueError("must not contain control characters")
     return value
 
 

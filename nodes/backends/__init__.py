@@ -6,6 +6,8 @@ a snapshot with its observation time, which placement judges by the same freshne
 as node inventory (L1).
 """
 
-from .base import Backend, BackendError, JobSpec, Machine, backend_for, job_state_is_final
+from .base import (Backend, BackendError, JobSpec, Machine, OutcomeUnknown, backend_for,
+                   job_state_is_final)
 
-__all__ = ["Backend", "BackendError", "JobSpec", "Machine", "backend_for", "job_state_is_final"]
+__all__ = ["Backend", "BackendError", "JobSpec", "Machine", "OutcomeUnknown", "backend_for",
+           "job_state_is_final"]

@@ -25,6 +25,11 @@ class BackendError(Exception):
     """
 
 
+class OutcomeUnknown(BackendError):
+    """The request may have reached the manager, but no answer came back (a timeout, a
+    connection dropped mid-call): a submit may have been taken. Resume it, never fail it."""
+
+
 @dataclass(frozen=True)
 class Machine:
     """One machine as its manager reports it, in the terms the console reads every Fleet by.

@@ -10,6 +10,7 @@ at every read, so a Fleet saved before a rule tightened cannot read past it.
 """
 
 import os
+import stat
 from pathlib import Path, PurePosixPath
 
 from django.conf import settings
@@ -17,6 +18,7 @@ from django.conf import settings
 from .base import BackendError
 
 TOKEN_ENV_PREFIX = "TUNEPLANE_TOKEN_"
+MAX_TOKEN_BYTES = 64 * 1024  # a JWT or a service-account token is a few KiB
 _IN_PKI = ("is in the console's PKI directory (TUNEPLANE_PKI_DIR), which holds no cluster "
            "credential")
 
@@ -33,6 +35,8 @@ def file_path_refusal(path: str) -> str:
     """Why ``path`` may not hold a cluster credential, or "" when it may (lexically)."""
     secrets_dir = Path(settings.TUNEPLANE_SECRETS_DIR)
     pure = PurePosixPath(path)
+    if "\x00" in path:
+        return "must not contain a NUL character"
     if not pure.is_absolute():
         return "must be an absolute path"
     if ".." in pure.parts or not _within(Path(pure), secrets_dir):
@@ -61,15 +65,28 @@ def read_token(*, env_key: str, env_name: str, file_key: str, file_path: str) ->
         if refusal:
             raise BackendError(f"config.{file_key} {file_path} {refusal}")
         try:
-            token = Path(file_path).read_text().strip()
-        except (OSError, UnicodeDecodeError) as error:
-            reason = getattr(error, "strerror", None) or "not text"
+            token = _read_small_regular_file(Path(file_path).resolve())
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            reason = getattr(error, "strerror", None) or str(error) or "not text"
             raise BackendError(f"config.{file_key} {file_path} cannot be read: {reason}") \
                 from None
         if not token:
             raise BackendError(f"config.{file_key} {file_path} is empty")
         return token
     return ""
+
+
+def _read_small_regular_file(path: Path) -> str:
+    """A credential file's text: a regular file (a FIFO would block the caller) of at most
+    MAX_TOKEN_BYTES."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        data = file.read(MAX_TOKEN_BYTES + 1)
+    if len(data) > MAX_TOKEN_BYTES:
+        raise ValueError(f"larger than {MAX_TOKEN_BYTES} bytes")
+    return data.decode().strip()
 
 
 def _resolved_refusal(path: Path) -> str:

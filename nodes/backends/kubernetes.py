@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException, new_client_from_config
 
 from ..choices import SchedulingState
-from .base import BackendError, JobSpec, Machine
+from .base import BackendError, JobSpec, Machine, OutcomeUnknown
 from .credentials import read_token
 
 REQUEST_TIMEOUT = (3.0, 10.0)  # (connect, read) seconds: a dead API server fails a read fast
@@ -107,7 +107,11 @@ class KubernetesBackend:
             raise BackendError(self._refusal(host, error)) from error
         except urllib3.exceptions.HTTPError as error:
             reason = getattr(error, "reason", None) or error
-            raise BackendError(f"Kubernetes API at {host} did not answer: {reason}") from error
+            message = f"Kubernetes API at {host} did not answer: {reason}"
+            never_sent = urllib3.exceptions.ConnectTimeoutError  # NewConnectionError is one
+            if isinstance(error, never_sent) or isinstance(reason, never_sent):
+                raise BackendError(message) from error
+            raise OutcomeUnknown(message) from error
         finally:
             # ApiClient.close() only stops its thread pool; this closes the sockets.
             client.rest_client.pool_manager.clear()

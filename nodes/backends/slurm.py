@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 
 from ..choices import SchedulingState
-from .base import BackendError, JobSpec, Machine
+from .base import BackendError, JobSpec, Machine, OutcomeUnknown
 from .credentials import read_token
 
 DEFAULT_API_VERSION = "v0.0.38"
@@ -122,9 +122,12 @@ class SlurmBackend:
         headers = {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": self._token()}
         try:
             response = httpx.request(method, url, headers=headers, timeout=TIMEOUT, **kwargs)
-        except httpx.HTTPError as exc:
+        except httpx.ConnectError as exc:  # never sent: nothing can have been taken
             raise BackendError(f"slurmrestd at {self.url} did not answer: "
                                f"{type(exc).__name__}") from None
+        except httpx.HTTPError as exc:
+            raise OutcomeUnknown(f"slurmrestd at {self.url} did not answer: "
+                                 f"{type(exc).__name__}") from None
         body = _json(response)
         errors = [e for e in (body.get("errors") or []) if isinstance(e, dict)]
         if response.status_code == 401:

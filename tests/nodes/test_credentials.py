@@ -7,6 +7,8 @@ to a server of their choosing. Refused when the config is saved (F4's field-name
 again when it is read, for a Fleet saved before the rule.
 """
 
+import os
+
 import pytest
 
 from fleets.choices import DEFAULT_DELIVERY, FleetKind
@@ -145,3 +147,24 @@ def test_slurm_reads_its_jwt_through_the_same_rule(secrets_dir, monkeypatch):
     with pytest.raises(BackendError, match="config.slurm_token_file /etc/hostname must be a "
                                            "file in TUNEPLANE_SECRETS_DIR"):
         refused._token()
+
+
+def test_a_fifo_or_an_oversized_file_is_refused_not_waited_on(db, replay, secrets_dir):
+    fifo, large = secrets_dir / "fifo", secrets_dir / "large"
+    os.mkfifo(fifo)
+    large.write_text("x" * (64 * 1024 + 1))
+    for path, why in ((fifo, "not a regular file"), (large, "larger than 65536 bytes")):
+        fleet = kube_fleet(f"k8s-{path.name}", kube_config(replay.url,
+                                                           kube_token_file=str(path)))
+        assert why in cluster_refresh(fleet).error
+    assert replay.requests == []
+
+
+def test_a_nul_or_control_character_in_a_config_value_is_refused_on_save(admin_api,
+                                                                         secrets_dir):
+    for key, value in (("kube_token_file", f"{secrets_dir}/token\x00"),
+                       ("kube_token_env", "TUNEPLANE_TOKEN_X\n")):
+        answer = admin_api.post("/api/fleets", {"id": "k8s", "kind": "kubernetes", "config":
+                                                kube_config("https://k8s:6443", **{key: value})})
+        assert answer.status_code == 400, key
+        assert answer.json()["error"]["field"] == f"config.{key}"

@@ -14,7 +14,7 @@ import threading
 import pytest
 from kubernetes.client import Configuration
 
-from nodes.backends.base import BackendError, JobSpec
+from nodes.backends.base import BackendError, JobSpec, OutcomeUnknown
 from nodes.backends.kubernetes import (CORDON_REASON, KubernetesBackend, rayjob_name_prefix,
                                         rayjob_naming)
 from nodes.choices import SchedulingState
@@ -246,6 +246,22 @@ def test_a_server_that_never_answers_is_a_backend_error():
 
         with pytest.raises(BackendError, match="did not answer.*timed out"):
             backend.read()
+
+
+def test_a_submit_never_sent_fails_and_one_unanswered_is_an_unknown_outcome():
+    """A closed port: KubeRay cannot have the job. A server that took the request and never
+    answered: it may have, and the handover is resumed rather than failed."""
+    refused = dataclasses.replace(backend_at(f"http://127.0.0.1:{free_port()}"),
+                                  timeout=SHORT_TIMEOUT)
+    with pytest.raises(BackendError) as never_sent:
+        refused.submit(KEYED_JOB)
+    assert not isinstance(never_sent.value, OutcomeUnknown)
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        backend = dataclasses.replace(
+            backend_at(f"http://127.0.0.1:{silent.getsockname()[1]}"), timeout=SHORT_TIMEOUT)
+        with pytest.raises(OutcomeUnknown, match="did not answer"):
+            backend.submit(KEYED_JOB)
 
 
 def test_the_client_does_not_retry_a_dropped_connection():

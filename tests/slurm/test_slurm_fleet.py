@@ -3,14 +3,18 @@
 The cluster is tests/slurm_cluster.py's: one node, four fake H100s, slurmrestd on loopback.
 """
 
+import socket
+import threading
 import time
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from fleets.models import Fleet
 from nodes.backends import backend_for
 from nodes.clusters import cluster_refresh
 from nodes.models import CardAlias, HardwareSeries
@@ -111,6 +115,70 @@ def test_P7_a_handover_that_died_after_slurm_took_the_job_is_resumed_never_submi
     assert slurm_jobs_with_comment(slurm_cluster, "tp-crashed0001") == [taken]
     event = AuditEvent.objects.get(action="trainingjob.handed_over", target_id=str(job.pk))
     assert event.after["resumed"] is True and event.after["key"] == "tp-crashed0001"
+
+
+class AnswerLost:
+    """slurmrestd behind a proxy that passes every request on, and for the first job
+    submission drops the connection instead of the answer: Slurm took the job, the console
+    never heard."""
+
+    def __init__(self, upstream: str):
+        self.upstream, self.dropped = upstream, 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                answer = httpx.request(self.command, proxy.upstream + self.path, content=body,
+                                       headers={k: v for k, v in self.headers.items()
+                                                if k.lower().startswith("x-slurm")
+                                                or k.lower() == "content-type"}, timeout=10)
+                if self.path.endswith("/job/submit") and not proxy.dropped:
+                    proxy.dropped += 1
+                    self.connection.shutdown(socket.SHUT_RDWR)  # taken; the answer lost
+                    return
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_GET = do_POST = _forward
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_P7_a_submission_whose_answer_was_lost_is_resumed_not_failed_nor_repeated(
+        hpc, member, slurm_cluster):
+    proxy = AnswerLost(slurm_cluster.url)
+    try:
+        Fleet.objects.filter(pk=hpc.pk).update(config={**hpc.config,
+                                                       "slurm_rest_url": proxy.url})
+        job = training_job_submit(actor=member, project="ml", name="answer-lost",
+                                  series="h100", cards=1, script="#!/bin/sh\nsleep 1\n")
+
+        job = cluster_job_handover(job.pk)
+        job.refresh_from_db()
+        assert proxy.dropped == 1
+        assert (job.backend_job_id, job.backend_error) == ("", "")  # unknown, not failed
+        [taken] = slurm_jobs_with_comment(slurm_cluster, job.handover_key)
+
+        cluster_jobs_track()  # the next pass resumes it
+
+        job.refresh_from_db()
+        assert job.backend_job_id == taken
+        assert slurm_jobs_with_comment(slurm_cluster, job.handover_key) == [taken]
+    finally:
+        proxy.close()
 
 
 def test_P7_a_handover_under_way_is_left_to_its_worker(hpc, member, slurm_cluster):

@@ -60,8 +60,9 @@ def exception_handler(exc, context):
         logger.warning("database unavailable for %s: %s", context["request"].path,
                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return Response(error_body(
-            "database_unavailable", "The console's database did not answer; the request "
-            f"was not completed. Retry in {DATABASE_RETRY_AFTER} seconds."),
+            "database_unavailable", "The console's database did not answer, so the request "
+            "may not have completed; read before repeating a write. Retry in "
+            f"{DATABASE_RETRY_AFTER} seconds."),
             status=status.HTTP_503_SERVICE_UNAVAILABLE,
             headers={"Retry-After": str(DATABASE_RETRY_AFTER)})
     if isinstance(exc, Http404):

@@ -223,6 +223,13 @@ def gateway_started(*, name: str, serving_since: datetime | None = None) -> Gate
     it closed none) are closed now: a new process holds none of their streams. Only those
     opened before ``serving_since``, when this process began: its own are live."""
     now = timezone.now()
+    # Closed first: if this fails, nothing of the start is recorded and the retry begins
+    # again, rather than announcing a start (and moving its time) at every attempt.
+    left_open = ControlSession.objects.filter(gateway=name, opened_at__lt=serving_since or now)
+    closed = _sessions_close(left_open, "gateway replica restarted", now)
+    if closed:
+        logger.info("gateway %s started: closed %d sessions its previous process left open",
+                    name, closed)
     with transaction.atomic():
         earlier = GatewayReplica.objects.select_for_update().filter(name=name).first()
         replica, _ = GatewayReplica.objects.update_or_create(
@@ -231,28 +238,31 @@ def gateway_started(*, name: str, serving_since: datetime | None = None) -> Gate
                      before={"started_at": earlier.started_at.isoformat(),
                              "seen_at": earlier.seen_at.isoformat()} if earlier else None,
                      after={"name": name, "started_at": now.isoformat()})
-    left_open = ControlSession.objects.filter(gateway=name, opened_at__lt=serving_since or now)
-    closed = _sessions_close(left_open, "gateway replica restarted", now)
-    if closed:
-        logger.info("gateway %s started: closed %d sessions its previous process left open",
-                    name, closed)
     return replica
 
 
 def sessions_of_silent_replicas_close(*, listening_since: datetime | None,
                                       now: datetime | None = None) -> int:
-    """Close the sessions of gateway replicas silent for a lease, whose lease has run out: a
-    replica that was killed and not started again closed none of its sessions. Judged only
-    once the console has listened for a lease (``listening_since``, the liveness sweep's
-    Hearing): after a database outage every replica is silent until it announces again."""
+    """Close the sessions of gateway replicas silent for replica_gone_after(), whose lease
+    has run out: a replica that was killed and not started again closed none of its
+    sessions. Bookkeeping only (liveness reads the leases, long expired by then), so judged
+    late and carefully: never while the console has listened for less than that long
+    (``listening_since``, the liveness sweep's Hearing; after a database outage every
+    replica is silent until it announces again), and never on a short silence, which may be
+    a replica backed up in a reconnect storm."""
     now = now or timezone.now()
-    lease = timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
-    if listening_since is None or listening_since > now - lease:
+    gone_after = replica_gone_after()
+    if listening_since is None or listening_since > now - gone_after:
         return 0
-    silent = GatewayReplica.objects.filter(seen_at__lt=now - lease).values("name")
+    silent = GatewayReplica.objects.filter(seen_at__lt=now - gone_after).values("name")
     return _sessions_close(ControlSession.objects.filter(gateway__in=silent,
                                                          lease_expires_at__lt=now),
-                           "gateway replica silent for a lease", now)
+                           "gateway replica silent", now)
+
+
+def replica_gone_after() -> timedelta:
+    """How long a gateway replica must be silent before its sessions are closed for it."""
+    return max(5 * timedelta(seconds=settings.TUNEPLANE_LEASE_TTL), timedelta(minutes=2))
 
 
 def _sessions_close(sessions, reason: str, now: datetime, batch: int = 200) -> int:

@@ -34,8 +34,10 @@ from .pki import NODE_URI_PREFIX
 logger = logging.getLogger("tuneplane.gateway")
 
 HELLO_TIMEOUT_SECONDS = 10
-# Messages of one stream waiting for the database; beyond this, its reader waits too.
-STORE_QUEUE = 64
+# Messages of one stream waiting for the database; beyond this, the stream is closed.
+STORE_QUEUE = 256
+# Store tasks outliving their stream until they have written what it said.
+_storing: set[asyncio.Task] = set()
 # When this process began: every session it opens is younger (control.gateway_started).
 SERVING_SINCE = timezone.now()
 # An expiry pass this late says the replica's loop is behind, not that its nodes are silent.
@@ -137,8 +139,8 @@ class LeaseBatcher:
         fresh, self.inventory_fresh = self.inventory_fresh, set()
         if not batch:
             return
-        renewed = await _db(control.leases_renew)({sid: at for sid, (_, at) in batch.items()},
-                                                  inventory_fresh=fresh)
+        renewed = await _db(control.leases_renew, threads=_control_thread)(
+            {sid: at for sid, (_, at) in batch.items()}, inventory_fresh=fresh)
         for session_id in batch.keys() - renewed:
             # Closed by the console meanwhile: its node was removed (D4), or it reconnected
             # elsewhere. Either way this stream no longer speaks for the node.
@@ -155,6 +157,7 @@ class LeaseBatcher:
 
 
 _pool: ThreadPoolExecutor | None = None
+_control_pool: ThreadPoolExecutor | None = None
 
 
 def _database_threads() -> ThreadPoolExecutor:
@@ -167,7 +170,19 @@ def _database_threads() -> ThreadPoolExecutor:
     return _pool
 
 
-def _db(function):
+def _control_thread() -> ThreadPoolExecutor:
+    """A thread of its own for what says this replica is alive — its announcements and its
+    lease flushes — so a reconnect storm queued on the others never makes a working replica
+    look silent. SQLite's one writer: the same single thread there."""
+    global _control_pool
+    if connection.vendor == "sqlite":
+        return _database_threads()
+    if _control_pool is None:
+        _control_pool = ThreadPoolExecutor(1, thread_name_prefix="gateway-control")
+    return _control_pool
+
+
+def _db(function, *, threads=_database_threads):
     """Run a control service on a database thread. Connections are kept as
     ``CONN_MAX_AGE`` says and checked before use, so one that died is replaced."""
     def call(*args, **kwargs):
@@ -179,7 +194,7 @@ def _db(function):
 
     async def run(*args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(
-            _database_threads(), partial(call, *args, **kwargs))
+            threads(), partial(call, *args, **kwargs))
     return run
 
 
@@ -273,10 +288,11 @@ async def announce() -> None:
     while True:
         try:
             if started is None:
-                started = (await _db(control.gateway_started)(
+                started = (await _db(control.gateway_started, threads=_control_thread)(
                     name=name, serving_since=SERVING_SINCE)).started_at
             else:
-                await _db(control.gateway_alive)(name=name, started_at=started)
+                await _db(control.gateway_alive, threads=_control_thread)(
+                    name=name, started_at=started)
         except Exception:  # the database is away: the sweep holds its judgement meanwhile
             logger.exception("announcing this gateway replica failed")
         await asyncio.sleep(max(settings.TUNEPLANE_HEARTBEAT_INTERVAL / 2, 1))
@@ -368,8 +384,10 @@ class NodeControlService(AsyncService):
         node_id = stream.node_id
         last_sequence = -1
         storage_visible = None
-        work: asyncio.Queue = asyncio.Queue(maxsize=STORE_QUEUE)
+        work: asyncio.Queue = asyncio.Queue()
         store = asyncio.create_task(self._store(stream, work))
+        _storing.add(store)
+        store.add_done_callback(_storing.discard)
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("body")
@@ -387,25 +405,33 @@ class NodeControlService(AsyncService):
                         heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence)))
                     if beat.storage_root_visible != storage_visible:
                         storage_visible = beat.storage_root_visible
-                        await work.put(message)
+                        work.put_nowait(message)
                 elif kind in ("inventory", "command_update"):
                     if kind == "inventory":
                         storage_visible = message.inventory.storage_root_visible
-                    # A full queue waits here: a node that floods slows only its own stream.
-                    await work.put(message)
+                    if work.qsize() >= STORE_QUEUE:
+                        # Reading on would grow the queue without bound; waiting would leave
+                        # heartbeats unread. The node is told, and tells it all again.
+                        logger.warning("node %s: %d reports waiting for the database; "
+                                       "closing its stream", node_id, work.qsize())
+                        self.streams.close(node_id, "too many reports waiting for the "
+                                           "database", session_id=stream.session_id)
+                        break
+                    work.put_nowait(message)
                 else:  # a second Hello, or nothing at all: the stream already has both
                     logger.warning("node %s: unexpected %s ignored", node_id, kind)
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             pass
         finally:
-            store.cancel()
+            # What the node said before it went is stored still: the store task ends when it
+            # reaches this mark, whatever happens to the stream meanwhile.
+            work.put_nowait(None)
             stream.outbox.put_nowait(None)
 
     async def _store(self, stream: Stream, work: asyncio.Queue) -> None:
         """The database work of one stream's messages, one at a time, in arrival order."""
         node_id = stream.node_id
-        while True:
-            message = await work.get()
+        while (message := await work.get()) is not None:
             kind = message.WhichOneof("body")
             try:
                 if kind == "heartbeat":

@@ -53,6 +53,7 @@ READS = {
     "nodes.commands.checked",  # validates a node's report
     "nodes.liveness.gone_threshold",  # a pure computation (L4)
     "nodes.liveness.console_hearing",  # reads the gateway replicas
+    "nodes.control.replica_gone_after",  # a pure computation
     "placement.services.project_for",  # reads the project and the membership
     "placement.services.live_deployments_blocking_deletion",  # F7's check, a count
     "placement.services.workload_records_blocking_deletion",  # F7's check, counts

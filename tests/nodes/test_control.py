@@ -116,34 +116,36 @@ def test_a_restarted_gateway_closes_the_sessions_its_killed_process_left_open(no
     assert Node.objects.get(pk=left_open.node_id).lease_expires_at is None
 
 
-def test_L1_sessions_of_a_replica_silent_for_a_lease_close_once_the_console_has_listened(
+def test_L1_sessions_of_a_replica_long_silent_close_once_the_console_has_listened(
         node_fleet, mint, settings):
     from datetime import timedelta
 
-    from nodes.control import sessions_of_silent_replicas_close
+    from nodes.control import replica_gone_after, sessions_of_silent_replicas_close
     from nodes.models import GatewayReplica
 
     settings.TUNEPLANE_LEASE_TTL = 30
-    now = timezone.now()
-    dead, beating = sessions(node_fleet, mint, 2)
-    GatewayReplica.objects.create(name="dead", started_at=now - timedelta(hours=1),
-                                  seen_at=now - timedelta(seconds=31))
-    GatewayReplica.objects.create(name="alive", started_at=now - timedelta(hours=1),
-                                  seen_at=now)
-    ControlSession.objects.filter(pk=dead.pk).update(gateway="dead",
-                                                     lease_expires_at=now - timedelta(seconds=1))
-    ControlSession.objects.filter(pk=beating.pk).update(
-        gateway="alive", lease_expires_at=now - timedelta(seconds=1))
+    gone_after = replica_gone_after()
+    assert gone_after == timedelta(seconds=150)  # five leases, two minutes at least
+    now, second = timezone.now(), timedelta(seconds=1)
+    dead, backed_up, beating = sessions(node_fleet, mint, 3)
+    for name, silent_for in (("dead", gone_after + second), ("backed-up", gone_after - second),
+                             ("alive", timedelta(0))):
+        GatewayReplica.objects.create(name=name, started_at=now - timedelta(hours=1),
+                                      seen_at=now - silent_for)
+    for session, gateway in ((dead, "dead"), (backed_up, "backed-up"), (beating, "alive")):
+        ControlSession.objects.filter(pk=session.pk).update(gateway=gateway,
+                                                            lease_expires_at=now - second)
 
-    # Listening for less than a lease (the database just came back): nothing is judged.
-    assert sessions_of_silent_replicas_close(listening_since=now - timedelta(seconds=29),
+    # Listening for less than that (the database just came back): nothing is judged.
+    assert sessions_of_silent_replicas_close(listening_since=now - gone_after + second,
                                              now=now) == 0
     assert sessions_of_silent_replicas_close(listening_since=None, now=now) == 0
-    assert sessions_of_silent_replicas_close(listening_since=now - timedelta(seconds=31),
+    assert sessions_of_silent_replicas_close(listening_since=now - gone_after - second,
                                              now=now) == 1
 
     closed = dict(ControlSession.objects.values_list("id", "close_reason"))
-    assert closed == {dead.id: "gateway replica silent for a lease", beating.id: ""}
+    assert closed == {dead.id: "gateway replica silent", backed_up.id: "",
+                      beating.id: ""}
 
 
 def test_the_liveness_sweep_closes_the_sessions_of_a_silent_replica(node_fleet, mint, settings):

@@ -243,3 +243,50 @@ def test_L1_a_pass_the_gateway_runs_late_judges_no_stream(joined):
     late, on_time = in_own_loop(scenario)
 
     assert late == [] and [s.node_id for s in on_time] == [node.id]
+
+
+def test_L5_what_a_node_said_before_hanging_up_is_stored_after_it_has_gone(joined, monkeypatch):
+    node, pem = joined
+    command = commands.node_command_create(actor=ADMIN, node=node, kind="run", payload=RUN)
+    entered, release = held(monkeypatch, control, "node_report_inventory")
+
+    async def scenario():
+        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        assert (await peer.next()).WhichOneof("body") == "welcome"
+        assert (await peer.next()).command.command_id == str(command.id)
+        peer.send(inventory=pb.InventoryReport(
+            cards=[pb.Card(name="NVIDIA H100 80GB HBM3", count=8)]))
+        await in_thread(entered)  # the report's write is held; the result waits behind it
+        peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
+            command_id=str(command.id), state="succeeded", exit_code=0)))
+        await peer.hang_up()  # a clean end: the stream is over
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*gateway._storing), 10)
+
+    in_own_loop(scenario)
+
+    assert NodeCommand.objects.get(pk=command.pk).state == "succeeded"
+
+
+def test_a_node_flooding_reports_faster_than_the_database_takes_them_is_closed(
+        joined, monkeypatch):
+    node, pem = joined
+    entered, release = held(monkeypatch, control, "node_report_inventory")
+
+    async def scenario():
+        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        assert (await peer.next()).WhichOneof("body") == "welcome"
+        peer.send(inventory=pb.InventoryReport())
+        await in_thread(entered)
+        for number in range(gateway.STORE_QUEUE + 1):
+            peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
+                command_id=f"c-flood-{number}", state="running")))
+        closed = await peer.next()
+        release.set()
+        await peer.hang_up()
+        return closed
+
+    closed = in_own_loop(scenario)
+
+    # Neither a queue without bound nor a reader that stops taking heartbeats.
+    assert closed.close.reason == "too many reports waiting for the database"

@@ -48,7 +48,10 @@ class Command(BaseCommand):
         asyncio.run(self._serve(bind))
 
     async def _serve(self, bind: str) -> None:
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024 * 1024)])
+        # No SO_REUSEPORT: two processes on one address would share a replica name, and
+        # the second to start would close the first's sessions (control.gateway_started).
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024 * 1024),
+                                          ("grpc.so_reuseport", 0)])
         grpc_settings.ROOT_HANDLERS_HOOK(server)
         server.add_secure_port(bind, server_credentials())
         await server.start()

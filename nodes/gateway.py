@@ -2,24 +2,20 @@
 
 Thin: it reads who the peer is from its certificate, translates protobuf to the
 control services (nodes.control) and maps their errors to status codes in one
-place. Heartbeats only mark a lease in memory; ``LeaseBatcher`` writes them.
+place. Heartbeats only mark a lease in memory; ``LeaseBatcher`` writes them. The streams it
+holds are nodes.streams'; its database threads, nodes.db_threads'.
 """
 
 import asyncio
-import json
 import logging
 import socket
 import time
-from dataclasses import dataclass, field
-from datetime import datetime
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from dataclasses import dataclass
 
 import grpc
 import redis.asyncio
 from cryptography import x509
 from django.conf import settings
-from django.db import close_old_connections, connection
 from django.utils import timezone
 from google.protobuf.json_format import MessageToDict
 
@@ -29,7 +25,9 @@ from . import bus, commands, control, scheduling, selectors
 from .agent.proto import control_pb2 as pb
 from .agent.serve import inventory_digest
 from .aio_service import AsyncService
+from .db_threads import control_thread, db
 from .pki import NODE_URI_PREFIX
+from .streams import LeaseBatcher, Stream, Streams, expire
 
 logger = logging.getLogger("tuneplane.gateway")
 
@@ -40,8 +38,6 @@ STORE_QUEUE = 256
 _storing: set[asyncio.Task] = set()
 # When this process began: every session it opens is younger (control.gateway_started).
 SERVING_SINCE = timezone.now()
-# An expiry pass this late says the replica's loop is behind, not that its nodes are silent.
-LATE_PASS_SECONDS = 1.0
 _STATUS = {403: grpc.StatusCode.PERMISSION_DENIED, 400: grpc.StatusCode.INVALID_ARGUMENT,
            404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION}
 
@@ -67,137 +63,6 @@ def peer_of(context) -> Peer | None:
     return Peer(node_id=ids[0], serial=format(cert.serial_number, "x")) if len(ids) == 1 else None
 
 
-@dataclass(eq=False)
-class Stream:
-    """One node's open stream on this replica: its outbox, and the commands sent on it."""
-
-    node_id: str
-    session_id: str
-    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
-    sent: set[str] = field(default_factory=set)
-    # Digest of the inventory the console stored from this stream (see Heartbeat in the proto).
-    inventory_digest: str = ""
-    # Its silence counts from the Welcome: before it, the wait is the console's, not the node's.
-    welcomed: bool = False
-    last_beat: float = field(default_factory=time.monotonic)
-
-    def deliver(self, commands) -> int:
-        """Queue commands not yet sent on this stream; the agent de-duplicates by id too."""
-        fresh = [command for command in commands if command.id not in self.sent]
-        for command in fresh:
-            self.sent.add(command.id)
-            self.outbox.put_nowait(pb.ControlMessage(command=pb.Command(
-                command_id=command.id, kind=command.kind,
-                payload_json=json.dumps(command.payload))))
-        return len(fresh)
-
-    def close(self, reason: str) -> None:
-        self.outbox.put_nowait(pb.ControlMessage(close=pb.Close(reason=reason)))
-        self.outbox.put_nowait(None)
-
-
-class Streams:
-    """The streams this replica holds, by node: a newer one closes the older."""
-
-    def __init__(self):
-        self.by_node: dict[str, Stream] = {}
-
-    def take(self, stream: Stream) -> None:
-        older = self.by_node.get(stream.node_id)
-        if older is not None:
-            older.close("replaced by a newer stream")
-        self.by_node[stream.node_id] = stream
-
-    def release(self, stream: Stream) -> None:
-        if self.by_node.get(stream.node_id) is stream:
-            del self.by_node[stream.node_id]
-
-    def close(self, node_id: str, reason: str, *, session_id: str | None = None) -> None:
-        stream = self.by_node.get(node_id)
-        if stream is not None and session_id in (None, stream.session_id):
-            self.release(stream)
-            stream.close(reason)
-
-
-class LeaseBatcher:
-    """Collects heartbeats and renews their leases in one batch per flush interval."""
-
-    def __init__(self, streams: Streams):
-        self.streams = streams
-        self.pending: dict[str, tuple[str, datetime]] = {}
-        self.inventory_fresh: set[str] = set()
-
-    def touch(self, stream: Stream, *, inventory_unchanged: bool) -> None:
-        self.pending[stream.session_id] = (stream.node_id, timezone.now())
-        if inventory_unchanged:
-            self.inventory_fresh.add(stream.session_id)
-        else:
-            self.inventory_fresh.discard(stream.session_id)
-
-    async def flush(self) -> None:
-        batch, self.pending = self.pending, {}
-        fresh, self.inventory_fresh = self.inventory_fresh, set()
-        if not batch:
-            return
-        renewed = await _db(control.leases_renew, threads=_control_thread)(
-            {sid: at for sid, (_, at) in batch.items()}, inventory_fresh=fresh)
-        for session_id in batch.keys() - renewed:
-            # Closed by the console meanwhile: its node was removed (D4), or it reconnected
-            # elsewhere. Either way this stream no longer speaks for the node.
-            self.streams.close(batch[session_id][0], "session closed by the console",
-                               session_id=session_id)
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(settings.TUNEPLANE_HEARTBEAT_FLUSH_INTERVAL)
-            try:
-                await self.flush()
-            except Exception:  # a failed flush is retried with the next batch's timestamps
-                logger.exception("lease flush failed")
-
-
-_pool: ThreadPoolExecutor | None = None
-_control_pool: ThreadPoolExecutor | None = None
-
-
-def _database_threads() -> ThreadPoolExecutor:
-    """The threads that run the gateway's database work, each with its own connection.
-    SQLite has one writer at a time, so one thread there."""
-    global _pool
-    if _pool is None:
-        threads = 1 if connection.vendor == "sqlite" else settings.TUNEPLANE_GATEWAY_DB_THREADS
-        _pool = ThreadPoolExecutor(threads, thread_name_prefix="gateway-db")
-    return _pool
-
-
-def _control_thread() -> ThreadPoolExecutor:
-    """A thread of its own for what says this replica is alive — its announcements and its
-    lease flushes — so a reconnect storm queued on the others never makes a working replica
-    look silent. SQLite's one writer: the same single thread there."""
-    global _control_pool
-    if connection.vendor == "sqlite":
-        return _database_threads()
-    if _control_pool is None:
-        _control_pool = ThreadPoolExecutor(1, thread_name_prefix="gateway-control")
-    return _control_pool
-
-
-def _db(function, *, threads=_database_threads):
-    """Run a control service on a database thread. Connections are kept as
-    ``CONN_MAX_AGE`` says and checked before use, so one that died is replaced."""
-    def call(*args, **kwargs):
-        close_old_connections()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            close_old_connections()
-
-    async def run(*args, **kwargs):
-        return await asyncio.get_running_loop().run_in_executor(
-            threads(), partial(call, *args, **kwargs))
-    return run
-
-
 def inventory_from(report: pb.InventoryReport) -> dict:
     data = MessageToDict(report, preserving_proto_field_name=True)
     data["cards"] = [{"name": c.name, "count": c.count} for c in report.cards]
@@ -214,7 +79,7 @@ def replica_name() -> str:
 
 async def deliver_pending(streams: Streams, **which) -> int:
     """Send the pending commands of the nodes whose streams this replica holds."""
-    pending = await _db(selectors.commands_pending)(**which)
+    pending = await db(selectors.commands_pending)(**which)
     by_node: dict[str, list] = {}
     for command in pending:
         by_node.setdefault(command.node_id, []).append(command)
@@ -254,33 +119,6 @@ async def listen(streams: Streams) -> None:
             delay = min(delay * 2, 30)
 
 
-def expire_pass(streams: Streams, *, now: float, late: float = 0.0) -> list[Stream]:
-    """Close the welcomed streams silent for a whole lease: a half-open connection must not
-    look like a live node. A pass that runs ``late`` by more than LATE_PASS_SECONDS judges
-    nothing: this replica's own loop was behind, so a heartbeat may be waiting unread (the
-    node's lease in the database is judged by the liveness sweep meanwhile, L1)."""
-    if late > LATE_PASS_SECONDS:
-        logger.warning("gateway loop ran %.1f s late; no stream judged silent on this pass",
-                       late)
-        return []
-    silent_since = now - settings.TUNEPLANE_LEASE_TTL
-    silent = [s for s in streams.by_node.values() if s.welcomed and s.last_beat < silent_since]
-    for stream in silent:
-        logger.info("node %s silent for a lease; closing its stream", stream.node_id)
-        streams.close(stream.node_id, "lease expired", session_id=stream.session_id)
-    return silent
-
-
-async def expire(streams: Streams) -> None:
-    """One pass a second over every stream."""
-    due = time.monotonic() + 1
-    while True:
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
-        now = time.monotonic()
-        expire_pass(streams, now=now, late=now - due)
-        due = now + 1
-
-
 async def announce() -> None:
     """This replica is listening: said at start, then every half heartbeat interval, so the
     liveness sweep can tell a console that heard nothing from nodes that said nothing."""
@@ -288,10 +126,10 @@ async def announce() -> None:
     while True:
         try:
             if started is None:
-                started = (await _db(control.gateway_started, threads=_control_thread)(
+                started = (await db(control.gateway_started, threads=control_thread)(
                     name=name, serving_since=SERVING_SINCE)).started_at
             else:
-                await _db(control.gateway_alive, threads=_control_thread)(
+                await db(control.gateway_alive, threads=control_thread)(
                     name=name, started_at=started)
         except Exception:  # the database is away: the sweep holds its judgement meanwhile
             logger.exception("announcing this gateway replica failed")
@@ -338,7 +176,7 @@ class NodeControlService(AsyncService):
         try:
             reported = [commands.Reported.of(c.command_id, c.state, c.exit_code)
                         for c in hello.commands]
-            session = await _db(control.session_open)(
+            session = await db(control.session_open)(
                 node_id=peer.node_id, serial=peer.serial, gateway=replica_name(),
                 agent_version=hello.agent_version)
         except ApplicationError as error:
@@ -353,7 +191,7 @@ class NodeControlService(AsyncService):
         reader = None
         reason = "stream ended"
         try:
-            pending = await _db(commands.node_commands_reconcile)(node_id=peer.node_id,
+            pending = await db(commands.node_commands_reconcile)(node_id=peer.node_id,
                                                                   reported=reported)
             # Reading starts before the Welcome is written: a write the transport completes
             # late must not leave the node's first heartbeats unread.
@@ -374,7 +212,7 @@ class NodeControlService(AsyncService):
             self.streams.release(stream)
             # Shielded: when the peer has gone, grpc cancels this handler, and a close still
             # queued for the database thread would otherwise be dropped with it.
-            await asyncio.shield(_db(control.session_close)(session_id=session.id,
+            await asyncio.shield(db(control.session_close)(session_id=session.id,
                                                              reason=reason))
 
     async def _read(self, request_iterator, stream: Stream) -> None:
@@ -435,15 +273,15 @@ class NodeControlService(AsyncService):
             kind = message.WhichOneof("body")
             try:
                 if kind == "heartbeat":
-                    await _db(scheduling.node_observe_storage_root)(
+                    await db(scheduling.node_observe_storage_root)(
                         node_id=node_id, visible=message.heartbeat.storage_root_visible)
                 elif kind == "inventory":
-                    await _db(control.node_report_inventory)(
+                    await db(control.node_report_inventory)(
                         node_id=node_id, inventory=inventory_from(message.inventory))
                     stream.inventory_digest = inventory_digest(message.inventory)
                 else:
                     state = message.command_update.state
-                    await _db(commands.node_command_report)(
+                    await db(commands.node_command_report)(
                         node_id=node_id, reported=commands.Reported.of(
                             state.command_id, state.state, state.exit_code))
             except ValidationFailed as error:
@@ -462,7 +300,7 @@ class NodeControlService(AsyncService):
         if peer is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a node certificate is required")
         try:
-            issued = await _db(control.credential_rotate)(node_id=peer.node_id,
+            issued = await db(control.credential_rotate)(node_id=peer.node_id,
                                                           serial=peer.serial, csr=request.csr)
         except ApplicationError as error:
             logger.warning("node %s: rotation refused: %s", peer.node_id, error.message)

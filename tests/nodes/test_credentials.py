@@ -17,19 +17,8 @@ from nodes.backends.base import BackendError
 from nodes.backends.slurm import SlurmBackend
 from nodes.clusters import cluster_refresh
 
-from .kube_replay import KubeReplay
-
 CONSOLE_SECRET = "postgres://console:database-password-not-for-clusters@db/tuneplane"
 TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_CREDENTIALS"
-
-
-@pytest.fixture
-def replay(monkeypatch):
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    with KubeReplay() as server:
-        server.serve("GET", "/api/v1/nodes", "nodes.json")
-        yield server
 
 
 def kube_fleet(fleet_id: str, config: dict) -> Fleet:

@@ -16,9 +16,10 @@ import pytest
 from django.db import OperationalError
 
 from audit.services import Actor
-from nodes import commands, control, gateway
+from nodes import commands, control, db_threads, gateway, streams
 from nodes.agent.proto import control_pb2 as pb
-from nodes.gateway import NodeControlService, deliver_pending, expire_pass
+from nodes.gateway import NodeControlService, deliver_pending
+from nodes.streams import expire_pass
 from nodes.models import ControlSession, NodeCommand
 from nodes.services import node_join
 from tests.conftest import H100_INVENTORY, make_csr
@@ -83,10 +84,11 @@ def joined(node_fleet, mint):
 def database_threads(monkeypatch):
     """Threads of the test's own, two even on SQLite: one may be held on purpose."""
     pool = ThreadPoolExecutor(2, thread_name_prefix="test-gateway-db")
-    monkeypatch.setattr(gateway, "_pool", pool)
-    monkeypatch.setattr(NodeControlService, "streams", gateway.Streams())
+    monkeypatch.setattr(db_threads, "_pool", pool)
+    monkeypatch.setattr(db_threads, "_control_pool", pool)
+    monkeypatch.setattr(NodeControlService, "streams", streams.Streams())
     monkeypatch.setattr(NodeControlService, "batcher",
-                        gateway.LeaseBatcher(NodeControlService.streams))
+                        streams.LeaseBatcher(NodeControlService.streams))
     yield pool
     pool.shutdown(wait=True)
 
@@ -131,7 +133,7 @@ def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_fin
         await deliver_pending(NodeControlService.streams, node_id=node.id)
         release.set()
         received = [await welcome]
-        later = await gateway._db(commands.node_command_create)(actor=ADMIN, node=node,
+        later = await db_threads.db(commands.node_command_create)(actor=ADMIN, node=node,
                                                                  kind="run", payload=RUN)
         await deliver_pending(NodeControlService.streams, node_id=node.id)
         received.append(await peer.next())
@@ -205,16 +207,16 @@ def test_L1_silence_counts_from_the_welcome_not_while_the_console_settles_the_he
         joined, monkeypatch):
     node, pem = joined
     entered, release = held(monkeypatch, commands, "node_commands_reconcile")
-    streams = NodeControlService.streams
+    registry = NodeControlService.streams
 
     async def scenario():
         peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         await in_thread(entered)  # registered, its Hello waiting on the database
         long_after = time.monotonic() + 1000
-        while_settling = expire_pass(streams, now=long_after)
+        while_settling = expire_pass(registry, now=long_after)
         release.set()
         welcome = await peer.next()
-        after_welcome = expire_pass(streams, now=long_after)
+        after_welcome = expire_pass(registry, now=long_after)
         closed = await peer.next()
         await peer.hang_up()
         return while_settling, welcome, after_welcome, closed
@@ -235,7 +237,7 @@ def test_L1_a_pass_the_gateway_runs_late_judges_no_stream(joined):
         assert (await peer.next()).WhichOneof("body") == "welcome"
         long_after = time.monotonic() + 1000
         late = expire_pass(NodeControlService.streams, now=long_after,
-                           late=gateway.LATE_PASS_SECONDS + 0.5)
+                           late=streams.LATE_PASS_SECONDS + 0.5)
         on_time = expire_pass(NodeControlService.streams, now=long_after, late=0.01)
         await peer.hang_up()
         return late, on_time

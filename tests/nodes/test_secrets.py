@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from secrets import token_urlsafe
 
-import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
@@ -190,15 +189,6 @@ def read_cluster_fleets(admin: Api, replay: KubeReplay, monkeypatch, secrets_dir
     return Outcome(secrets={"Kubernetes token (env)": kube_jwt, "Slurm JWT (env)": env_jwt,
                             "Slurm JWT (file)": file_jwt, "JWT pasted as a name": pasted_jwt},
                    answers=[a.content.decode() for a in [*created, pasted, *shown]])
-
-
-@pytest.fixture
-def replay(monkeypatch):
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    with KubeReplay() as server:
-        server.serve("GET", "/api/v1/nodes", "nodes.json")
-        yield server
 
 
 def test_secrets_appear_nowhere_after_a_full_scenario(admin_user, node_fleet, console_pki,

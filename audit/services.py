@@ -1,4 +1,4 @@
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import models, transaction
@@ -12,15 +12,18 @@ from .models import AuditEvent
 
 @dataclass(frozen=True)
 class Actor:
-    """Who made a change: a user, a node, or the system itself (a sweep, a migration)."""
+    """Who made a change: a user, a node, or the system itself (a sweep, a migration). Made at
+    the edge (a view, the admin, the gateway, a task) and handed to every service; a user's
+    carries the user, whose visibility a submission is judged by."""
 
     type: str
     id: str = ""
     label: str = ""
+    user: AbstractBaseUser | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of_user(cls, user: AbstractBaseUser) -> "Actor":
-        return cls(ActorType.USER, str(user.pk), user.get_username())
+        return cls(ActorType.USER, str(user.pk), user.get_username(), user)
 
     @classmethod
     def of_node(cls, node_id: str) -> "Actor":
@@ -31,8 +34,11 @@ class Actor:
         return cls(ActorType.SYSTEM, "", name)
 
 
-def as_actor(actor: "Actor | AbstractBaseUser") -> Actor:
-    return actor if isinstance(actor, Actor) else Actor.of_user(actor)
+def _checked(actor: Actor) -> Actor:
+    if not isinstance(actor, Actor):
+        raise TypeError(f"an audit actor is an Actor, not {type(actor).__name__}: make one at "
+                        "the edge (Actor.of_user, Actor.of_node, Actor.system)")
+    return actor
 
 
 def _require_transaction(action: str) -> None:
@@ -42,7 +48,7 @@ def _require_transaction(action: str) -> None:
 
 def audit_record(
     *,
-    actor: "Actor | AbstractBaseUser",
+    actor: Actor,
     action: str,
     target: "models.Model | tuple[str, str]",
     before: dict | None = None,
@@ -55,7 +61,7 @@ def audit_record(
     row — a refused join names the token it was offered by what it knows of it.
     """
     _require_transaction(action)
-    actor = as_actor(actor)
+    actor = _checked(actor)
     if isinstance(target, tuple):
         target_type, target_id = target
     else:
@@ -75,17 +81,26 @@ def audit_record(
     )
 
 
-def audit_record_many(*, actor: "Actor | AbstractBaseUser", action: str, target_type: str,
+def audit_record_many(*, actor: Actor, action: str, target_type: str,
                       changes: list[tuple[str, dict | None, dict | None]]) -> int:
     """One event per changed object — ``(target id, before, after)`` — in one INSERT, for a
     set-based change such as a sweep: the statements do not grow with the objects."""
-    _require_transaction(action)
-    actor = as_actor(actor)
+    return audit_record_each(actor=actor, target_type=target_type, events=[
+        (action, target_id, before, after) for target_id, before, after in changes])
+
+
+def audit_record_each(*, actor: Actor, target_type: str,
+                      events: list[tuple[str, str, dict | None, dict | None]]) -> int:
+    """One event per ``(action, target id, before, after)``, of several actions, in one
+    INSERT per 5,000: for a sweep whose one statement made changes of several kinds."""
+    actor = _checked(actor)
+    for action in {action for action, *_ in events}:
+        _require_transaction(action)
     now = timezone.now()
     correlation_id = correlation.current()
     AuditEvent.objects.bulk_create([
         AuditEvent(at=now, actor_type=actor.type, actor_id=actor.id, actor_label=actor.label,
                    action=action, target_type=target_type, target_id=str(target_id),
                    before=before, after=after, correlation_id=correlation_id)
-        for target_id, before, after in changes], batch_size=5000)
-    return len(changes)
+        for action, target_id, before, after in events], batch_size=5000)
+    return len(events)

@@ -2,7 +2,7 @@
 
 from django.db.models import Q, QuerySet
 
-from tuneplane.api.permissions import is_admin
+from tuneplane.permissions import is_admin
 from tuneplane.deployment_settings import ConfigWarning, unread_keys
 from tuneplane.errors import NotFound
 from tuneplane.models import Membership

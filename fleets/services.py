@@ -4,7 +4,7 @@ import logging
 
 from django.db import IntegrityError, connection, transaction
 
-from audit.services import audit_record
+from audit.services import Actor, audit_record
 from tuneplane.deployment_settings import check_config
 from tuneplane.errors import Conflict
 from tuneplane.models import Project
@@ -115,7 +115,7 @@ def fleet_update(
     return fleet
 
 
-def fleet_set_state(*, actor, fleet: Fleet, state: str) -> Fleet:
+def fleet_set_state(*, actor: Actor, fleet: Fleet, state: str) -> Fleet:
     """Activate, drain or disable a Fleet. Draining and disabling kill nothing (D1)."""
     return fleet_update(actor=actor, fleet=fleet, state=state, action="fleet.state_changed")
 
@@ -132,7 +132,7 @@ def fleet_hold(fleet_id: str) -> bool:
         return cursor.fetchone() is not None
 
 
-def fleet_delete(*, actor, fleet: Fleet) -> None:
+def fleet_delete(*, actor: Actor, fleet: Fleet) -> None:
     """F7: deletable only when no registered blocker objects."""
     with transaction.atomic():
         fleet = Fleet.objects.select_for_update(of=("self",)).select_related("project").get(pk=fleet.pk)

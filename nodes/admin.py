@@ -14,7 +14,7 @@ from fleets.selectors import fleet_get_visible
 from tuneplane.admin import ReadOnlyAdmin, StaffAdmin
 from tuneplane.errors import ApplicationError
 
-from . import scheduling, services
+from .services import hardware, join, scheduling
 from .choices import CordonSource, SchedulingState
 from .models import (CardAlias, ControlSession, HardwareSeries, JoinToken, Node, NodeCommand,
                      StrayCommand)
@@ -39,7 +39,7 @@ class JoinTokenAdmin(ReadOnlyAdmin):
     @admin.action(description="Revoke selected tokens")
     def revoke(self, request, queryset):
         for token in queryset:
-            services.join_token_revoke(actor=Actor.of_user(request.user), token=token)
+            join.join_token_revoke(actor=Actor.of_user(request.user), token=token)
         self.message_user(request, "Revoked. A used token stays as it was: its node keeps "
                           "its identity.", messages.SUCCESS)
 
@@ -54,8 +54,8 @@ class JoinTokenAdmin(ReadOnlyAdmin):
                    "is_node_fleet": fleet.kind == FleetKind.NODE,
                    "fleet_url": reverse("admin:fleets_fleet_change", args=[fleet.pk])}
         if request.method == "POST" and context["is_node_fleet"]:
-            token, secret = services.join_token_mint(actor=request.user, fleet=fleet)
-            context.update(token=token, minted=services.join_commands(fleet.id, secret))
+            token, secret = join.join_token_mint(actor=Actor.of_user(request.user), fleet=fleet)
+            context.update(token=token, minted=join.join_commands(fleet.id, secret))
         response = TemplateResponse(request, "admin/nodes/add_machine.html", context)
         response["Cache-Control"] = "no-store"
         return response
@@ -204,6 +204,16 @@ class NodeAdmin(ReadOnlyAdmin):
                                           for n in queryset))
 
 
+def _delete_each(model_admin, request, queryset) -> None:
+    """The bulk delete action, one object at a time through the admin's own delete_model (so
+    each goes through its service); one refused is said, the others still go."""
+    for obj in queryset:
+        try:
+            model_admin.delete_model(request, obj)
+        except ApplicationError as error:
+            model_admin.message_user(request, f"{obj}: {error.message}", messages.ERROR)
+
+
 @admin.register(HardwareSeries)
 class HardwareSeriesAdmin(StaffAdmin):
     list_display = ["slug", "name", "vendor"]
@@ -212,6 +222,21 @@ class HardwareSeriesAdmin(StaffAdmin):
     def get_readonly_fields(self, request, obj=None):
         # Jobs pin a slug and nodes' card summaries are kept under it: fixed once created.
         return ["slug"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        actor, data = Actor.of_user(request.user), form.cleaned_data
+        if change:
+            hardware.series_update(actor=actor, series=obj, name=data["name"],
+                                   vendor=data["vendor"])
+        else:
+            obj.pk = hardware.series_create(actor=actor, slug=data["slug"], name=data["name"],
+                                            vendor=data["vendor"]).pk
+
+    def delete_model(self, request, obj):
+        hardware.series_delete(actor=Actor.of_user(request.user), series=obj)
+
+    def delete_queryset(self, request, queryset):
+        _delete_each(self, request, queryset)
 
 
 class MappedFilter(admin.SimpleListFilter):
@@ -247,12 +272,17 @@ class CardAliasAdmin(StaffAdmin):
                                                                obj.series_id is None)
 
     def save_model(self, request, obj, form, change):
-        series = obj.series
+        actor = Actor.of_user(request.user)
         if not change:  # a name added by hand: recorded unmapped, then mapped as any other
-            obj.series = None
-            super().save_model(request, obj, form, change)
-        if series is not None or change and "series" in form.changed_data:
-            services.card_alias_map(actor=Actor.of_user(request.user), alias=obj, series=series)
+            obj.pk = hardware.card_alias_add(actor=actor, name=obj.name, series=obj.series).pk
+        elif "series" in form.changed_data:
+            hardware.card_alias_map(actor=actor, alias=obj, series=obj.series)
+
+    def delete_model(self, request, obj):
+        hardware.card_alias_delete(actor=Actor.of_user(request.user), alias=obj)
+
+    def delete_queryset(self, request, queryset):
+        _delete_each(self, request, queryset)
 
 
 @admin.register(NodeCommand)

@@ -2,9 +2,9 @@
 
 from celery import shared_task
 
-from .clusters import clusters_refresh
-from .liveness import liveness_sweep
-from .scheduling import storage_cordon_sweep
+from .services.clusters import clusters_refresh
+from .services.liveness import liveness_sweep
+from .services.scheduling import storage_cordon_sweep
 
 
 @shared_task(name="nodes.liveness_sweep", ignore_result=True)

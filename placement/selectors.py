@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from fleets.choices import FleetDelivery, FleetState
 from nodes.models import Node
-from tuneplane.api.permissions import is_admin
+from tuneplane.permissions import is_admin
 from tuneplane.errors import PlacementRefused
 from tuneplane.models import Membership
 

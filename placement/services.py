@@ -5,20 +5,19 @@ admission either sees the record (and refuses, F7) or wins before it (and the
 admission answers not found) — never a record pointing at a deleted Fleet.
 """
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from audit.services import audit_record
+from audit.services import Actor, audit_record
 from fleets.choices import FleetKind, FleetState
 from fleets.models import Fleet
 from fleets.selectors import fleet_not_found
-from tuneplane.api.permissions import is_admin
+from tuneplane.permissions import is_admin
 from tuneplane.errors import NotFound, PlacementRefused, ValidationFailed
 from tuneplane.models import Membership, Project
 
 from .admission import Admitted, Need, admit_automatically, admit_deployment, admit_named
 from .choices import LIFECYCLE_CAPABILITY, DeploymentState, LifecycleKind, Refusal
-from .clusters import handover_on_commit
+from .handover import handover_on_commit
 from .models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession, Revision,
                      TrainingJob, Volume)
 
@@ -43,7 +42,7 @@ def _storage(project: Project, model, names, field: str) -> list:
     return [found[name] for name in names]
 
 
-def _record(model, *, actor, project: Project, admitted: Admitted, extra_after=None, **fields):
+def _record(model, *, actor: Actor, project: Project, admitted: Admitted, extra_after=None, **fields):
     """Write the admitted workload against its locked Fleet, and audit it."""
     fleet = Fleet.objects.select_for_update(of=("self",)).filter(pk=admitted.fleet_id).first()
     if fleet is None:
@@ -53,7 +52,7 @@ def _record(model, *, actor, project: Project, admitted: Admitted, extra_after=N
                                "(rule D1).", reason=Refusal.STATE)
     record = model.objects.create(
         project=project, fleet=fleet, admission=admitted.as_record(),
-        created_by=actor if isinstance(actor, AbstractBaseUser) else None, **fields)
+        created_by=actor.user, **fields)
     audit_record(actor=actor, action=f"{model._meta.model_name}.admitted", target=record, after={
         "project": project.slug, "fleet": fleet.id, "gates": admitted.gates,
         **{key: value for key, value in fields.items()
@@ -62,11 +61,11 @@ def _record(model, *, actor, project: Project, admitted: Admitted, extra_after=N
     return record
 
 
-def _job(model, *, actor, project_slug, need: Need, volumes, datasets, **fields):
-    project = project_for(actor, project_slug)
+def _job(model, *, actor: Actor, project_slug, need: Need, volumes, datasets, **fields):
+    project = project_for(actor.user, project_slug)
     volumes = _storage(project, Volume, volumes, "volumes")
     datasets = _storage(project, Dataset, datasets, "datasets")
-    admitted = admit_automatically(actor, need)
+    admitted = admit_automatically(actor.user, need)
     with transaction.atomic():
         job = _record(model, actor=actor, project=project, admitted=admitted,
                       series=need.series, cards=need.cards, nodes=need.nodes, **fields)
@@ -77,16 +76,16 @@ def _job(model, *, actor, project_slug, need: Need, volumes, datasets, **fields)
     return job
 
 
-def training_job_submit(*, actor, project: str, name: str, series: str = "", cards: int = 1,
+def training_job_submit(*, actor: Actor, project: str, name: str, series: str = "", cards: int = 1,
                         nodes: int = 1, volumes=(), datasets=(), script: str = "") -> TrainingJob:
     """P1: placed automatically among the visible Fleets that pass every gate. On a cluster
-    Fleet, its script is then handed to the manager (placement.clusters)."""
+    Fleet, its script is then handed to the manager (placement.handover)."""
     return _job(TrainingJob, actor=actor, project_slug=project, volumes=volumes,
                 datasets=datasets, need=Need("train", series, cards, nodes), name=name,
                 script=script)
 
 
-def lifecycle_job_submit(*, actor, project: str, name: str, kind: str, series: str = "",
+def lifecycle_job_submit(*, actor: Actor, project: str, name: str, kind: str, series: str = "",
                          cards: int = 1, nodes: int = 1, volumes=(),
                          datasets=()) -> LifecycleJob:
     """The same placement on the same gates; eval needs eval, the others train."""
@@ -98,12 +97,12 @@ def lifecycle_job_submit(*, actor, project: str, name: str, kind: str, series: s
                 name=name, kind=kind)
 
 
-def deployment_submit(*, actor, project: str, name: str, fleet: str | None = None,
+def deployment_submit(*, actor: Actor, project: str, name: str, fleet: str | None = None,
                       series: str = "", cards: int = 1) -> Deployment:
     """P2: the named Fleet, or the only visible serving one; its first revision on the node
     that fits best."""
-    project = project_for(actor, project)
-    admitted = admit_deployment(actor, fleet, Need("serve", series, cards))
+    project = project_for(actor.user, project)
+    admitted = admit_deployment(actor.user, fleet, Need("serve", series, cards))
     with transaction.atomic():
         deployment = _record(Deployment, actor=actor, project=project, admitted=admitted,
                              name=name, series=series, cards=cards)
@@ -112,7 +111,7 @@ def deployment_submit(*, actor, project: str, name: str, fleet: str | None = Non
     return deployment
 
 
-def deployment_update(*, actor, deployment: Deployment, state: str | None = None,
+def deployment_update(*, actor: Actor, deployment: Deployment, state: str | None = None,
                       fleet: str | None = None) -> Deployment:
     """A deployment never changes Fleet (P2); it may be stopped."""
     if fleet is not None and fleet != deployment.fleet_id:
@@ -133,33 +132,33 @@ def deployment_update(*, actor, deployment: Deployment, state: str | None = None
     return deployment
 
 
-def playground_session_submit(*, actor, project: str, name: str, series: str = "",
+def playground_session_submit(*, actor: Actor, project: str, name: str, series: str = "",
                               cards: int = 1) -> PlaygroundSession:
     """P4: among serving Fleets of kind node or kubernetes — never a slurm one."""
-    project = project_for(actor, project)
-    admitted = admit_automatically(actor, Need("serve", series, cards,
+    project = project_for(actor.user, project)
+    admitted = admit_automatically(actor.user, Need("serve", series, cards,
                                                kinds=("node", "kubernetes")))
     with transaction.atomic():
         return _record(PlaygroundSession, actor=actor, project=project, admitted=admitted,
                        name=name, series=series, cards=cards)
 
 
-def environment_submit(*, actor, project: str, name: str, manifest) -> Environment:
+def environment_submit(*, actor: Actor, project: str, name: str, manifest) -> Environment:
     """P5: the manifest names the Fleet, which must declare env."""
     if not isinstance(manifest, dict) or not isinstance(manifest.get("fleet"), str) \
             or not manifest["fleet"]:
         raise ValidationFailed("manifest.fleet must name the Fleet the environment runs on "
                                "(rule P5).", field="manifest.fleet")
-    project = project_for(actor, project)
-    admitted = admit_named(actor, manifest["fleet"], Need("env"))
+    project = project_for(actor.user, project)
+    admitted = admit_named(actor.user, manifest["fleet"], Need("env"))
     with transaction.atomic():
         return _record(Environment, actor=actor, project=project, admitted=admitted,
                        name=name, manifest=manifest)
 
 
-def storage_create(model, *, actor, project: str, name: str, uri: str = ""):
+def storage_create(model, *, actor: Actor, project: str, name: str, uri: str = ""):
     """Volumes and datasets are records of storage: never placed (P3)."""
-    project_record = project_for(actor, project)
+    project_record = project_for(actor.user, project)
     with transaction.atomic():
         if model.objects.filter(project=project_record, name=name).exists():
             raise ValidationFailed(f"name: project '{project}' already has a "

@@ -2,10 +2,10 @@
 
 from celery import shared_task
 
-from .clusters import cluster_job_handover, cluster_jobs_track
+from .handover import HANDOVER_TASK, cluster_job_handover, cluster_jobs_track
 
 
-@shared_task(name="placement.cluster_job_handover", ignore_result=True)
+@shared_task(name=HANDOVER_TASK, ignore_result=True)
 def cluster_job_handover_task(job_id: int) -> None:
     cluster_job_handover(job_id)
 

@@ -159,10 +159,10 @@ def node_fleet(make_fleet):
 
 @pytest.fixture
 def mint(admin_user):
-    from nodes.services import join_token_mint
+    from nodes.services.join import join_token_mint
 
     def mint_for(fleet):
-        return join_token_mint(actor=admin_user, fleet=fleet)
+        return join_token_mint(actor=Actor.of_user(admin_user), fleet=fleet)
 
     return mint_for
 

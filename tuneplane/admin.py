@@ -40,13 +40,19 @@ class ReadOnlyAdmin(StaffAdmin):
 
 
 class MembershipInline(admin.TabularInline):
+    """Members are added and removed, each through a service that audits it (A1); a row is
+    never edited into another user's."""
+
     model = Membership
     extra = 1
 
     def has_view_permission(self, request, obj=None):
         return request.user.is_staff
 
-    has_add_permission = has_change_permission = has_delete_permission = has_view_permission
+    has_add_permission = has_delete_permission = has_view_permission
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Project)
@@ -54,6 +60,34 @@ class ProjectAdmin(StaffAdmin):
     list_display = ["slug", "name", "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Workloads and API calls name a project by its slug: fixed once created.
+        return ["slug"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        actor = Actor.of_user(request.user)
+        if change:
+            services.project_update(actor=actor, project=obj, name=form.cleaned_data["name"])
+        else:
+            project = services.project_create(actor=actor, slug=form.cleaned_data["slug"],
+                                               name=form.cleaned_data["name"])
+            obj.pk, obj.created_at = project.pk, project.created_at  # for the inline rows
+
+    def save_formset(self, request, form, formset, change):
+        actor = Actor.of_user(request.user)
+        formset.save(commit=False)
+        for membership in formset.deleted_objects:
+            services.membership_remove(actor=actor, membership=membership)
+        for membership in formset.new_objects:
+            services.membership_add(actor=actor, project=form.instance, user=membership.user)
+
+    def delete_model(self, request, obj):
+        services.project_delete(actor=Actor.of_user(request.user), project=obj)
+
+    def delete_queryset(self, request, queryset):
+        for project in queryset:
+            self.delete_model(request, project)
 
 
 @admin.register(ApiToken)

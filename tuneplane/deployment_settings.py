@@ -15,6 +15,7 @@ from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from .errors import ValidationFailed
+from .secret_sources import env_name_refusal, file_path_refusal
 
 MAX_VALUE_LENGTH = 2048
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -50,8 +51,6 @@ def _absolute_path(value) -> str:
 
 
 def _token_env(value) -> str:
-    from nodes.backends.credentials import env_name_refusal
-
     value = _matching(_ENV_NAME, "an environment variable name")(value)
     refusal = env_name_refusal(value)
     if refusal:
@@ -60,8 +59,6 @@ def _token_env(value) -> str:
 
 
 def _token_file(value) -> str:
-    from nodes.backends.credentials import file_path_refusal
-
     value = _string(value)
     refusal = file_path_refusal(value)
     if refusal:

@@ -1,13 +1,15 @@
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import ProtectedError
 from django.utils import timezone
 
-from audit.services import audit_record
+from audit.services import Actor, audit_record
 
-from .models import ApiToken, new_secret
+from .errors import Conflict
+from .models import ApiToken, Membership, Project, new_secret
 
 
-def api_token_create(*, actor, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
+def api_token_create(*, actor: Actor, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
     """Make a token for ``user``; the plaintext is returned here and nowhere else."""
     made = new_secret(ApiToken.PREFIX)
     with transaction.atomic():
@@ -22,7 +24,7 @@ def api_token_create(*, actor, user: AbstractBaseUser, name: str = "") -> tuple[
     return token, made.secret
 
 
-def api_token_revoke(*, actor, token: ApiToken) -> ApiToken:
+def api_token_revoke(*, actor: Actor, token: ApiToken) -> ApiToken:
     with transaction.atomic():
         token = ApiToken.objects.select_for_update().get(pk=token.pk)
         if token.revoked_at is None:
@@ -36,3 +38,66 @@ def api_token_revoke(*, actor, token: ApiToken) -> ApiToken:
                 after={"revoked_at": token.revoked_at.isoformat()},
             )
     return token
+
+
+def project_create(*, actor: Actor, slug: str, name: str) -> Project:
+    with transaction.atomic():
+        project = Project(slug=slug, name=name)
+        project.full_clean()
+        project.save()
+        audit_record(actor=actor, action="project.created", target=project,
+                     after={"slug": slug, "name": name})
+    return project
+
+
+def project_update(*, actor: Actor, project: Project, name: str) -> Project:
+    """A project's slug is what workloads and API calls name: only its name changes."""
+    with transaction.atomic():
+        project = Project.objects.select_for_update().get(pk=project.pk)
+        if project.name != name:
+            before, project.name = {"name": project.name}, name
+            project.full_clean()
+            project.save(update_fields=["name"])
+            audit_record(actor=actor, action="project.updated", target=project, before=before,
+                         after={"name": name})
+    return project
+
+
+def membership_add(*, actor: Actor, project: Project, user: AbstractBaseUser) -> Membership:
+    """``user`` becomes a member of ``project``: it sees the project's Fleets and submits to
+    it (F8). Adding a member twice changes nothing."""
+    with transaction.atomic():
+        membership, created = Membership.objects.get_or_create(project=project, user=user)
+        if created:
+            audit_record(actor=actor, action="membership.added", target=membership,
+                         after={"project": project.slug, "user": user.get_username()})
+    return membership
+
+
+def membership_remove(*, actor: Actor, membership: Membership) -> None:
+    with transaction.atomic():
+        membership = Membership.objects.select_for_update().select_related(
+            "project", "user").filter(pk=membership.pk).first()
+        if membership is None:
+            return
+        audit_record(actor=actor, action="membership.removed", target=membership,
+                     before={"project": membership.project.slug,
+                             "user": membership.user.get_username()})
+        membership.delete()
+
+
+def project_delete(*, actor: Actor, project: Project) -> None:
+    """A project no workload names; its memberships go with it, named in the event."""
+    with transaction.atomic():
+        project = Project.objects.select_for_update().filter(pk=project.pk).first()
+        if project is None:
+            return
+        members = sorted(project.memberships.values_list("user__username", flat=True))
+        audit_record(actor=actor, action="project.deleted", target=project,
+                     before={"slug": project.slug, "name": project.name, "members": members})
+        try:
+            with transaction.atomic():
+                project.delete()
+        except ProtectedError:
+            raise Conflict(f"Project '{project.slug}' still has workloads: it cannot be "
+                           "deleted.") from None

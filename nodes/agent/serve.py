@@ -1,7 +1,5 @@
 """``tuneplane-node serve``: hold the control stream — Hello, heartbeats, inventory, reconnect."""
 
-import hashlib
-import json
 import logging
 import queue
 import random
@@ -17,6 +15,7 @@ from . import __version__, enroll, inventory, state
 from .commands import Command, Commands
 from .proto import control_pb2 as pb
 from .proto import control_pb2_grpc
+from .wire import command_payload, command_state, inventory_digest, inventory_message
 
 logger = logging.getLogger("tuneplane-node")
 
@@ -40,25 +39,6 @@ def channel_credentials(directory: Path) -> grpc.ChannelCredentials:
         root_certificates=(directory / state.CA_BUNDLE).read_bytes(),
         private_key=(directory / state.KEY).read_bytes(),
         certificate_chain=(directory / state.CERTIFICATE).read_bytes())
-
-
-def command_state(command: Command) -> pb.CommandState:
-    return pb.CommandState(command_id=command.command_id, state=command.state,
-                           exit_code=command.exit_code or 0)
-
-
-def inventory_digest(message: pb.InventoryReport) -> str:
-    """What a heartbeat carries for "my inventory is still this" (the gateway computes it too)."""
-    return hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
-
-
-def inventory_message(report: dict) -> pb.InventoryReport:
-    return pb.InventoryReport(
-        cards=[pb.Card(name=c["name"], count=c["count"]) for c in report.get("cards", [])],
-        driver=report.get("driver") or "", container_runtime=report.get("container_runtime") or "",
-        storage_root_visible=bool(report.get("storage_root_visible")),
-        cpu_budget=report.get("cpu_budget") or 0,
-        memory_budget_bytes=report.get("memory_budget_bytes") or 0)
 
 
 class Agent:
@@ -119,7 +99,8 @@ class Agent:
         self.reported = {command.command_id: command.state for command in known}
         outgoing.put(pb.NodeMessage(hello=pb.Hello(
             node_id=self.identity["node_id"], agent_version=__version__,
-            commands=[command_state(command) for command in known])))
+            commands=[command_state(command.command_id, command.state, command.exit_code)
+                      for command in known])))
 
         def requests():
             while True:
@@ -172,11 +153,7 @@ class Agent:
         return True
 
     def _accept(self, message: pb.Command, outgoing: queue.Queue) -> None:
-        try:
-            payload = json.loads(message.payload_json or "{}")
-        except ValueError:
-            payload = None
-        command = self.commands.accept(message.command_id, message.kind, payload)
+        command = self.commands.accept(message.command_id, message.kind, command_payload(message))
         if command is not None:
             logger.info("command %s %s", command.command_id, command.state)
             self._tell(command, outgoing)
@@ -184,7 +161,7 @@ class Agent:
     def _tell(self, command: Command, outgoing: queue.Queue) -> None:
         self.reported[command.command_id] = command.state
         outgoing.put(pb.NodeMessage(command_update=pb.CommandUpdate(
-            state=command_state(command))))
+            state=command_state(command.command_id, command.state, command.exit_code))))
 
     def _report_finished(self, outgoing: queue.Queue) -> None:
         for command in self.commands.known():

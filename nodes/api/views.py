@@ -10,13 +10,14 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
 
+from audit.services import Actor
 from fleets.selectors import fleet_get_visible
 from tuneplane.api.permissions import IsAdmin, require_admin
 from tuneplane.api.schema import errors
 from tuneplane.errors import NotFound, ValidationFailed
 
-from .. import commands, scheduling, services
-from ..services import join_commands
+from ..services import commands, join, scheduling
+from ..services.join import join_commands
 from ..models import JoinToken
 from ..selectors import (addresses_shared, card_series, join_tokens_of, live_sessions_of,
                          nodes_visible_to)
@@ -43,7 +44,7 @@ class FleetJoinTokensView(GenericAPIView):
     def post(self, request, fleet_id: str):
         fleet = fleet_get_visible(request.user, fleet_id)
         require_admin(request, "mint join tokens")
-        token, secret = services.join_token_mint(actor=request.user, fleet=fleet)
+        token, secret = join.join_token_mint(actor=Actor.of_user(request.user), fleet=fleet)
         body = {"id": token.pk, "fleet": fleet.id, "token": secret,
                 "expires_at": token.expires_at, **join_commands(fleet.id, secret)}
         response = Response(MintedJoinTokenSerializer(body).data, status=status.HTTP_201_CREATED)
@@ -61,7 +62,7 @@ class JoinTokenDetailView(GenericAPIView):
         token = JoinToken.objects.filter(pk=token_id).first()
         if token is None:
             raise NotFound(f"Join token {token_id} not found.")
-        token = services.join_token_revoke(actor=request.user, token=token)
+        token = join.join_token_revoke(actor=Actor.of_user(request.user), token=token)
         return Response(JoinTokenSerializer(token).data)
 
 
@@ -121,7 +122,7 @@ class NodeJoinView(GenericAPIView):
         serializer = JoinRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        result = services.node_join(
+        result = join.node_join(
             token=data["token"], fleet_id=data["fleet"], csr=data["csr"],
             inventory=data["inventory"], address=data["address"], hostname=data["hostname"],
             fingerprint=data["fingerprint"], agent_version=data["agent_version"],
@@ -192,7 +193,7 @@ class NodeDetailView(GenericAPIView):
                        "Remove a gone machine anyway; audited as forced."))],
                    responses={200: NodeSerializer, **errors(400, 401, 403, 404, 409)})
     def delete(self, request, node_id: str):
-        node = scheduling.node_remove(actor=request.user, node=_node(request, node_id),
+        node = scheduling.node_remove(actor=Actor.of_user(request.user), node=_node(request, node_id),
                                       force=_flag(request, "force"))
         return _shown(node.pk, request.user)
 
@@ -208,7 +209,7 @@ class NodeCordonView(GenericAPIView):
         node = _node(request, node_id)
         serializer = CordonRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        scheduling.node_cordon(actor=request.user, node=node,
+        scheduling.node_cordon(actor=Actor.of_user(request.user), node=node,
                                reason=serializer.validated_data["reason"])
         return _shown(node.pk, request.user)
 
@@ -220,7 +221,7 @@ class NodeUncordonView(GenericAPIView):
     @extend_schema(summary="Lift the operator's cordon (a storage cordon stays, L6)",
                    request=None, responses={200: NodeSerializer, **errors(401, 403, 404, 409)})
     def post(self, request, node_id: str):
-        node = scheduling.node_uncordon(actor=request.user, node=_node(request, node_id))
+        node = scheduling.node_uncordon(actor=Actor.of_user(request.user), node=_node(request, node_id))
         return _shown(node.pk, request.user)
 
 
@@ -231,7 +232,7 @@ class NodeDrainView(GenericAPIView):
     @extend_schema(summary="Drain a node: no new work; drained once nothing runs (D1)",
                    request=None, responses={200: NodeSerializer, **errors(401, 403, 404, 409)})
     def post(self, request, node_id: str):
-        node = scheduling.node_drain(actor=request.user, node=_node(request, node_id))
+        node = scheduling.node_drain(actor=Actor.of_user(request.user), node=_node(request, node_id))
         return _shown(node.pk, request.user)
 
 
@@ -253,6 +254,6 @@ class NodeCommandsView(GenericAPIView):
         node = _node(request, node_id)
         serializer = CommandRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        command = commands.node_command_create(actor=request.user, node=node,
+        command = commands.node_command_create(actor=Actor.of_user(request.user), node=node,
                                                **serializer.validated_data)
         return Response(CommandSerializer(command).data, status=status.HTTP_201_CREATED)

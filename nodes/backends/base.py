@@ -3,8 +3,6 @@
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from fleets.choices import FleetKind
-
 from ..choices import SchedulingState
 
 
@@ -77,14 +75,3 @@ class Backend(Protocol):
 
     def job_state(self, job_id: str) -> str:
         """The manager's state of a job it was handed, in its own words (COMPLETED, …)."""
-
-
-def backend_for(fleet) -> Backend:
-    """The backend of a cluster Fleet, from its config; a node Fleet has none to read."""
-    if fleet.kind == FleetKind.SLURM:
-        from .slurm import SlurmBackend
-        return SlurmBackend.from_config(fleet.config)
-    if fleet.kind == FleetKind.KUBERNETES:
-        from .kubernetes import KubernetesBackend
-        return KubernetesBackend.from_config(fleet.config)
-    raise ValueError(f"a {fleet.kind} Fleet has no cluster manager to read")

@@ -1,50 +1,15 @@
-"""Where a cluster Fleet's credential is read from, and the only places it may be.
-
-A Fleet's config names an environment variable or a file; the console reads it at each call
-and sends it to the URL the same config names. An administrator can edit that config, so
-the names are confined: a variable must be named ``TUNEPLANE_TOKEN_*`` and a file must
-lie in ``TUNEPLANE_SECRETS_DIR`` (after symlinks, and never in the console's PKI directory).
-Otherwise config could point the console at ``DATABASE_URL`` or the CA key and have it sent
-to a URL of the administrator's choosing. The checks run when the config is saved and again
-at every read, so a Fleet saved before a rule tightened cannot read past it.
-"""
+"""A cluster Fleet's credential, read at each call from where its config names — only from
+the places tuneplane.secret_sources allows, checked again at every read."""
 
 import os
 import stat
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from django.conf import settings
+from tuneplane.secret_sources import env_name_refusal, file_path_refusal, resolved_path_refusal
 
 from .base import BackendError
 
-TOKEN_ENV_PREFIX = "TUNEPLANE_TOKEN_"
 MAX_TOKEN_BYTES = 64 * 1024  # a JWT or a service-account token is a few KiB
-_IN_PKI = ("is in the console's PKI directory (TUNEPLANE_PKI_DIR), which holds no cluster "
-           "credential")
-
-
-def env_name_refusal(name: str) -> str:
-    """Why ``name`` may not hold a cluster credential, or "" when it may."""
-    if not name.startswith(TOKEN_ENV_PREFIX) or name == TOKEN_ENV_PREFIX:
-        return (f"must be an environment variable named {TOKEN_ENV_PREFIX}<something>: "
-                "only those may hold a cluster credential")
-    return ""
-
-
-def file_path_refusal(path: str) -> str:
-    """Why ``path`` may not hold a cluster credential, or "" when it may (lexically)."""
-    secrets_dir = Path(settings.TUNEPLANE_SECRETS_DIR)
-    pure = PurePosixPath(path)
-    if "\x00" in path:
-        return "must not contain a NUL character"
-    if not pure.is_absolute():
-        return "must be an absolute path"
-    if ".." in pure.parts or not _within(Path(pure), secrets_dir):
-        return (f"must be a file in TUNEPLANE_SECRETS_DIR ({secrets_dir}): only files there "
-                "may hold a cluster credential")
-    if _within(Path(pure), Path(settings.TUNEPLANE_PKI_DIR)):
-        return _IN_PKI
-    return ""
 
 
 def read_token(*, env_key: str, env_name: str, file_key: str, file_path: str) -> str:
@@ -61,7 +26,7 @@ def read_token(*, env_key: str, env_name: str, file_key: str, file_path: str) ->
                                "or not set")
         return token
     if file_path:
-        refusal = file_path_refusal(file_path) or _resolved_refusal(Path(file_path))
+        refusal = file_path_refusal(file_path) or resolved_path_refusal(Path(file_path))
         if refusal:
             raise BackendError(f"config.{file_key} {file_path} {refusal}")
         try:
@@ -87,18 +52,3 @@ def _read_small_regular_file(path: Path) -> str:
     if len(data) > MAX_TOKEN_BYTES:
         raise ValueError(f"larger than {MAX_TOKEN_BYTES} bytes")
     return data.decode().strip()
-
-
-def _resolved_refusal(path: Path) -> str:
-    """The lexical check again after symlinks: a link in the secrets directory may not lead
-    out of it, nor to the console's own keys."""
-    real = path.resolve()
-    if not _within(real, Path(settings.TUNEPLANE_SECRETS_DIR).resolve()):
-        return "leads out of TUNEPLANE_SECRETS_DIR through a symbolic link"
-    if _within(real, Path(settings.TUNEPLANE_PKI_DIR).resolve()):
-        return _IN_PKI
-    return ""
-
-
-def _within(path: Path, directory: Path) -> bool:
-    return path != directory and path.is_relative_to(directory)

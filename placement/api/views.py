@@ -5,6 +5,7 @@ from rest_framework import status
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
+from audit.services import Actor
 from tuneplane.api.schema import errors
 from tuneplane.errors import NotFound
 
@@ -23,7 +24,7 @@ class WorkloadListView(GenericAPIView):
     request_serializer = None
     prefetch: tuple = ()
 
-    def submit(self, user, data):
+    def submit(self, actor, data):
         raise NotImplementedError
 
     def get_queryset(self):
@@ -37,7 +38,7 @@ class WorkloadListView(GenericAPIView):
     def post(self, request):
         incoming = self.request_serializer(data=request.data)
         incoming.is_valid(raise_exception=True)
-        record = self.submit(request.user, incoming.validated_data)
+        record = self.submit(Actor.of_user(request.user), incoming.validated_data)
         shown = self.get_queryset().get(pk=record.pk)
         return Response(self.serializer_class(shown).data, status=status.HTTP_201_CREATED)
 
@@ -56,8 +57,8 @@ class TrainingJobsView(WorkloadListView):
     serializer_class, request_serializer = s.TrainingJobSerializer, s.TrainingJobRequest
     prefetch = ("volumes", "datasets")
 
-    def submit(self, user, data):
-        return services.training_job_submit(actor=user, **data)
+    def submit(self, actor, data):
+        return services.training_job_submit(actor=actor, **data)
 
 
 @documented("lifecycle job", s.LifecycleJobRequest, s.LifecycleJobSerializer)
@@ -66,8 +67,8 @@ class LifecycleJobsView(WorkloadListView):
     request_serializer = s.LifecycleJobRequest
     prefetch = ("volumes", "datasets")
 
-    def submit(self, user, data):
-        return services.lifecycle_job_submit(actor=user, **data)
+    def submit(self, actor, data):
+        return services.lifecycle_job_submit(actor=actor, **data)
 
 
 @documented("deployment", s.DeploymentRequest, s.DeploymentSerializer)
@@ -76,8 +77,8 @@ class DeploymentsView(WorkloadListView):
     request_serializer = s.DeploymentRequest
     prefetch = ("revisions__node",)
 
-    def submit(self, user, data):
-        return services.deployment_submit(actor=user, **data)
+    def submit(self, actor, data):
+        return services.deployment_submit(actor=actor, **data)
 
 
 class DeploymentDetailView(GenericAPIView):
@@ -102,7 +103,7 @@ class DeploymentDetailView(GenericAPIView):
         deployment = self._deployment(request, deployment_id)
         incoming = s.DeploymentUpdateRequest(data=request.data)
         incoming.is_valid(raise_exception=True)
-        services.deployment_update(actor=request.user, deployment=deployment,
+        services.deployment_update(actor=Actor.of_user(request.user), deployment=deployment,
                                    **incoming.validated_data)
         return Response(s.DeploymentSerializer(self._deployment(request, deployment_id)).data)
 
@@ -112,8 +113,8 @@ class PlaygroundSessionsView(WorkloadListView):
     model, serializer_class = PlaygroundSession, s.PlaygroundSessionSerializer
     request_serializer = s.PlaygroundRequest
 
-    def submit(self, user, data):
-        return services.playground_session_submit(actor=user, **data)
+    def submit(self, actor, data):
+        return services.playground_session_submit(actor=actor, **data)
 
 
 @documented("environment", s.EnvironmentRequest, s.EnvironmentSerializer)
@@ -121,8 +122,8 @@ class EnvironmentsView(WorkloadListView):
     model, serializer_class = Environment, s.EnvironmentSerializer
     request_serializer = s.EnvironmentRequest
 
-    def submit(self, user, data):
-        return services.environment_submit(actor=user, **data)
+    def submit(self, actor, data):
+        return services.environment_submit(actor=actor, **data)
 
 
 class EnvironmentResolveView(GenericAPIView):
@@ -148,13 +149,13 @@ class VolumesView(WorkloadListView):
     def get_queryset(self):
         return workloads_visible_to(self.request.user, self.model)
 
-    def submit(self, user, data):
-        return services.storage_create(Volume, actor=user, **data)
+    def submit(self, actor, data):
+        return services.storage_create(Volume, actor=actor, **data)
 
 
 @documented("dataset", s.StorageRequest, s.DatasetSerializer, refused=(404,))
 class DatasetsView(VolumesView):
     model, serializer_class = Dataset, s.DatasetSerializer
 
-    def submit(self, user, data):
-        return services.storage_create(Dataset, actor=user, **data)
+    def submit(self, actor, data):
+        return services.storage_create(Dataset, actor=actor, **data)

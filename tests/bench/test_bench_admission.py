@@ -14,6 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from audit.services import Actor
 from nodes.models import ControlSession, Node
 from nodes.selectors import cards_summary
 from placement.admission import Need, admit_automatically
@@ -67,7 +68,7 @@ def test_bench_admission_100_fleets_10k_nodes(make_fleet, member, project, capsy
     Node.objects.update(inventory_observed_at=timezone.now())
     for index in range(RUNS):
         started = time.perf_counter()
-        training_job_submit(actor=member, project="ml", name=f"j{index}", series="h100",
+        training_job_submit(actor=Actor.of_user(member), project="ml", name=f"j{index}", series="h100",
                             cards=8)
         submit.append((time.perf_counter() - started) * 1000)
     assert admitted.fleet_id == "fleet-000"

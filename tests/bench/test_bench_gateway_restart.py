@@ -45,7 +45,7 @@ from django.db.models import Count, Q
 from audit.models import AuditEvent
 from nodes import pki
 from nodes.choices import CommandState, SchedulingState
-from nodes.commands import node_command_create
+from nodes.services.commands import node_command_create
 from nodes.models import ControlSession, Node, NodeCommand, StrayCommand
 from tests.bench.test_bench_gateway import enroll, serving
 from tests.e2e.agents import wait_until

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from nodes.models import Node
-from nodes.services import node_join
+from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 
 pytestmark = pytest.mark.bench

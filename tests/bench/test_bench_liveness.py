@@ -13,7 +13,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from nodes.liveness import liveness_sweep
+from nodes.services.liveness import liveness_sweep
 from nodes.models import Node
 
 pytestmark = [pytest.mark.bench, pytest.mark.postgres]

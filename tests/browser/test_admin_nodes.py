@@ -9,9 +9,9 @@ from django.conf import settings
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from nodes.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory, session_open
 from nodes.models import CardAlias, HardwareSeries, Node, NodeCordon, NodeCredential
-from nodes.services import node_join
+from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 
 from .test_admin_fleet_page import log_in
@@ -90,7 +90,7 @@ def test_L7_fleet_page_groups_and_cordon_action(page, live_server, admin_user, m
 
 def test_D3_remove_action_lists_what_a_gone_node_leaves_behind(page, live_server, admin_user,
                                                                make_fleet, mint):
-    from nodes.commands import Reported, node_command_create, node_command_report
+    from nodes.services.commands import Reported, node_command_create, node_command_report
     from tests.conftest import SYSTEM
 
     fleet = make_fleet("gpu-lab", kind="node", capabilities=["train"])

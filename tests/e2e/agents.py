@@ -14,7 +14,7 @@ import grpc
 
 from nodes.agent.proto import control_pb2 as pb
 from nodes.agent.proto import control_pb2_grpc
-from nodes.services import node_join
+from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 from tests.nodes.agent_process import inventory_file, machine
 

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
+from audit.services import Actor
 from nodes.agent.serve import Agent
-from nodes.commands import node_command_create
+from nodes.services.commands import node_command_create
 from nodes.models import NodeCommand
 from tests.conftest import H100_INVENTORY
 from tests.nodes.agent_process import inventory_file
@@ -42,7 +43,7 @@ def test_after_reconnects_one_heartbeat_thread_beats_and_reports_what_finished(
                        what="the agent back")
             wait_until(lambda: len(heartbeat_threads()) == 1, timeout=10,
                        what="one heartbeat thread")
-            ids = [node_command_create(actor=admin_user, node=node, kind="run",
+            ids = [node_command_create(actor=Actor.of_user(admin_user), node=node, kind="run",
                                        payload={"argv": ["true"]}).id for _ in range(3)]
             wait_until(lambda: set(NodeCommand.objects.filter(pk__in=ids)
                                    .values_list("state", flat=True)) == {"succeeded"},

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from audit.services import Actor
 from tests.e2e.console import ROOT, console_env, free_port
 from tuneplane.services import api_token_create
 
@@ -66,8 +67,8 @@ def people(admin_user, member, project, make_fleet):
     secret = Project.objects.create(slug="secret", name="Secret")
     make_fleet("hidden", kind="node", capabilities=["train"], visibility="project",
                project=secret)
-    return {"admin": api_token_create(actor=admin_user, user=admin_user)[1],
-            "member": api_token_create(actor=member, user=member)[1]}
+    return {"admin": api_token_create(actor=Actor.of_user(admin_user), user=admin_user)[1],
+            "member": api_token_create(actor=Actor.of_user(member), user=member)[1]}
 
 
 @pytest.mark.parametrize("who, seed", [("admin", 1), ("member", 2)])

@@ -17,7 +17,7 @@ from nodes.agent.proto import control_pb2 as pb
 from nodes.agent.proto import control_pb2_grpc
 from nodes.choices import SchedulingState
 from nodes.models import ControlSession, Node, NodeCredential
-from nodes.services import node_join
+from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 
 from .agents import connect, credentials, serve, wait_until

@@ -13,10 +13,11 @@ import pytest
 from django.urls import URLResolver, get_resolver
 
 from audit.models import AuditEvent
+from audit.services import Actor
 from fleets.models import Fleet
-from nodes.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory, session_open
 from nodes.models import JoinToken
-from nodes.services import node_join
+from nodes.services.join import node_join
 from placement import services as placement
 from tests.conftest import H100_INVENTORY, make_csr
 from tuneplane.models import Project
@@ -73,11 +74,11 @@ def make_hidden(make_fleet, add_node, mint, admin_user):
         for inventory in (SIXTEEN_H100, SIXTEEN_H100, EIGHT_A100):
             add_node(made, inventory)
         mint(made)
-        placement.training_job_submit(actor=admin_user, project="secret", name="t",
+        placement.training_job_submit(actor=Actor.of_user(admin_user), project="secret", name="t",
                                       series="h100", cards=16)
-        return (placement.deployment_submit(actor=admin_user, project="secret", name="d",
+        return (placement.deployment_submit(actor=Actor.of_user(admin_user), project="secret", name="d",
                                             fleet=HIDDEN, cards=1),
-                placement.environment_submit(actor=admin_user, project="secret", name="e",
+                placement.environment_submit(actor=Actor.of_user(admin_user), project="secret", name="e",
                                              manifest={"fleet": HIDDEN}))
     return make
 

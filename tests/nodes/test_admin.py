@@ -73,8 +73,8 @@ def test_J4_unmapped_card_is_mapped_from_the_list(staff, admin_user):
 
 
 def test_stray_and_node_command_lists_render(client, admin_user, node_fleet, mint):
-    from nodes.commands import Reported, node_commands_reconcile
-    from nodes.services import node_join
+    from nodes.services.commands import Reported, node_commands_reconcile
+    from nodes.services.join import node_join
     from tests.conftest import H100_INVENTORY, make_csr
 
     node = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1],
@@ -88,7 +88,7 @@ def test_stray_and_node_command_lists_render(client, admin_user, node_fleet, min
 
 def test_J4_a_card_name_added_with_its_series_in_the_admin_is_followed_by_nodes(
         staff, admin_user, node_fleet, mint):
-    from nodes.services import node_join
+    from nodes.services.join import node_join
     from tests.conftest import H100_INVENTORY, make_csr
 
     inventory = {**H100_INVENTORY, "cards": [{"name": "Hand Added X9", "count": 2}]}

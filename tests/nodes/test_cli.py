@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from audit.services import Actor
 from nodes.models import Node
-from nodes.services import join_token_revoke
+from nodes.services.join import join_token_revoke
 from tests.conftest import H100_INVENTORY
 
 from .agent_process import agent, inventory_file, machine

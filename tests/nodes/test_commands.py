@@ -3,11 +3,11 @@
 import pytest
 
 from audit.models import AuditEvent
-from nodes.commands import (Reported, node_command_create, node_command_report,
+from nodes.services.commands import (Reported, node_command_create, node_command_report,
                             node_commands_reconcile)
 from nodes.models import NodeCommand, StrayCommand
 from nodes.selectors import commands_pending
-from nodes.services import node_join
+from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 from tuneplane.errors import ValidationFailed
 

@@ -7,9 +7,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from nodes.control import leases_renew, node_report_inventory, session_open
+from nodes.services.control import leases_renew, node_report_inventory, session_open
 from nodes.models import ControlSession, Node
-from nodes.services import node_join
+from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 from tests.e2e.console import ROOT
 
@@ -42,7 +42,7 @@ def test_lease_renewal_statements_do_not_grow_with_nodes(node_fleet, mint):
 
 
 def test_a_closed_session_is_not_renewed(node_fleet, mint):
-    from nodes.control import session_close
+    from nodes.services.control import session_close
     session = sessions(node_fleet, mint, 1)[0]
     session_close(session_id=session.id, reason="stream ended")
     assert leases_renew({str(session.id): timezone.now()}) == set()
@@ -77,7 +77,7 @@ def test_L1_a_beat_saying_the_inventory_is_unchanged_renews_its_observation(node
 def test_L1_the_node_row_keeps_its_open_sessions_lease_through_open_renew_replace_close(
         node_fleet, mint):
     """Admission reads the lease from the node row: it must be the open session's, or none."""
-    from nodes.control import session_close
+    from nodes.services.control import session_close
 
     def lease_kept(session):
         node = Node.objects.get(pk=session.node_id)
@@ -100,7 +100,7 @@ def test_L1_the_node_row_keeps_its_open_sessions_lease_through_open_renew_replac
 
 
 def test_a_restarted_gateway_closes_the_sessions_its_killed_process_left_open(node_fleet, mint):
-    from nodes.control import gateway_started
+    from nodes.services.control import gateway_started
 
     left_open, elsewhere = sessions(node_fleet, mint, 2)
     ControlSession.objects.filter(pk=left_open.pk).update(gateway="gw-1:8443")
@@ -120,7 +120,7 @@ def test_L1_sessions_of_a_replica_long_silent_close_once_the_console_has_listene
         node_fleet, mint, settings):
     from datetime import timedelta
 
-    from nodes.control import replica_gone_after, sessions_of_silent_replicas_close
+    from nodes.services.control import replica_gone_after, sessions_of_silent_replicas_close
     from nodes.models import GatewayReplica
 
     settings.TUNEPLANE_LEASE_TTL = 30
@@ -151,7 +151,7 @@ def test_L1_sessions_of_a_replica_long_silent_close_once_the_console_has_listene
 def test_the_liveness_sweep_closes_the_sessions_of_a_silent_replica(node_fleet, mint, settings):
     from datetime import timedelta
 
-    from nodes.liveness import liveness_sweep
+    from nodes.services.liveness import liveness_sweep
     from nodes.models import GatewayReplica
 
     settings.TUNEPLANE_LEASE_TTL = 30

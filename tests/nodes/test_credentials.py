@@ -1,5 +1,5 @@
 """A cluster Fleet's credential may come only from a TUNEPLANE_TOKEN_* variable or a file in
-TUNEPLANE_SECRETS_DIR (nodes/backends/credentials.py).
+TUNEPLANE_SECRETS_DIR (tuneplane/secret_sources.py).
 
 An administrator edits the config that names both the credential and the URL it is sent to;
 without these bounds, naming DATABASE_URL or the CA key would send the console's own secrets
@@ -15,7 +15,7 @@ from fleets.choices import DEFAULT_DELIVERY, FleetKind
 from fleets.models import Fleet
 from nodes.backends.base import BackendError
 from nodes.backends.slurm import SlurmBackend
-from nodes.clusters import cluster_refresh
+from nodes.services.clusters import cluster_refresh
 
 CONSOLE_SECRET = "postgres://console:database-password-not-for-clusters@db/tuneplane"
 TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_CREDENTIALS"

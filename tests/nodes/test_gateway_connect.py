@@ -16,12 +16,14 @@ import pytest
 from django.db import OperationalError
 
 from audit.services import Actor
-from nodes import commands, control, db_threads, gateway, streams
 from nodes.agent.proto import control_pb2 as pb
-from nodes.gateway import NodeControlService, deliver_pending
-from nodes.streams import expire_pass
+from nodes.gateway import Gateway, NodeControlService, service, streams
+from nodes.gateway.db_threads import DatabaseThreads
+from nodes.gateway.loops import deliver_pending
+from nodes.gateway.streams import expire_pass
+from nodes.services import commands, control
 from nodes.models import ControlSession, NodeCommand
-from nodes.services import node_join
+from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,12 +48,13 @@ class Peer:
     """A node's side of one stream: messages it sends, and what the gateway yields to it,
     taken as grpc takes it: as soon as it is yielded."""
 
-    def __init__(self, node_id: str, pem: str, hello: pb.Hello):
+    def __init__(self, gateway: Gateway, node_id: str, pem: str, hello: pb.Hello):
         self.node_id = node_id
         self.sending: asyncio.Queue = asyncio.Queue()
         self.sending.put_nowait(pb.NodeMessage(hello=hello))
         self.received: asyncio.Queue = asyncio.Queue()
-        self.replies = NodeControlService().Connect(self._messages(), Context(pem))
+        self.replies = NodeControlService(gateway=gateway).Connect(self._messages(),
+                                                                   Context(pem))
         self.pump = asyncio.ensure_future(self._pump())
 
     async def _messages(self):
@@ -80,16 +83,12 @@ def joined(node_fleet, mint):
     return result.node, result.certificate.pem
 
 
-@pytest.fixture(autouse=True)
-def database_threads(monkeypatch):
-    """Threads of the test's own, two even on SQLite: one may be held on purpose."""
+@pytest.fixture
+def replica():
+    """A gateway replica of the test's own, with two database threads even on SQLite: one
+    may be held on purpose."""
     pool = ThreadPoolExecutor(2, thread_name_prefix="test-gateway-db")
-    monkeypatch.setattr(db_threads, "_pool", pool)
-    monkeypatch.setattr(db_threads, "_control_pool", pool)
-    monkeypatch.setattr(NodeControlService, "streams", streams.Streams())
-    monkeypatch.setattr(NodeControlService, "batcher",
-                        streams.LeaseBatcher(NodeControlService.streams))
-    yield pool
+    yield Gateway(name="test-gateway:8443", database=DatabaseThreads(pool=pool, control_pool=pool))
     pool.shutdown(wait=True)
 
 
@@ -118,7 +117,7 @@ async def in_thread(event: threading.Event) -> None:
 
 
 def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_finished(
-        joined, monkeypatch):
+        replica, joined, monkeypatch):
     node, pem = joined
     finished = commands.node_command_create(actor=ADMIN, node=node, kind="run", payload=RUN)
     entered, release = held(monkeypatch, commands, "node_commands_reconcile")
@@ -126,16 +125,16 @@ def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_fin
         pb.CommandState(command_id=str(finished.id), state="succeeded", exit_code=0)])
 
     async def scenario() -> list[pb.ControlMessage]:
-        peer = Peer(node.id, pem, hello)
+        peer = Peer(replica, node.id, pem, hello)
         welcome = asyncio.ensure_future(peer.next())
         await in_thread(entered)  # the stream is registered; its Hello not yet settled
         # The poll (or a Redis nudge) runs now and still reads the command as pending.
-        await deliver_pending(NodeControlService.streams, node_id=node.id)
+        await deliver_pending(replica, node_id=node.id)
         release.set()
         received = [await welcome]
-        later = await db_threads.db(commands.node_command_create)(actor=ADMIN, node=node,
-                                                                 kind="run", payload=RUN)
-        await deliver_pending(NodeControlService.streams, node_id=node.id)
+        later = await replica.database.run(commands.node_command_create, actor=ADMIN,
+                                           node=node, kind="run", payload=RUN)
+        await deliver_pending(replica, node_id=node.id)
         received.append(await peer.next())
         await peer.hang_up()
         return received, str(later.id)
@@ -148,14 +147,14 @@ def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_fin
     assert NodeCommand.objects.get(pk=finished.pk).state == "succeeded"
 
 
-def test_L1_a_heartbeat_is_taken_while_the_database_threads_are_busy(joined, monkeypatch):
+def test_L1_a_heartbeat_is_taken_while_the_database_threads_are_busy(replica, joined, monkeypatch):
     node, pem = joined
     entered, release = held(monkeypatch, control, "node_report_inventory")
 
     async def scenario():
-        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         assert (await peer.next()).WhichOneof("body") == "welcome"
-        stream = NodeControlService.streams.by_node[node.id]
+        stream = replica.streams.by_node[node.id]
         peer.send(inventory=pb.InventoryReport(
             cards=[pb.Card(name="NVIDIA H100 80GB HBM3", count=8)]))
         await in_thread(entered)  # the report's database work is held
@@ -163,7 +162,7 @@ def test_L1_a_heartbeat_is_taken_while_the_database_threads_are_busy(joined, mon
         peer.send(heartbeat=pb.Heartbeat(sequence=1))
         ack = await peer.next()  # not after the report's write: now
         taken = (stream.last_beat > beat_before,
-                 stream.session_id in NodeControlService.batcher.pending)
+                 stream.session_id in replica.batcher.pending)
         release.set()
         peer.send(heartbeat=pb.Heartbeat(sequence=2))
         second_ack = await peer.next()
@@ -177,7 +176,7 @@ def test_L1_a_heartbeat_is_taken_while_the_database_threads_are_busy(joined, mon
 
 
 def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
-        joined, monkeypatch):
+        replica, joined, monkeypatch):
     node, pem = joined
     command = commands.node_command_create(actor=ADMIN, node=node, kind="run", payload=RUN)
 
@@ -187,7 +186,7 @@ def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
     monkeypatch.setattr(commands, "node_command_report", database_away)
 
     async def scenario():
-        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         assert (await peer.next()).WhichOneof("body") == "welcome"
         assert (await peer.next()).command.command_id == str(command.id)
         peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
@@ -204,13 +203,13 @@ def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
 
 
 def test_L1_silence_counts_from_the_welcome_not_while_the_console_settles_the_hello(
-        joined, monkeypatch):
+        replica, joined, monkeypatch):
     node, pem = joined
     entered, release = held(monkeypatch, commands, "node_commands_reconcile")
-    registry = NodeControlService.streams
+    registry = replica.streams
 
     async def scenario():
-        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         await in_thread(entered)  # registered, its Hello waiting on the database
         long_after = time.monotonic() + 1000
         while_settling = expire_pass(registry, now=long_after)
@@ -229,16 +228,16 @@ def test_L1_silence_counts_from_the_welcome_not_while_the_console_settles_the_he
     assert closed.close.reason == "lease expired"
 
 
-def test_L1_a_pass_the_gateway_runs_late_judges_no_stream(joined):
+def test_L1_a_pass_the_gateway_runs_late_judges_no_stream(replica, joined):
     node, pem = joined
 
     async def scenario():
-        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         assert (await peer.next()).WhichOneof("body") == "welcome"
         long_after = time.monotonic() + 1000
-        late = expire_pass(NodeControlService.streams, now=long_after,
+        late = expire_pass(replica.streams, now=long_after,
                            late=streams.LATE_PASS_SECONDS + 0.5)
-        on_time = expire_pass(NodeControlService.streams, now=long_after, late=0.01)
+        on_time = expire_pass(replica.streams, now=long_after, late=0.01)
         await peer.hang_up()
         return late, on_time
 
@@ -247,13 +246,13 @@ def test_L1_a_pass_the_gateway_runs_late_judges_no_stream(joined):
     assert late == [] and [s.node_id for s in on_time] == [node.id]
 
 
-def test_L5_what_a_node_said_before_hanging_up_is_stored_after_it_has_gone(joined, monkeypatch):
+def test_L5_what_a_node_said_before_hanging_up_is_stored_after_it_has_gone(replica, joined, monkeypatch):
     node, pem = joined
     command = commands.node_command_create(actor=ADMIN, node=node, kind="run", payload=RUN)
     entered, release = held(monkeypatch, control, "node_report_inventory")
 
     async def scenario():
-        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         assert (await peer.next()).WhichOneof("body") == "welcome"
         assert (await peer.next()).command.command_id == str(command.id)
         peer.send(inventory=pb.InventoryReport(
@@ -263,7 +262,7 @@ def test_L5_what_a_node_said_before_hanging_up_is_stored_after_it_has_gone(joine
             command_id=str(command.id), state="succeeded", exit_code=0)))
         await peer.hang_up()  # a clean end: the stream is over
         release.set()
-        await asyncio.wait_for(asyncio.gather(*gateway._storing), 10)
+        await asyncio.wait_for(asyncio.gather(*replica.storing), 10)
 
     in_own_loop(scenario)
 
@@ -271,16 +270,16 @@ def test_L5_what_a_node_said_before_hanging_up_is_stored_after_it_has_gone(joine
 
 
 def test_a_node_flooding_reports_faster_than_the_database_takes_them_is_closed(
-        joined, monkeypatch):
+        replica, joined, monkeypatch):
     node, pem = joined
     entered, release = held(monkeypatch, control, "node_report_inventory")
 
     async def scenario():
-        peer = Peer(node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         assert (await peer.next()).WhichOneof("body") == "welcome"
         peer.send(inventory=pb.InventoryReport())
         await in_thread(entered)
-        for number in range(gateway.STORE_QUEUE + 1):
+        for number in range(service.STORE_QUEUE + 1):
             peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
                 command_id=f"c-flood-{number}", state="running")))
         closed = await peer.next()
@@ -292,3 +291,43 @@ def test_a_node_flooding_reports_faster_than_the_database_takes_them_is_closed(
 
     # Neither a queue without bound nor a reader that stops taking heartbeats.
     assert closed.close.reason == "too many reports waiting for the database"
+
+
+def test_L5_two_replicas_in_one_process_each_deliver_only_to_the_streams_they_hold(
+        replica, node_fleet, mint):
+    """A replica is an object, not module state: two serve side by side, and a poll of one
+    (pending commands of the sessions it recorded) reaches only its own streams."""
+    pool = ThreadPoolExecutor(2, thread_name_prefix="test-gateway-b-db")
+    other = Gateway(name="test-gateway:9443", database=DatabaseThreads(pool=pool,
+                                                                       control_pool=pool))
+    nodes = [node_join(token=mint(node_fleet)[1], fleet_id=node_fleet.id,
+                       csr=make_csr(f"gpu-0{number}")[1], inventory=H100_INVENTORY)
+             for number in (1, 2)]
+
+    async def scenario():
+        peers = [Peer(gateway, result.node.id, result.certificate.pem,
+                      pb.Hello(node_id=result.node.id, agent_version="test"))
+                 for gateway, result in zip((replica, other), nodes)]
+        for peer in peers:
+            assert (await peer.next()).WhichOneof("body") == "welcome"
+        made = [await gateway.database.run(commands.node_command_create, actor=ADMIN,
+                                           node=result.node, kind="run", payload=RUN)
+                for gateway, result in zip((replica, other), nodes)]
+        delivered = await deliver_pending(replica, gateway=replica.name)
+        first = await peers[0].next()
+        nothing_for_the_other = peers[1].received.empty()
+        delivered_by_other = await deliver_pending(other, gateway=other.name)
+        second = await peers[1].next()
+        for peer in peers:
+            await peer.hang_up()
+        return made, delivered, first, nothing_for_the_other, delivered_by_other, second
+
+    try:
+        made, delivered, first, quiet, delivered_by_other, second = in_own_loop(scenario)
+    finally:
+        pool.shutdown(wait=True)
+
+    assert set(replica.streams.by_node) == set(other.streams.by_node) == set()
+    assert delivered == 1 and first.command.command_id == str(made[0].id)
+    assert quiet
+    assert delivered_by_other == 1 and second.command.command_id == str(made[1].id)

@@ -12,9 +12,11 @@ from cryptography.x509.oid import NameOID
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from audit.services import Actor
 from nodes import pki
 from nodes.models import CardAlias, HardwareSeries, Node, NodeCredential
-from nodes.services import JOIN_REFUSED, card_alias_map, join_token_revoke
+from nodes.services.join import JOIN_REFUSED, join_token_revoke
+from nodes.services.hardware import card_alias_map
 from tests.conftest import H100_INVENTORY, make_csr
 
 
@@ -81,7 +83,7 @@ def test_J4_unknown_card_is_named_and_mapping_takes_effect_without_rejoin(
     shown = admin_api.get(f"/api/nodes/{body['node_id']}").json()
     assert shown["inventory"]["cards"][0]["series"] is None
     series = HardwareSeries.objects.create(slug="tc9000", name="Test card")
-    card_alias_map(actor=admin_user, alias=alias, series=series)
+    card_alias_map(actor=Actor.of_user(admin_user), alias=alias, series=series)
     shown = admin_api.get(f"/api/nodes/{body['node_id']}").json()
     assert shown["inventory"]["cards"][0]["series"] == "tc9000"
     assert AuditEvent.objects.filter(action="card_alias.mapped").count() == 1
@@ -130,7 +132,7 @@ def test_J2_every_token_problem_reads_the_same(anon_api, node_fleet, make_fleet,
     _, used = mint(node_fleet)
     assert anon_api.post("/api/nodes/join", join_body(used)).status_code == 201
     revoked_token, revoked = mint(node_fleet)
-    join_token_revoke(actor=admin_user, token=revoked_token)
+    join_token_revoke(actor=Actor.of_user(admin_user), token=revoked_token)
     _, foreign = mint(other)
     _, expiring = mint(node_fleet)
     bodies = {refusal(anon_api.post("/api/nodes/join", join_body(secret))) for secret in

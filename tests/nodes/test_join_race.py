@@ -7,7 +7,7 @@ from django.db import connection
 
 from audit.models import AuditEvent
 from nodes.models import JoinToken, Node, NodeCredential
-from nodes.services import JoinRefused, JoinResult, node_join
+from nodes.services.join import JoinRefused, JoinResult, node_join
 from tests.conftest import H100_INVENTORY, make_csr
 from tests.fleets.test_concurrency import race
 

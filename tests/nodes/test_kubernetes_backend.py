@@ -7,7 +7,6 @@ real cluster answers the same way is the stored responses' claim, not these test
 
 import dataclasses
 import json
-import re
 import socket
 import threading
 
@@ -15,8 +14,7 @@ import pytest
 from kubernetes.client import Configuration
 
 from nodes.backends.base import BackendError, JobSpec, OutcomeUnknown
-from nodes.backends.kubernetes import (CORDON_REASON, KubernetesBackend, rayjob_name_prefix,
-                                        rayjob_naming)
+from nodes.backends.kubernetes import (CORDON_REASON, KubernetesBackend)
 from nodes.choices import SchedulingState
 
 from .kube_replay import RESPONSES, KubeReplay
@@ -30,6 +28,7 @@ SHORT_TIMEOUT = (0.5, 0.5)
 H100 = "NVIDIA-H100-80GB-HBM3"
 SFT_JOB = JobSpec(name="Llama SFT 7B", script="python train.py --epochs 3", series=H100,
                   cards=8, nodes=2)
+KEYED_JOB = dataclasses.replace(SFT_JOB, key="tp-0123456789ab")
 
 
 @pytest.fixture(autouse=True)
@@ -283,130 +282,3 @@ def test_the_client_does_not_retry_a_dropped_connection():
         with pytest.raises(BackendError, match="did not answer"):
             backend.read()
     assert len(connections) == 1
-
-
-# Jobs
-
-def test_submit_creates_a_rayjob_in_the_kuberay_namespace(replay):
-    replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
-
-    job_id = backend_at(replay.url).submit(SFT_JOB)
-
-    assert job_id == "ml-jobs/llama-sft-7b-x9k2p"
-    [sent] = replay.requests
-    assert (sent.method, sent.path) == ("POST", RAYJOBS)
-    assert (sent.body["apiVersion"], sent.body["kind"]) == ("ray.io/v1", "RayJob")
-    assert sent.body["metadata"]["generateName"] == "llama-sft-7b-"
-    spec = sent.body["spec"]
-    assert spec["entrypoint"] == "python train.py --epochs 3"
-    [workers] = spec["rayClusterSpec"]["workerGroupSpecs"]
-    assert workers["replicas"] == 2
-    pod = workers["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": H100}
-    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
-    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    assert "resources" not in head
-
-
-def test_a_job_for_any_series_has_no_node_selector(replay):
-    replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
-
-    backend_at(replay.url).submit(dataclasses.replace(SFT_JOB, series=""))
-
-    [workers] = replay.requests[-1].body["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-    assert "nodeSelector" not in workers["template"]["spec"]
-
-
-KEYED_JOB = dataclasses.replace(SFT_JOB, key="tp-0123456789ab")
-ALREADY_EXISTS = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409,
-                  "reason": "AlreadyExists",
-                  "message": 'rayjobs.ray.io "llama-sft-7b-tp-0123456789ab" already exists'}
-
-
-def test_a_keyed_job_has_a_rayjob_name_of_its_own(replay):
-    replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
-
-    backend_at(replay.url).submit(KEYED_JOB)
-
-    metadata = replay.requests[-1].body["metadata"]
-    assert metadata["name"] == "llama-sft-7b-tp-0123456789ab"
-    assert "generateName" not in metadata
-
-
-def test_resuming_a_handover_the_cluster_already_took_returns_that_rayjob(replay):
-    """The console stopped after KubeRay took the job and before it recorded the answer:
-    creating the same name again answers 409, and no second RayJob exists."""
-    replay.serve("POST", RAYJOBS, ALREADY_EXISTS, status=409)
-
-    assert backend_at(replay.url).resume(KEYED_JOB) == "ml-jobs/llama-sft-7b-tp-0123456789ab"
-
-
-def test_a_409_for_an_unkeyed_job_is_an_error(replay):
-    replay.serve("POST", RAYJOBS, ALREADY_EXISTS, status=409)
-
-    with pytest.raises(BackendError, match="409"):
-        backend_at(replay.url).submit(SFT_JOB)
-
-
-@pytest.mark.parametrize("job_name", ["Llama SFT 7B", "x" * 80, "7b/eval: run #2", ""])
-def test_keyed_rayjob_names_are_dns_labels_within_kuberays_limit(job_name):
-    name = rayjob_naming(dataclasses.replace(KEYED_JOB, name=job_name))["name"]
-
-    assert len(name) <= 47 and name.endswith("-tp-0123456789ab") and name[0].isalpha()
-    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
-
-
-def test_submit_without_a_kuberay_namespace_sends_nothing(replay):
-    backend = KubernetesBackend.from_config({"kube_api_url": replay.url})
-
-    with pytest.raises(BackendError, match="config.kuberay_namespace is not set"):
-        backend.submit(SFT_JOB)
-    assert replay.requests == []
-
-
-@pytest.mark.parametrize("job_name, prefix", [
-    ("Llama SFT 7B", "llama-sft-7b-"),
-    ("7b/eval: run #2", "job-7b-eval-run-2-"),
-    ("", "job-"),
-    ("x" * 80, "x" * 41 + "-"),
-])
-def test_rayjob_names_are_dns_labels_kuberay_accepts(job_name, prefix):
-    assert rayjob_name_prefix(job_name) == prefix
-
-
-def test_job_state_is_the_rayjobs_job_status(replay):
-    replay.serve("GET", RAYJOB, "rayjob-running.json")
-
-    assert backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p") == "RUNNING"
-    assert replay.requests[-1].path == RAYJOB
-
-
-@pytest.mark.parametrize("status, state", [
-    (None, "PENDING"),
-    ({"jobDeploymentStatus": "Initializing"}, "Initializing"),
-])
-def test_job_state_before_the_job_runs(replay, status, state):
-    rayjob = json.loads(replay_file("rayjob-created.json"))
-    if status:
-        rayjob["status"] = status
-    replay.serve("GET", RAYJOB, rayjob)
-
-    assert backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p") == state
-
-
-def test_job_state_of_a_rayjob_that_is_gone_is_a_backend_error(replay):
-    with pytest.raises(BackendError, match="404"):
-        backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p")
-
-
-# Config
-
-def test_a_config_without_url_or_context_names_both_keys():
-    with pytest.raises(BackendError, match="config.kube_api_url or config.kube_context"):
-        KubernetesBackend.from_config({"kuberay_namespace": "ml-jobs"})
-
-
-def test_a_config_with_both_url_and_context_is_refused():
-    with pytest.raises(BackendError, match="not both"):
-        KubernetesBackend.from_config({"kube_api_url": "https://k8s.example:6443",
-                                       "kube_context": "lab"})

@@ -8,10 +8,10 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from nodes.control import node_report_inventory, session_open
-from nodes.liveness import liveness_sweep
+from nodes.services.control import node_report_inventory, session_open
+from nodes.services.liveness import liveness_sweep
 from nodes.models import GatewayReplica, Node, NodeCordon, NodeCredential
-from nodes.scheduling import node_cordon
+from nodes.services.scheduling import node_cordon
 from tests.conftest import H100_INVENTORY, SYSTEM
 
 
@@ -91,7 +91,7 @@ def test_drained_and_removed_nodes_are_not_declared_gone(fleet_nodes):
 
 
 def test_L1_back_from_gone_only_through_a_lease_and_fresh_inventory(node_fleet, mint):
-    from nodes.services import node_join
+    from nodes.services.join import node_join
     from tests.conftest import make_csr
 
     node = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1],
@@ -204,8 +204,8 @@ def test_grace_silence_counts_only_up_to_when_the_console_was_last_listening(
 def test_grace_a_replica_that_could_not_announce_for_a_lease_listens_anew(console_listening,
                                                                           settings):
     """Its database was away: it heard nothing it could record, so the grace applies again."""
-    from nodes.control import gateway_alive, gateway_started
-    from nodes.liveness import console_hearing
+    from nodes.services.control import gateway_alive, gateway_started
+    from nodes.services.liveness import console_hearing
 
     console_listening.delete()  # this replica alone
     replica = gateway_started(name="gw-1")

@@ -11,10 +11,10 @@ from audit.models import AuditEvent
 from audit.services import Actor
 from fleets.models import Fleet
 from fleets.services import fleet_delete
-from nodes.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory, session_open
 from nodes.models import ControlSession, Node, NodeCordon, NodeCredential
-from nodes.scheduling import node_cordon, node_drain, node_remove, node_uncordon
-from nodes.services import JoinRefused, JoinResult, node_join
+from nodes.services.scheduling import node_cordon, node_drain, node_remove, node_uncordon
+from nodes.services.join import JoinRefused, JoinResult, node_join
 from placement.models import Deployment
 from placement.services import deployment_submit
 from tests.conftest import H100_INVENTORY, make_csr
@@ -107,7 +107,7 @@ def test_F7_a_fleet_deleted_while_a_deployment_is_admitted_never_leaves_one_with
         fleet = node.fleet
         # A Fleet with a node cannot be deleted at all: free it, keeping the node placeable.
         results = race(lambda i: fleet_delete(actor=OPS, fleet=fleet) if i == 0 else
-                       deployment_submit(actor=member, project="ml", name="chat",
+                       deployment_submit(actor=Actor.of_user(member), project="ml", name="chat",
                                          fleet=fleet.id), count=2)
         deleted, admitted = results
         exists = Fleet.objects.filter(pk=fleet.id).exists()
@@ -125,7 +125,7 @@ def test_a_close_racing_a_reconnect_and_a_lease_flush_never_deadlocks(placeable)
     and over: each waits for the others (one lock order: the node, then its sessions)."""
     from django.utils import timezone
 
-    from nodes.control import leases_renew, session_close
+    from nodes.services.control import leases_renew, session_close
 
     node = placeable()
     serial = NodeCredential.objects.get(node=node).serial

@@ -3,11 +3,11 @@
 import pytest
 
 from audit.models import AuditEvent
-from nodes.commands import Reported, node_command_create, node_command_report
-from nodes.control import session_open
+from nodes.services.commands import Reported, node_command_create, node_command_report
+from nodes.services.control import session_open
 from nodes.models import ControlSession, Node, NodeCordon, NodeCredential
-from nodes.scheduling import node_cordon, node_drain, node_observe_storage_root
-from nodes.services import node_join
+from nodes.services.scheduling import node_cordon, node_drain, node_observe_storage_root
+from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 
 RUN = {"argv": ["sleep", "600"]}
@@ -52,7 +52,7 @@ def test_L6_an_object_pull_fleet_has_no_storage_root_to_lose(make_fleet, join):
 
 
 def test_L6_an_inventory_report_without_the_storage_root_cordons(node):
-    from nodes.control import node_report_inventory
+    from nodes.services.control import node_report_inventory
 
     node_report_inventory(node_id=node.id, inventory={**H100_INVENTORY,
                                                       "storage_root_visible": False})
@@ -149,7 +149,7 @@ def test_commands_api_creates_and_lists(admin_api, node):
 
 
 def test_L6_the_cordon_sweep_repairs_what_the_gateway_missed(node, join, node_fleet):
-    from nodes.scheduling import storage_cordon_sweep
+    from nodes.services.scheduling import storage_cordon_sweep
 
     other = join(node_fleet).node
     node_cordon(actor=SYSTEM, node=other, reason="operator's own")

@@ -19,8 +19,8 @@ from rest_framework.test import APIClient
 from audit.models import AuditEvent
 from audit.services import Actor
 from fleets.models import Fleet
-from nodes.clusters import cluster_refresh
-from nodes.control import credential_rotate
+from nodes.services.clusters import cluster_refresh
+from nodes.services.control import credential_rotate
 from nodes.models import JoinToken, NodeCredential
 from tests.conftest import H100_INVENTORY, Api, make_csr
 from tests.nodes.kube_replay import KubeReplay

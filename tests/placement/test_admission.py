@@ -10,10 +10,10 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from fleets.models import Fleet
-from nodes.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory, session_open
 from nodes.models import CardAlias, Node
-from nodes.scheduling import node_cordon
-from nodes.services import node_join
+from nodes.services.scheduling import node_cordon
+from nodes.services.join import node_join
 from placement.models import Deployment, TrainingJob
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 from tuneplane.errors import PlacementRefused
@@ -257,7 +257,7 @@ def test_L1_stale_inventory_never_fits_although_the_node_shows_schedulable(fleet
 
 
 def test_L1_a_closed_stream_never_fits(fleet, member_api, project):
-    from nodes.control import session_close
+    from nodes.services.control import session_close
     from nodes.models import ControlSession
 
     fleet("gpu-lab", ["train"])
@@ -282,7 +282,7 @@ def test_L1_a_lease_past_its_end_never_fits_though_inventory_is_fresh(fleet, mem
 
 @pytest.mark.parametrize("how", ["cordoned", "draining", "gone", "storage"])
 def test_D1_a_cordoned_draining_or_gone_node_never_fits(fleet, member_api, project, how):
-    from nodes.scheduling import node_observe_storage_root
+    from nodes.services.scheduling import node_observe_storage_root
 
     made = fleet("gpu-lab", ["train"])
     node = Node.objects.get(fleet=made)
@@ -298,7 +298,7 @@ def test_D1_a_cordoned_draining_or_gone_node_never_fits(fleet, member_api, proje
 def test_J4_an_unmapped_card_never_fits_a_pinned_series_and_fits_once_mapped(
         fleet, member_api, project):
     from nodes.models import HardwareSeries
-    from nodes.services import card_alias_map
+    from nodes.services.hardware import card_alias_map
 
     mystery = {**H100_INVENTORY, "cards": [{"name": "Mystery X1", "count": 8}]}
     fleet("gpu-lab", ["train"], inventory=mystery)

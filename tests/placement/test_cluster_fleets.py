@@ -9,9 +9,10 @@ from datetime import timedelta
 import pytest
 
 from audit.models import AuditEvent
-from nodes.clusters import cluster_refresh, clusters_refresh
+from audit.services import Actor
+from nodes.services.clusters import cluster_refresh, clusters_refresh
 from placement.admission import Need, admit_automatically
-from placement.clusters import cluster_job_handover, cluster_jobs_track
+from placement.handover import cluster_job_handover, cluster_jobs_track
 from placement.services import training_job_submit
 from tests.nodes.kube_replay import KubeReplay
 from tuneplane.errors import PlacementRefused
@@ -86,7 +87,7 @@ def test_a_401_shows_on_the_fleet_page_without_the_token(kube, replay, admin_cli
 def test_P7_an_admitted_training_job_becomes_a_rayjob_and_its_state_is_read_back(
         kube, member, project, replay):
     replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
-    job = training_job_submit(actor=member, project="ml", name="sft", series="h100", cards=8,
+    job = training_job_submit(actor=Actor.of_user(member), project="ml", name="sft", series="h100", cards=8,
                               script="python train.py")
     job = cluster_job_handover(job.pk)
     assert job.backend_job_id == "ml-jobs/llama-sft-7b-x9k2p", job.backend_error
@@ -101,6 +102,6 @@ def test_P7_an_admitted_training_job_becomes_a_rayjob_and_its_state_is_read_back
 
 def test_a_job_without_a_script_is_admitted_but_not_handed_over_and_says_why(kube, member,
                                                                              project):
-    job = training_job_submit(actor=member, project="ml", name="sft", series="h100", cards=8)
+    job = training_job_submit(actor=Actor.of_user(member), project="ml", name="sft", series="h100", cards=8)
     job = cluster_job_handover(job.pk)
     assert job.backend_job_id == "" and "no script" in job.backend_error

@@ -14,13 +14,14 @@ import pytest
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from audit.services import Actor
 from fleets.models import Fleet
 from nodes.backends import backend_for
-from nodes.clusters import cluster_refresh
+from nodes.services.clusters import cluster_refresh
 from nodes.models import CardAlias, HardwareSeries
-from nodes.services import card_alias_map
+from nodes.services.hardware import card_alias_map
 from placement.admission import Need, admit_automatically
-from placement.clusters import _spec, cluster_job_handover, cluster_jobs_track
+from placement.handover import _spec, cluster_job_handover, cluster_jobs_track
 from placement.models import TrainingJob
 from placement.services import training_job_submit
 from tuneplane.errors import PlacementRefused
@@ -40,7 +41,7 @@ def hpc(slurm_cluster, make_fleet, monkeypatch, tmp_path, admin_user):
         "slurm_partition": slurm_cluster.partition, "slurm_user": "root",
         "slurm_token_env": TOKEN_ENV, "slurm_workdir": str(tmp_path)})
     cluster_refresh(fleet)
-    card_alias_map(actor=admin_user, alias=CardAlias.objects.get(name="h100"),
+    card_alias_map(actor=Actor.of_user(admin_user), alias=CardAlias.objects.get(name="h100"),
                    series=HardwareSeries.objects.get(slug="h100"))
     return fleet
 
@@ -70,12 +71,12 @@ def test_its_inventory_is_what_slurm_says_four_h100(hpc, slurm_cluster):
 
 
 def test_J4_an_unmapped_slurm_card_type_never_fits_a_pinned_series(hpc, member, admin_user):
-    card_alias_map(actor=admin_user, alias=CardAlias.objects.get(name="h100"), series=None)
+    card_alias_map(actor=Actor.of_user(admin_user), alias=CardAlias.objects.get(name="h100"), series=None)
     assert refused(member, 2).reason == "inventory_fit"
 
 
 def test_P7_two_h100_are_admitted_handed_to_slurm_and_run_to_completed(hpc, member, project):
-    job = training_job_submit(actor=member, project="ml", name="finetune", series="h100",
+    job = training_job_submit(actor=Actor.of_user(member), project="ml", name="finetune", series="h100",
                               cards=2, script="#!/bin/sh\nsleep 1\n")
     assert job.fleet_id == "hpc" and job.admission["fits_on"]
     job = cluster_job_handover(job.pk)
@@ -100,7 +101,7 @@ def slurm_jobs_with_comment(slurm_cluster, comment: str) -> list[str]:
 
 def test_P7_a_handover_that_died_after_slurm_took_the_job_is_resumed_never_submitted_twice(
         hpc, member, slurm_cluster):
-    job = training_job_submit(actor=member, project="ml", name="resume-me", series="h100",
+    job = training_job_submit(actor=Actor.of_user(member), project="ml", name="resume-me", series="h100",
                               cards=1, script="#!/bin/sh\nsleep 1\n")
     # As a crashed attempt leaves it: marked and keyed, Slurm given the job, nothing recorded.
     TrainingJob.objects.filter(pk=job.pk).update(
@@ -163,7 +164,7 @@ def test_P7_a_submission_whose_answer_was_lost_is_resumed_not_failed_nor_repeate
     try:
         Fleet.objects.filter(pk=hpc.pk).update(config={**hpc.config,
                                                        "slurm_rest_url": proxy.url})
-        job = training_job_submit(actor=member, project="ml", name="answer-lost",
+        job = training_job_submit(actor=Actor.of_user(member), project="ml", name="answer-lost",
                                   series="h100", cards=1, script="#!/bin/sh\nsleep 1\n")
 
         job = cluster_job_handover(job.pk)
@@ -182,7 +183,7 @@ def test_P7_a_submission_whose_answer_was_lost_is_resumed_not_failed_nor_repeate
 
 
 def test_P7_a_handover_under_way_is_left_to_its_worker(hpc, member, slurm_cluster):
-    job = training_job_submit(actor=member, project="ml", name="under-way", series="h100",
+    job = training_job_submit(actor=Actor.of_user(member), project="ml", name="under-way", series="h100",
                               cards=1, script="#!/bin/sh\nsleep 1\n")
     TrainingJob.objects.filter(pk=job.pk).update(handover_key="tp-underway0001",
                                                  handover_started_at=timezone.now())

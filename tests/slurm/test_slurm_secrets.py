@@ -9,7 +9,7 @@ with node and API secrets, are in tests/nodes/test_secrets.py.
 import pytest
 
 from fleets.models import Fleet
-from nodes.clusters import cluster_refresh
+from nodes.services.clusters import cluster_refresh
 from tests.conftest import Api
 from tests.nodes.test_secrets import (
     assert_appear_nowhere, audit_rows, dump_every_table, every_statement_logged, fake_jwt,

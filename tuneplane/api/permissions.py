@@ -1,10 +1,7 @@
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
 
-
-def is_admin(user) -> bool:
-    """Administrators are staff users."""
-    return bool(user and user.is_authenticated and user.is_active and user.is_staff)
+from tuneplane.permissions import is_admin
 
 
 def require_admin(request, what: str = "do this") -> None:

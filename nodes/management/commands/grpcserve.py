@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand
 from django_grpc_framework.settings import grpc_settings
 
 from nodes import pki
-from nodes.gateway import NodeControlService
+from nodes.gateway import Gateway, replica_name
 
 STOP_GRACE_SECONDS = 5
 GATEWAY_CONN_MAX_AGE = 300
@@ -52,10 +52,11 @@ class Command(BaseCommand):
         # the second to start would close the first's sessions (control.gateway_started).
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024 * 1024),
                                           ("grpc.so_reuseport", 0)])
-        grpc_settings.ROOT_HANDLERS_HOOK(server)
+        gateway = Gateway(name=replica_name(bind))
+        grpc_settings.ROOT_HANDLERS_HOOK(server, gateway)
         server.add_secure_port(bind, server_credentials())
         await server.start()
-        background = [asyncio.create_task(work) for work in NodeControlService.background()]
+        background = [asyncio.create_task(work) for work in gateway.background()]
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -66,5 +67,5 @@ class Command(BaseCommand):
         await server.stop(STOP_GRACE_SECONDS)
         for task in background:
             task.cancel()
-        await NodeControlService.batcher.flush()
+        await gateway.stopped()
         self.stdout.write("gateway stopped")

@@ -1,43 +1,35 @@
 """The gRPC NodeControl service, served by ``manage.py grpcserve`` over mutual TLS on grpc.aio.
 
-Thin: it reads who the peer is from its certificate, translates protobuf to the
-control services (nodes.control) and maps their errors to status codes in one
-place. Heartbeats only mark a lease in memory; ``LeaseBatcher`` writes them. The streams it
-holds are nodes.streams'; its database threads, nodes.db_threads'.
+Thin: it reads who the peer is from its certificate, translates protobuf to the control
+services (nodes.services) and maps their errors to status codes in one place. Heartbeats
+only mark a lease in memory; the replica's ``LeaseBatcher`` writes them. Everything a
+replica holds is its ``Gateway``'s, handed to the service by ``as_servicer(gateway=...)``.
 """
 
 import asyncio
 import logging
-import socket
 import time
 from dataclasses import dataclass
 
 import grpc
-import redis.asyncio
 from cryptography import x509
 from django.conf import settings
-from django.utils import timezone
-from google.protobuf.json_format import MessageToDict
 
 from tuneplane.errors import ApplicationError, ValidationFailed
 
-from . import bus, commands, control, scheduling, selectors
-from .agent.proto import control_pb2 as pb
-from .agent.serve import inventory_digest
-from .aio_service import AsyncService
-from .db_threads import control_thread, db
-from .pki import NODE_URI_PREFIX
-from .streams import LeaseBatcher, Stream, Streams, expire
+from ..agent import wire
+from ..agent.proto import control_pb2 as pb
+from ..pki import NODE_URI_PREFIX
+from ..services import commands, control, scheduling
+from .aio import AsyncService
+from .replica import Gateway
+from .streams import Stream
 
 logger = logging.getLogger("tuneplane.gateway")
 
 HELLO_TIMEOUT_SECONDS = 10
 # Messages of one stream waiting for the database; beyond this, the stream is closed.
 STORE_QUEUE = 256
-# Store tasks outliving their stream until they have written what it said.
-_storing: set[asyncio.Task] = set()
-# When this process began: every session it opens is younger (control.gateway_started).
-SERVING_SINCE = timezone.now()
 _STATUS = {403: grpc.StatusCode.PERMISSION_DENIED, 400: grpc.StatusCode.INVALID_ARGUMENT,
            404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION}
 
@@ -63,99 +55,8 @@ def peer_of(context) -> Peer | None:
     return Peer(node_id=ids[0], serial=format(cert.serial_number, "x")) if len(ids) == 1 else None
 
 
-def inventory_from(report: pb.InventoryReport) -> dict:
-    data = MessageToDict(report, preserving_proto_field_name=True)
-    data["cards"] = [{"name": c.name, "count": c.count} for c in report.cards]
-    data["storage_root_visible"] = report.storage_root_visible
-    for key in ("cpu_budget", "memory_budget_bytes"):
-        data[key] = int(data[key]) if key in data else None
-    return data
-
-
-def replica_name() -> str:
-    """This gateway replica, as control sessions record it."""
-    return f"{socket.gethostname()}:{settings.TUNEPLANE_GATEWAY_BIND}"
-
-
-async def deliver_pending(streams: Streams, **which) -> int:
-    """Send the pending commands of the nodes whose streams this replica holds."""
-    pending = await db(selectors.commands_pending)(**which)
-    by_node: dict[str, list] = {}
-    for command in pending:
-        by_node.setdefault(command.node_id, []).append(command)
-    return sum(stream.deliver(by_node[node_id]) for node_id, stream in
-               list(streams.by_node.items()) if node_id in by_node)
-
-
-async def on_event(streams: Streams, event: dict) -> None:
-    if event["node"] not in streams.by_node:
-        return
-    if event["type"] == bus.COMMANDS:
-        await deliver_pending(streams, node_id=event["node"])
-    elif event["type"] == bus.CLOSE:
-        streams.close(event["node"], str(event.get("reason") or "closed by the console")[:200])
-
-
-async def listen(streams: Streams) -> None:
-    """Events from every replica, web and worker through Redis; reconnects by itself."""
-    if not settings.REDIS_URL:
-        return
-    delay = 1
-    while True:
-        try:
-            async with redis.asyncio.Redis.from_url(settings.REDIS_URL) as client, \
-                    client.pubsub() as pubsub:
-                await pubsub.subscribe(bus.CHANNEL)
-                logger.info("listening for node-control events")
-                delay = 1
-                await deliver_pending(streams, gateway=replica_name())  # what was missed
-                async for message in pubsub.listen():
-                    event = bus.parse(message["data"]) if message["type"] == "message" else None
-                    if event is not None:
-                        await on_event(streams, event)
-        except (redis.RedisError, OSError) as error:
-            logger.warning("node-control events unavailable (%s); retrying in %ds", error, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30)
-
-
-async def announce() -> None:
-    """This replica is listening: said at start, then every half heartbeat interval, so the
-    liveness sweep can tell a console that heard nothing from nodes that said nothing."""
-    name, started = replica_name(), None
-    while True:
-        try:
-            if started is None:
-                started = (await db(control.gateway_started, threads=control_thread)(
-                    name=name, serving_since=SERVING_SINCE)).started_at
-            else:
-                await db(control.gateway_alive, threads=control_thread)(
-                    name=name, started_at=started)
-        except Exception:  # the database is away: the sweep holds its judgement meanwhile
-            logger.exception("announcing this gateway replica failed")
-        await asyncio.sleep(max(settings.TUNEPLANE_HEARTBEAT_INTERVAL / 2, 1))
-
-
-async def poll(streams: Streams) -> None:
-    """The record, not the nudge: pending commands for this replica's nodes, one statement
-    per interval whatever the number of nodes."""
-    while True:
-        await asyncio.sleep(settings.TUNEPLANE_COMMAND_POLL_INTERVAL)
-        try:
-            await deliver_pending(streams, gateway=replica_name())
-        except Exception:
-            logger.exception("polling for pending commands failed")
-
-
 class NodeControlService(AsyncService):
-    streams = Streams()
-    batcher = LeaseBatcher(streams)
-
-    @classmethod
-    def background(cls) -> list:
-        """What a gateway process runs beside its streams."""
-        return [cls.batcher.run(), listen(cls.streams), poll(cls.streams), expire(cls.streams),
-                announce()]
+    gateway: Gateway | None = None  # given by as_servicer(gateway=...)
 
     async def Connect(self, request_iterator, context):
         peer = peer_of(context)
@@ -176,9 +77,9 @@ class NodeControlService(AsyncService):
         try:
             reported = [commands.Reported.of(c.command_id, c.state, c.exit_code)
                         for c in hello.commands]
-            session = await db(control.session_open)(
-                node_id=peer.node_id, serial=peer.serial, gateway=replica_name(),
-                agent_version=hello.agent_version)
+            session = await self.gateway.database.run(
+                control.session_open, node_id=peer.node_id, serial=peer.serial,
+                gateway=self.gateway.name, agent_version=hello.agent_version)
         except ApplicationError as error:
             logger.warning("node %s refused: %s", peer.node_id, error.message)
             await context.abort(_STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED),
@@ -187,12 +88,12 @@ class NodeControlService(AsyncService):
         # L5: what the node already knows is never sent on this stream, even by a poll or a
         # nudge that read the command as pending before the reconcile below settled it.
         stream.sent.update(item.command_id for item in reported)
-        self.streams.take(stream)
+        self.gateway.streams.take(stream)
         reader = None
         reason = "stream ended"
         try:
-            pending = await db(commands.node_commands_reconcile)(node_id=peer.node_id,
-                                                                  reported=reported)
+            pending = await self.gateway.database.run(
+                commands.node_commands_reconcile, node_id=peer.node_id, reported=reported)
             # Reading starts before the Welcome is written: a write the transport completes
             # late must not leave the node's first heartbeats unread.
             stream.welcomed, stream.last_beat = True, time.monotonic()
@@ -209,11 +110,11 @@ class NodeControlService(AsyncService):
         finally:
             if reader is not None:
                 reader.cancel()
-            self.streams.release(stream)
+            self.gateway.streams.release(stream)
             # Shielded: when the peer has gone, grpc cancels this handler, and a close still
             # queued for the database thread would otherwise be dropped with it.
-            await asyncio.shield(db(control.session_close)(session_id=session.id,
-                                                             reason=reason))
+            await asyncio.shield(self.gateway.database.run(
+                control.session_close, session_id=session.id, reason=reason))
 
     async def _read(self, request_iterator, stream: Stream) -> None:
         """Takes the node's messages as they arrive. A heartbeat is taken here and now (its
@@ -224,8 +125,8 @@ class NodeControlService(AsyncService):
         storage_visible = None
         work: asyncio.Queue = asyncio.Queue()
         store = asyncio.create_task(self._store(stream, work))
-        _storing.add(store)
-        store.add_done_callback(_storing.discard)
+        self.gateway.storing.add(store)
+        store.add_done_callback(self.gateway.storing.discard)
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("body")
@@ -237,7 +138,7 @@ class NodeControlService(AsyncService):
                         continue
                     last_sequence = beat.sequence
                     stream.last_beat = time.monotonic()
-                    self.batcher.touch(stream, inventory_unchanged=bool(beat.inventory_digest)
+                    self.gateway.batcher.touch(stream, inventory_unchanged=bool(beat.inventory_digest)
                                        and beat.inventory_digest == stream.inventory_digest)
                     stream.outbox.put_nowait(pb.ControlMessage(
                         heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence)))
@@ -252,7 +153,7 @@ class NodeControlService(AsyncService):
                         # heartbeats unread. The node is told, and tells it all again.
                         logger.warning("node %s: %d reports waiting for the database; "
                                        "closing its stream", node_id, work.qsize())
-                        self.streams.close(node_id, "too many reports waiting for the "
+                        self.gateway.streams.close(node_id, "too many reports waiting for the "
                                            "database", session_id=stream.session_id)
                         break
                     work.put_nowait(message)
@@ -273,17 +174,20 @@ class NodeControlService(AsyncService):
             kind = message.WhichOneof("body")
             try:
                 if kind == "heartbeat":
-                    await db(scheduling.node_observe_storage_root)(
-                        node_id=node_id, visible=message.heartbeat.storage_root_visible)
+                    await self.gateway.database.run(
+                        scheduling.node_observe_storage_root, node_id=node_id,
+                        visible=message.heartbeat.storage_root_visible)
                 elif kind == "inventory":
-                    await db(control.node_report_inventory)(
-                        node_id=node_id, inventory=inventory_from(message.inventory))
-                    stream.inventory_digest = inventory_digest(message.inventory)
+                    await self.gateway.database.run(
+                        control.node_report_inventory, node_id=node_id,
+                        inventory=wire.inventory_report(message.inventory))
+                    stream.inventory_digest = wire.inventory_digest(message.inventory)
                 else:
                     state = message.command_update.state
-                    await db(commands.node_command_report)(
-                        node_id=node_id, reported=commands.Reported.of(
-                            state.command_id, state.state, state.exit_code))
+                    await self.gateway.database.run(
+                        commands.node_command_report, node_id=node_id,
+                        reported=commands.Reported.of(state.command_id, state.state,
+                                                      state.exit_code))
             except ValidationFailed as error:
                 logger.warning("node %s: %s refused: %s", node_id, kind, error.message)
             except Exception:
@@ -291,7 +195,7 @@ class NodeControlService(AsyncService):
                 # the node's reconnect reports its commands and inventory again (L5).
                 logger.exception("node %s: storing a %s failed; closing its stream", node_id,
                                  kind)
-                self.streams.close(node_id, f"the console could not store a {kind}",
+                self.gateway.streams.close(node_id, f"the console could not store a {kind}",
                                    session_id=stream.session_id)
                 return
 
@@ -300,8 +204,9 @@ class NodeControlService(AsyncService):
         if peer is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a node certificate is required")
         try:
-            issued = await db(control.credential_rotate)(node_id=peer.node_id,
-                                                          serial=peer.serial, csr=request.csr)
+            issued = await self.gateway.database.run(
+                control.credential_rotate, node_id=peer.node_id, serial=peer.serial,
+                csr=request.csr)
         except ApplicationError as error:
             logger.warning("node %s: rotation refused: %s", peer.node_id, error.message)
             await context.abort(_STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED),

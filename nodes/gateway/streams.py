@@ -2,7 +2,6 @@
 batch that renews their leases, and the pass that closes a stream gone silent."""
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -11,9 +10,10 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
-from . import control
-from .agent.proto import control_pb2 as pb
-from .db_threads import control_thread, db
+from ..agent import wire
+from ..agent.proto import control_pb2 as pb
+from ..services import control
+from .db_threads import DatabaseThreads
 
 logger = logging.getLogger("tuneplane.gateway")
 
@@ -40,9 +40,8 @@ class Stream:
         fresh = [command for command in commands if command.id not in self.sent]
         for command in fresh:
             self.sent.add(command.id)
-            self.outbox.put_nowait(pb.ControlMessage(command=pb.Command(
-                command_id=command.id, kind=command.kind,
-                payload_json=json.dumps(command.payload))))
+            self.outbox.put_nowait(wire.command_message(command.id, command.kind,
+                                                        command.payload))
         return len(fresh)
 
     def close(self, reason: str) -> None:
@@ -76,8 +75,9 @@ class Streams:
 class LeaseBatcher:
     """Collects heartbeats and renews their leases in one batch per flush interval."""
 
-    def __init__(self, streams: Streams):
+    def __init__(self, streams: Streams, database: DatabaseThreads):
         self.streams = streams
+        self.database = database
         self.pending: dict[str, tuple[str, datetime]] = {}
         self.inventory_fresh: set[str] = set()
 
@@ -93,8 +93,9 @@ class LeaseBatcher:
         fresh, self.inventory_fresh = self.inventory_fresh, set()
         if not batch:
             return
-        renewed = await db(control.leases_renew, threads=control_thread)(
-            {sid: at for sid, (_, at) in batch.items()}, inventory_fresh=fresh)
+        renewed = await self.database.run(
+            control.leases_renew, {sid: at for sid, (_, at) in batch.items()},
+            inventory_fresh=fresh, control=True)
         for session_id in batch.keys() - renewed:
             # Closed by the console meanwhile: its node was removed (D4), or it reconnected
             # elsewhere. Either way this stream no longer speaks for the node.
@@ -125,13 +126,3 @@ def expire_pass(streams: Streams, *, now: float, late: float = 0.0) -> list[Stre
         logger.info("node %s silent for a lease; closing its stream", stream.node_id)
         streams.close(stream.node_id, "lease expired", session_id=stream.session_id)
     return silent
-
-
-async def expire(streams: Streams) -> None:
-    """One pass a second over every stream."""
-    due = time.monotonic() + 1
-    while True:
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
-        now = time.monotonic()
-        expire_pass(streams, now=now, late=now - due)
-        due = now + 1

@@ -17,13 +17,13 @@ from django.utils import timezone
 from audit.services import Actor, audit_record
 from tuneplane.errors import ApplicationError
 
-from . import pki
-from .choices import SchedulingState
-from .inventory import normalize_inventory
-from .models import ControlSession, GatewayReplica, Node, NodeCredential
+from .. import pki
+from ..choices import SchedulingState
+from ..inventory import normalize_inventory
+from ..models import ControlSession, GatewayReplica, Node, NodeCredential
 from .scheduling import node_observe_storage_root
-from .selectors import cards_summary
-from .services import card_names_remember
+from ..selectors import cards_summary
+from .hardware import card_names_remember
 
 logger = logging.getLogger("tuneplane.gateway")
 

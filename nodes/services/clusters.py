@@ -15,9 +15,9 @@ from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
 from fleets.models import Fleet
 
-from .backends import BackendError, backend_for
-from .models import ClusterSnapshot
-from .services import card_names_remember
+from ..backends import BackendError, backend_for
+from ..models import ClusterSnapshot
+from .hardware import card_names_remember
 
 logger = logging.getLogger("tuneplane.clusters")
 

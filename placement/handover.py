@@ -11,6 +11,7 @@ import logging
 import uuid
 from datetime import timedelta
 
+from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
@@ -25,6 +26,7 @@ from .models import TrainingJob
 logger = logging.getLogger("tuneplane.clusters")
 
 SYSTEM = Actor.system("clusters")
+HANDOVER_TASK = "placement.cluster_job_handover"  # placement.tasks.cluster_job_handover_task
 # An attempt to hand a job over that has not answered in this long died on the way (the
 # backends' calls time out in seconds), and the next one resumes it.
 HANDOVER_STALE = timedelta(seconds=60)
@@ -32,10 +34,9 @@ HANDOVER_STALE = timedelta(seconds=60)
 
 def handover_on_commit(job: TrainingJob) -> None:
     """At once through the broker; a message lost on the way (a broker down) costs one
-    refresh interval, as cluster_jobs_track hands over what is still waiting."""
-    from .tasks import cluster_job_handover_task
-
-    transaction.on_commit(lambda: cluster_job_handover_task.delay(job.pk), robust=True)
+    refresh interval, as cluster_jobs_track hands over what is still waiting. Sent by the
+    task's name: tasks import services, never the reverse."""
+    transaction.on_commit(lambda: current_app.tasks[HANDOVER_TASK].delay(job.pk), robust=True)
 
 
 def cluster_job_handover(job_id: int) -> TrainingJob:

@@ -14,13 +14,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from audit.services import Actor, as_actor, audit_record
+from audit.services import Actor, audit_record
 from tuneplane.errors import Conflict, ValidationFailed
 
-from . import bus
+from .. import bus
 from .scheduling import node_drain_settle
-from .choices import ACTIVE_COMMAND_STATES, CommandKind, CommandState, SchedulingState
-from .models import Node, NodeCommand, StrayCommand
+from ..choices import ACTIVE_COMMAND_STATES, CommandKind, CommandState, SchedulingState
+from ..models import Node, NodeCommand, StrayCommand
 
 MAX_ARGV = 64
 MAX_ARG_CHARS = 4096
@@ -56,7 +56,7 @@ def _run_payload(payload) -> dict:
     return {"argv": argv}
 
 
-def node_command_create(*, actor, node: Node, kind: str, payload) -> NodeCommand:
+def node_command_create(*, actor: Actor, node: Node, kind: str, payload) -> NodeCommand:
     """Record a command for a node; the gateway holding its stream delivers it."""
     if kind not in CommandKind.values:
         raise ValidationFailed(f"kind must be one of {', '.join(CommandKind.values)}.",
@@ -69,7 +69,7 @@ def node_command_create(*, actor, node: Node, kind: str, payload) -> NodeCommand
             raise Conflict(f"Node '{node.id}' is removed: it takes no commands (rule D4).",
                            rule="D4", code="node_removed")
         command = NodeCommand.objects.create(node=node, kind=kind, payload=payload,
-                                             created_by=as_actor(actor).label,
+                                             created_by=actor.label,
                                              created_at=now, updated_at=now)
         audit_record(actor=actor, action="node_command.created", target=command,
                      after={"node": node.id, "kind": kind, "payload": payload})

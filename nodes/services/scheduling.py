@@ -10,14 +10,14 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from audit.services import Actor, as_actor, audit_record, audit_record_many
+from audit.services import Actor, audit_record, audit_record_many
 from fleets.choices import FleetDelivery
 from tuneplane.errors import Conflict, ValidationFailed
 
-from . import bus
-from .choices import CordonSource, SchedulingState
-from .models import ControlSession, Node, NodeCordon, NodeCredential
-from .selectors import commands_active_on
+from .. import bus
+from ..choices import CordonSource, SchedulingState
+from ..models import ControlSession, Node, NodeCordon, NodeCredential
+from ..selectors import commands_active_on
 
 logger = logging.getLogger("tuneplane.nodes")
 
@@ -33,16 +33,16 @@ def _cordon_view(cordon: NodeCordon) -> dict:
     return {"source": cordon.source, "reason": cordon.reason, "by": cordon.created_by}
 
 
-def _add_cordon(node: Node, source: str, reason: str, actor) -> NodeCordon:
+def _add_cordon(node: Node, source: str, reason: str, actor: Actor) -> NodeCordon:
     cordon = NodeCordon.objects.create(node=node, source=source, reason=reason,
                                        created_at=timezone.now(),
-                                       created_by=as_actor(actor).label)
+                                       created_by=actor.label)
     audit_record(actor=actor, action="node.cordoned", target=node, before={"cordon": None},
                  after={"cordon": _cordon_view(cordon)})
     return cordon
 
 
-def _lift_cordon(node: Node, cordon: NodeCordon, actor) -> None:
+def _lift_cordon(node: Node, cordon: NodeCordon, actor: Actor) -> None:
     cordon.delete()
     audit_record(actor=actor, action="node.uncordoned", target=node,
                  before={"cordon": _cordon_view(cordon)}, after={"cordon": None})
@@ -80,7 +80,7 @@ def _not_removed(node: Node, verb: str) -> None:
                        rule="D4")
 
 
-def node_cordon(*, actor, node: Node, reason: str) -> Node:
+def node_cordon(*, actor: Actor, node: Node, reason: str) -> Node:
     """An operator's cordon: new work stops, nothing running stops (D1). A reason is required."""
     reason = reason.strip() if isinstance(reason, str) else ""
     if not reason or len(reason) > MAX_REASON:
@@ -94,7 +94,7 @@ def node_cordon(*, actor, node: Node, reason: str) -> Node:
             _add_cordon(node, CordonSource.OPERATOR, reason, actor)
         elif existing.reason != reason:  # the same cordon, a new reason: one change
             before = _cordon_view(existing)
-            existing.reason, existing.created_by = reason, as_actor(actor).label
+            existing.reason, existing.created_by = reason, actor.label
             existing.created_at = timezone.now()
             existing.save(update_fields=["reason", "created_by", "created_at"])
             audit_record(actor=actor, action="node.cordoned", target=node,
@@ -102,7 +102,7 @@ def node_cordon(*, actor, node: Node, reason: str) -> Node:
     return node
 
 
-def node_uncordon(*, actor, node: Node) -> Node:
+def node_uncordon(*, actor: Actor, node: Node) -> Node:
     """Lifts the operator's cordon only; a storage cordon stays until the mount returns (L6)."""
     with transaction.atomic():
         node = _locked(node.pk)
@@ -113,7 +113,7 @@ def node_uncordon(*, actor, node: Node) -> Node:
     return node
 
 
-def _set_state(node: Node, state: str, actor, *, forced: bool = False, **after) -> None:
+def _set_state(node: Node, state: str, actor: Actor, *, forced: bool = False, **after) -> None:
     before = node.scheduling_state
     node.scheduling_state = state
     node.save(update_fields=["scheduling_state", "removed_at", "lease_expires_at"])
@@ -122,7 +122,7 @@ def _set_state(node: Node, state: str, actor, *, forced: bool = False, **after) 
                  after={"scheduling_state": state, **after}, forced=forced)
 
 
-def node_drain(*, actor, node: Node) -> Node:
+def node_drain(*, actor: Actor, node: Node) -> Node:
     """The machine is leaving: new work stops, running work finishes (D1); drained when idle."""
     with transaction.atomic():
         node = _locked(node.pk)
@@ -143,7 +143,7 @@ def node_drain_settle(*, node_id: str) -> None:
         _set_state(node, SchedulingState.DRAINED, Actor.system("drain"))
 
 
-def node_remove(*, actor, node: Node, force: bool = False) -> Node:
+def node_remove(*, actor: Actor, node: Node, force: bool = False) -> Node:
     """D2: only a drained node is removed; D3: ``force`` removes a gone one, audited as forced
     with what it leaves behind; D4: its credential dies and its stream is closed."""
     with transaction.atomic():

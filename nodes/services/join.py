@@ -1,11 +1,10 @@
-"""Join tokens, joins and the card registry: every write validated, in one transaction, audited."""
+"""Join tokens and joins: every write validated, in one transaction, audited."""
 
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
@@ -16,13 +15,13 @@ from fleets.services import fleet_hold
 from tuneplane.errors import ApplicationError, Conflict, ValidationFailed
 from tuneplane.models import hash_secret, new_secret
 
-from . import pki
-from .choices import SchedulingState
-from .inventory import normalize_inventory
-from .models import CardAlias, HardwareSeries, JoinToken, Node, NodeCredential, new_node_id
-from .selectors import (
-    card_series, cards_summary, nodes_answering_at, nodes_with_fingerprint, unknown_cards,
+from .. import pki
+from ..inventory import normalize_inventory
+from ..models import JoinToken, Node, NodeCredential, new_node_id
+from ..selectors import (
+    cards_summary, nodes_answering_at, nodes_with_fingerprint, unknown_cards,
 )
+from .hardware import card_names_remember
 
 logger = logging.getLogger("tuneplane.nodes")
 
@@ -40,7 +39,7 @@ class JoinRefused(ApplicationError):
         super().__init__(JOIN_REFUSED)
 
 
-def join_token_mint(*, actor, fleet: Fleet) -> tuple[JoinToken, str]:
+def join_token_mint(*, actor: Actor, fleet: Fleet) -> tuple[JoinToken, str]:
     """A single-use token for one node Fleet (J1, J2). The secret is returned here only."""
     if fleet.kind != FleetKind.NODE:
         raise Conflict(
@@ -51,7 +50,7 @@ def join_token_mint(*, actor, fleet: Fleet) -> tuple[JoinToken, str]:
     with transaction.atomic():
         token = JoinToken.objects.create(
             fleet=fleet, prefix=made.prefix, digest=made.digest,
-            created_by=actor if isinstance(actor, AbstractBaseUser) else None,
+            created_by=actor.user,
             expires_at=now + timedelta(seconds=settings.TUNEPLANE_JOIN_TOKEN_TTL),
         )
         audit_record(actor=actor, action="join_token.minted", target=token,
@@ -70,7 +69,7 @@ def join_commands(fleet_id: str, secret: str) -> dict:
     }
 
 
-def join_token_revoke(*, actor, token: JoinToken) -> JoinToken:
+def join_token_revoke(*, actor: Actor, token: JoinToken) -> JoinToken:
     with transaction.atomic():
         token = JoinToken.objects.select_for_update().get(pk=token.pk)
         if token.revoked_at is None and token.used_at is None:
@@ -196,36 +195,3 @@ def node_join(*, token: str, fleet_id: str, csr: str, inventory, address: str = 
     logger.info("node %s joined fleet %s from %s", node.id, node.fleet_id, client_address)
     return JoinResult(node=node, certificate=certificate, ca_bundle=pki.load_ca().pem,
                       warnings=warnings)
-
-
-def card_names_remember(names, now) -> None:
-    """Card names no one has seen yet become unmapped registry entries for an admin to map
-    (J4): from a join, an inventory report over the stream, or a cluster's snapshot. An
-    observation, not audited: the mapping an admin makes of it is."""
-    CardAlias.objects.bulk_create([CardAlias(name=name, first_seen_at=now) for name in
-                                   sorted(set(names))], ignore_conflicts=True)
-
-
-def card_alias_map(*, actor, alias: CardAlias, series: HardwareSeries | None) -> CardAlias:
-    """Map a card name to a series (or unmap it); nodes reporting it follow at once (J4)."""
-    with transaction.atomic():
-        alias = CardAlias.objects.select_for_update().get(pk=alias.pk)
-        before = {"series": alias.series.slug if alias.series_id else None}
-        alias.series = series
-        alias.save(update_fields=["series"])
-        followed = _nodes_follow_mapping(alias.name)
-        audit_record(actor=actor, action="card_alias.mapped", target=alias, before=before,
-                     after={"series": series.slug if series else None, "nodes": followed})
-    return alias
-
-
-def _nodes_follow_mapping(name: str) -> int:
-    """The nodes reporting a card name take its new mapping into their card summary."""
-    nodes = [node for node in Node.objects.exclude(scheduling_state=SchedulingState.REMOVED)
-             .only("id", "inventory") if name in node.card_names()]
-    series = card_series(card for node in nodes for card in node.card_names())
-    for node in nodes:
-        for attribute, value in cards_summary(node.inventory, series).items():
-            setattr(node, attribute, value)
-    Node.objects.bulk_update(nodes, ["series_cards", "card_count"], batch_size=1000)
-    return len(nodes)

@@ -1,0 +1,54 @@
+"""What the agent and the gateway say to each other, built and read in one place: the
+gateway imports this module, never the other way round (it imports no Django)."""
+
+import hashlib
+import json
+
+from google.protobuf.json_format import MessageToDict
+
+from .proto import control_pb2 as pb
+
+
+def inventory_message(report: dict) -> pb.InventoryReport:
+    """An inventory report (the ``--inventory-file`` format) as sent on the stream."""
+    return pb.InventoryReport(
+        cards=[pb.Card(name=c["name"], count=c["count"]) for c in report.get("cards", [])],
+        driver=report.get("driver") or "", container_runtime=report.get("container_runtime") or "",
+        storage_root_visible=bool(report.get("storage_root_visible")),
+        cpu_budget=report.get("cpu_budget") or 0,
+        memory_budget_bytes=report.get("memory_budget_bytes") or 0)
+
+
+def inventory_report(message: pb.InventoryReport) -> dict:
+    """The report a node sent, back in the ``--inventory-file`` format."""
+    data = MessageToDict(message, preserving_proto_field_name=True)
+    data["cards"] = [{"name": c.name, "count": c.count} for c in message.cards]
+    data["storage_root_visible"] = message.storage_root_visible
+    for key in ("cpu_budget", "memory_budget_bytes"):
+        data[key] = int(data[key]) if key in data else None
+    return data
+
+
+def inventory_digest(message: pb.InventoryReport) -> str:
+    """What a heartbeat carries for "my inventory is still this"; the gateway computes it of
+    the report it stored, and the two must agree byte for byte."""
+    return hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
+
+
+def command_state(command_id: str, state: str, exit_code: int | None) -> pb.CommandState:
+    """A command's durable state as the agent reports it (L5)."""
+    return pb.CommandState(command_id=command_id, state=state, exit_code=exit_code or 0)
+
+
+def command_message(command_id: str, kind: str, payload) -> pb.ControlMessage:
+    """A command as the gateway delivers it."""
+    return pb.ControlMessage(command=pb.Command(command_id=command_id, kind=kind,
+                                                payload_json=json.dumps(payload)))
+
+
+def command_payload(message: pb.Command):
+    """A delivered command's payload; None when it is not JSON (the agent then refuses it)."""
+    try:
+        return json.loads(message.payload_json or "{}")
+    except ValueError:
+        return None

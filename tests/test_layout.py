@@ -1,0 +1,137 @@
+"""The layout DESIGN.md §3 draws, held: imports point one way down the ladder, no module
+imports itself back through another, the agent ships without the console, services never
+import the gateway, and no module grows past what one concept needs."""
+
+import ast
+from pathlib import Path
+
+from django.conf import settings
+
+ROOT = Path(settings.BASE_DIR)
+# placement → nodes → fleets → audit → tuneplane core; every app may call audit.
+LADDER = {"tuneplane": 0, "audit": 1, "fleets": 2, "nodes": 3, "placement": 4}
+# The composition root sits above every app.
+COMPOSITION_ROOT = {"tuneplane.urls", "tuneplane.settings", "tuneplane.grpc_handlers"}
+MAX_LINES = 400
+GENERATED = ("_pb2.py", "_pb2_grpc.py")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for app in LADDER:
+        for path in (ROOT / app).rglob("*.py"):
+            relative = path.relative_to(ROOT)
+            if "migrations" in relative.parts:
+                continue
+            parts = list(relative.with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """Imports under ``if TYPE_CHECKING:`` run for the type checker, never at run time."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for inner in ast.walk(node):
+                lines.add(getattr(inner, "lineno", -1))
+    return lines
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every module of ours that ``name`` imports, at the top or inside a function."""
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_only(tree)
+    found = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+            base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]) \
+                .strip(".") if node.level else node.module
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in known else base)
+    ours = set()
+    for target in found:
+        while target not in known and "." in target:
+            target = target.rsplit(".", 1)[0]
+        if target in known and target != name:
+            ours.add(target)
+    return ours
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def test_imports_point_down_the_ladder():
+    upward = sorted(
+        f"{name} imports {target}" for name, targets in import_graph().items()
+        if name not in COMPOSITION_ROOT for target in targets
+        if LADDER[target.split(".")[0]] > LADDER[name.split(".")[0]]
+        and target.split(".")[0] != "audit")
+    assert not upward, "upward imports: " + "; ".join(upward)
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    cycles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(name):  # Tarjan: every strongly connected set of two or more modules
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        on_stack.add(name)
+        for target in graph[name]:
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in on_stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            component = []
+            while not component or component[-1] != name:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_agent_imports_nothing_of_the_console():
+    """tuneplane-node ships on its own (no Django, no other app); the gateway imports the
+    agent's wire module, never the other way round."""
+    graph = import_graph()
+    agent = {name for name in graph if name.startswith("nodes.agent")}
+    outside = sorted(f"{name} imports {target}" for name in agent for target in graph[name]
+                     if target not in agent)
+    assert not outside, "; ".join(outside)
+    django = sorted(name for name in agent if "django" in modules()[name].read_text())
+    assert not django, f"the agent mentions Django: {django}"
+
+
+def test_services_never_import_the_gateway():
+    graph = import_graph()
+    offending = sorted(f"{name} imports {target}" for name, targets in graph.items()
+                       if not name.startswith(("nodes.gateway", "tuneplane."))
+                       and not name.startswith("nodes.management")
+                       for target in targets if target.startswith("nodes.gateway"))
+    assert not offending, "; ".join(offending)
+
+
+def test_no_module_outgrows_one_concept():
+    paths = [path for path in modules().values() if not path.name.endswith(GENERATED)]
+    paths += [path for path in (ROOT / "tests").rglob("*.py")]
+    long = sorted(f"{path.relative_to(ROOT)}: {lines}" for path in paths
+                  if (lines := len(path.read_text().splitlines())) > MAX_LINES)
+    assert not long, f"modules over {MAX_LINES} lines: {long}"

@@ -1,5 +1,7 @@
 from django.db import models
 
+from fleets.choices import FleetCapability
+
 # Labels are the values: the admin shows the product page's own words.
 
 
@@ -29,7 +31,7 @@ class CommandState(models.TextChoices):
 
 
 # The capabilities with a liveness rule of their own (L2–L4).
-LIVENESS_CAPABILITIES = ("train", "serve", "env")
+LIVENESS_CAPABILITIES = (FleetCapability.TRAIN, FleetCapability.SERVE, FleetCapability.ENV)
 
 # A command in one of these may still be running on its node: drain waits for it.
 ACTIVE_COMMAND_STATES = (CommandState.PENDING, CommandState.RUNNING)

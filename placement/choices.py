@@ -1,5 +1,7 @@
 from django.db import models
 
+from fleets.choices import FleetCapability
+
 # Labels are the values: the admin shows the product page's own words.
 
 
@@ -10,8 +12,9 @@ class LifecycleKind(models.TextChoices):
 
 
 # An eval needs a Fleet that promises eval; the other lifecycle jobs are training work.
-LIFECYCLE_CAPABILITY = {LifecycleKind.EVAL: "eval", LifecycleKind.EXPORT: "train",
-                        LifecycleKind.MERGE: "train"}
+LIFECYCLE_CAPABILITY = {LifecycleKind.EVAL: FleetCapability.EVAL,
+                        LifecycleKind.EXPORT: FleetCapability.TRAIN,
+                        LifecycleKind.MERGE: FleetCapability.TRAIN}
 
 
 class DeploymentState(models.TextChoices):

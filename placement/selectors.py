@@ -5,6 +5,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from fleets.choices import FleetDelivery, FleetState
+from nodes.choices import SchedulingState
 from nodes.models import Node
 from tuneplane.permissions import is_admin
 from tuneplane.errors import PlacementRefused
@@ -34,7 +35,8 @@ def environment_resolve(environment: Environment) -> Node:
     answering = (Node.objects.filter(fleet_id=environment.fleet_id, quiet_env=False,
                                      sessions__closed_at__isnull=True,
                                      sessions__lease_expires_at__gt=now)
-                 .exclude(scheduling_state__in=("gone", "removed", "drained"))
+                 .exclude(scheduling_state__in=(SchedulingState.GONE, SchedulingState.REMOVED,
+                                          SchedulingState.DRAINED))
                  .order_by("-sessions__last_heartbeat_at").first())
     if answering is None or environment.fleet.state != FleetState.ACTIVE:
         raise PlacementRefused(f"No node of Fleet '{environment.fleet_id}' answers for env "

@@ -8,7 +8,7 @@ admission answers not found) — never a record pointing at a deleted Fleet.
 from django.db import transaction
 
 from audit.services import Actor, audit_record
-from fleets.choices import FleetKind, FleetState
+from fleets.choices import FleetCapability, FleetKind, FleetState
 from fleets.models import Fleet
 from fleets.selectors import fleet_not_found
 from tuneplane.permissions import is_admin
@@ -81,7 +81,7 @@ def training_job_submit(*, actor: Actor, project: str, name: str, series: str = 
     """P1: placed automatically among the visible Fleets that pass every gate. On a cluster
     Fleet, its script is then handed to the manager (placement.handover)."""
     return _job(TrainingJob, actor=actor, project_slug=project, volumes=volumes,
-                datasets=datasets, need=Need("train", series, cards, nodes), name=name,
+                datasets=datasets, need=Need(FleetCapability.TRAIN, series, cards, nodes), name=name,
                 script=script)
 
 
@@ -102,7 +102,7 @@ def deployment_submit(*, actor: Actor, project: str, name: str, fleet: str | Non
     """P2: the named Fleet, or the only visible serving one; its first revision on the node
     that fits best."""
     project = project_for(actor.user, project)
-    admitted = admit_deployment(actor.user, fleet, Need("serve", series, cards))
+    admitted = admit_deployment(actor.user, fleet, Need(FleetCapability.SERVE, series, cards))
     with transaction.atomic():
         deployment = _record(Deployment, actor=actor, project=project, admitted=admitted,
                              name=name, series=series, cards=cards)
@@ -136,8 +136,8 @@ def playground_session_submit(*, actor: Actor, project: str, name: str, series: 
                               cards: int = 1) -> PlaygroundSession:
     """P4: among serving Fleets of kind node or kubernetes — never a slurm one."""
     project = project_for(actor.user, project)
-    admitted = admit_automatically(actor.user, Need("serve", series, cards,
-                                               kinds=("node", "kubernetes")))
+    admitted = admit_automatically(actor.user, Need(FleetCapability.SERVE, series, cards,
+                                               kinds=(FleetKind.NODE, FleetKind.KUBERNETES)))
     with transaction.atomic():
         return _record(PlaygroundSession, actor=actor, project=project, admitted=admitted,
                        name=name, series=series, cards=cards)
@@ -150,7 +150,7 @@ def environment_submit(*, actor: Actor, project: str, name: str, manifest) -> En
         raise ValidationFailed("manifest.fleet must name the Fleet the environment runs on "
                                "(rule P5).", field="manifest.fleet")
     project = project_for(actor.user, project)
-    admitted = admit_named(actor.user, manifest["fleet"], Need("env"))
+    admitted = admit_named(actor.user, manifest["fleet"], Need(FleetCapability.ENV))
     with transaction.atomic():
         return _record(Environment, actor=actor, project=project, admitted=admitted,
                        name=name, manifest=manifest)

@@ -19,6 +19,7 @@ from django.db.models import Max, Min, QuerySet
 from django.utils import timezone
 
 from audit.services import Actor, audit_record_each, audit_record_many
+from fleets.choices import FleetCapability
 from fleets.models import Fleet
 
 from ..choices import LIVENESS_CAPABILITIES, SchedulingState
@@ -28,7 +29,8 @@ from ..models import GatewayReplica, Node, quiet_threshold
 logger = logging.getLogger("tuneplane.liveness")
 
 # Eval work is batch work: it goes quiet on train's threshold.
-THRESHOLD_OF = {"train": "train", "eval": "train", "serve": "serve", "env": "env"}
+THRESHOLD_OF = {FleetCapability.TRAIN: "train", FleetCapability.EVAL: "train",
+                FleetCapability.SERVE: "serve", FleetCapability.ENV: "env"}
 # What "gone" may replace: a drained machine that goes quiet is simply switched off.
 GONE_FROM = (SchedulingState.ENROLLED, SchedulingState.SCHEDULABLE, SchedulingState.DRAINING)
 ACTOR = Actor.system("liveness")

@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from nodes.choices import CordonSource, SchedulingState
 from audit.services import Actor
 from nodes.models import (CardAlias, ClusterSnapshot, ControlSession, GatewayReplica,
                           HardwareSeries, Node, NodeCordon, quiet_threshold)
@@ -197,7 +198,7 @@ def node_commands_reconcile(w):
 def node_observe_storage_root(w, visible: bool = False):
     node = w.node()
     if visible:
-        NodeCordon.objects.create(node=node, source="storage", created_at=timezone.now(),
+        NodeCordon.objects.create(node=node, source=CordonSource.STORAGE, created_at=timezone.now(),
                                   reason=scheduling.STORAGE_LOST)
     return lambda: scheduling.node_observe_storage_root(node_id=node.id, visible=visible)
 
@@ -247,7 +248,7 @@ def storage_cordon_sweep(w):
     lost, back = w.node(), w.node()
     Node.objects.filter(pk=lost.pk).update(inventory={**H100_INVENTORY,
                                                       "storage_root_visible": False})
-    NodeCordon.objects.create(node=back, source="storage", created_at=timezone.now(),
+    NodeCordon.objects.create(node=back, source=CordonSource.STORAGE, created_at=timezone.now(),
                               reason=scheduling.STORAGE_LOST)
     return scheduling.storage_cordon_sweep
 
@@ -260,9 +261,9 @@ def liveness_sweep(w):
                                   seen_at=now + timedelta(days=1))
     fleet = w.make_fleet("sweep-lab", kind="node", capabilities=["train", "serve"])
     silent = now - quiet_threshold("train") - timedelta(minutes=1)
-    Node.objects.create(fleet=fleet, scheduling_state="schedulable", inventory=H100_INVENTORY,
+    Node.objects.create(fleet=fleet, scheduling_state=SchedulingState.SCHEDULABLE, inventory=H100_INVENTORY,
                         last_seen_at=silent, inventory_observed_at=silent)
-    Node.objects.create(fleet=fleet, scheduling_state="schedulable", inventory=H100_INVENTORY,
+    Node.objects.create(fleet=fleet, scheduling_state=SchedulingState.SCHEDULABLE, inventory=H100_INVENTORY,
                         last_seen_at=now, inventory_observed_at=now, quiet_serve=True)
     return lambda: liveness.liveness_sweep(now=now)
 

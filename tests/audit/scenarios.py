@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from django.test import TestCase
 
+from fleets.choices import FleetState
 from audit.services import Actor
 from fleets import services as fleets
 from nodes.models import Node, NodeCommand
@@ -147,7 +148,7 @@ def fleet_update(w):
 
 def fleet_set_state(w):
     fleet = w.fleet()
-    return lambda: fleets.fleet_set_state(actor=Actor.of_user(w.admin), fleet=fleet, state="draining")
+    return lambda: fleets.fleet_set_state(actor=Actor.of_user(w.admin), fleet=fleet, state=FleetState.DRAINING)
 
 
 def fleet_delete(w):

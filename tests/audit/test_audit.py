@@ -3,6 +3,7 @@
 import pytest
 from django.db import DatabaseError, connection, transaction
 
+from fleets.choices import FleetState
 from audit.models import AppendOnly, AuditEvent
 from audit.services import Actor, audit_record
 from fleets.models import Fleet
@@ -27,7 +28,7 @@ def test_A1_create_records_who_what_target_when_and_after(admin_api):
 def test_A1_state_changes_are_audited(admin_api, make_fleet):
     from fleets.services import fleet_set_state
     fleet = make_fleet("gpu-lab")
-    fleet_set_state(actor=Actor.system("tests"), fleet=fleet, state="draining")
+    fleet_set_state(actor=Actor.system("tests"), fleet=fleet, state=FleetState.DRAINING)
     event = AuditEvent.objects.get(action="fleet.state_changed")
     assert (event.before["state"], event.after["state"]) == ("active", "draining")
     assert event.actor_type == "system"

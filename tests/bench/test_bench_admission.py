@@ -14,6 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from nodes.choices import SchedulingState
 from audit.services import Actor
 from nodes.models import ControlSession, Node
 from nodes.selectors import cards_summary
@@ -36,7 +37,7 @@ def _placeable_fleets(make_fleet):
         fleet = make_fleet(f"fleet-{index:03d}", kind="node", capabilities=["train", "serve"])
         nodes = Node.objects.bulk_create([
             Node(id=f"n-{index:03d}-{i:04d}", fleet=fleet, hostname=f"h{i}",
-                 scheduling_state="schedulable", inventory=H100_INVENTORY, **cards,
+                 scheduling_state=SchedulingState.SCHEDULABLE, inventory=H100_INVENTORY, **cards,
                  inventory_observed_at=now, last_seen_at=now, lease_expires_at=lease)
             for i in range(NODES_PER_FLEET)])
         ControlSession.objects.bulk_create([

@@ -13,6 +13,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from nodes.choices import SchedulingState
 from nodes.services.liveness import liveness_sweep
 from nodes.models import Node
 
@@ -28,7 +29,7 @@ def _nodes(fleet, count: int) -> None:
     stale = now - timedelta(seconds=400)
     Node.objects.bulk_create(
         (Node(id=f"n-{fleet.id}-{i:06d}", fleet=fleet, hostname=f"h{i}",
-              scheduling_state="schedulable", last_seen_at=stale if i % 100 == 0 else now,
+              scheduling_state=SchedulingState.SCHEDULABLE, last_seen_at=stale if i % 100 == 0 else now,
               inventory_observed_at=now) for i in range(count)), batch_size=5000)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE nodes_node")

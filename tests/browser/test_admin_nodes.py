@@ -9,6 +9,7 @@ from django.conf import settings
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from nodes.choices import SchedulingState
 from nodes.services.control import node_report_inventory, session_open
 from nodes.models import CardAlias, HardwareSeries, Node, NodeCordon, NodeCredential
 from nodes.services.join import node_join
@@ -39,7 +40,7 @@ def test_L7_fleet_page_groups_and_cordon_action(page, live_server, admin_user, m
         "cards": [{"name": "Mystery Accelerator 9000", "count": 2}],
         "storage_root_visible": False})
     Node.objects.filter(pk=gone.id).update(
-        scheduling_state="gone", quiet_train=True, quiet_serve=True,
+        scheduling_state=SchedulingState.GONE, quiet_train=True, quiet_serve=True,
         last_seen_at=timezone.now() - timedelta(minutes=10))
 
     log_in(page, live_server.url)
@@ -98,7 +99,7 @@ def test_D3_remove_action_lists_what_a_gone_node_leaves_behind(page, live_server
     command = node_command_create(actor=SYSTEM, node=gone, kind="run",
                                   payload={"argv": ["sleep", "600"]})
     node_command_report(node_id=gone.id, reported=Reported(command.id, "running"))
-    Node.objects.filter(pk=gone.id).update(scheduling_state="gone")
+    Node.objects.filter(pk=gone.id).update(scheduling_state=SchedulingState.GONE)
 
     log_in(page, live_server.url)
     page.goto(f"{live_server.url}/admin/nodes/node/")
@@ -110,7 +111,7 @@ def test_D3_remove_action_lists_what_a_gone_node_leaves_behind(page, live_server
     page.screenshot(path=str(ARTIFACTS / "remove-confirmation.png"), full_page=True)
     page.click("input[type=submit]")  # without force: refused, D3
     expect(page.locator(".messagelist .error")).to_contain_text("rule D3")
-    assert Node.objects.get(pk=gone.id).scheduling_state == "gone"
+    assert Node.objects.get(pk=gone.id).scheduling_state == SchedulingState.GONE
 
     page.select_option("select[name=action]", "remove")
     page.check(f"#result_list input[name=_selected_action][value={gone.id}]")
@@ -118,5 +119,5 @@ def test_D3_remove_action_lists_what_a_gone_node_leaves_behind(page, live_server
     page.check("#id_force")
     page.click("input[type=submit]")
     expect(page.locator(".messagelist .success")).to_contain_text("Remove:")
-    assert Node.objects.get(pk=gone.id).scheduling_state == "removed"
+    assert Node.objects.get(pk=gone.id).scheduling_state == SchedulingState.REMOVED
     assert not NodeCredential.objects.filter(node=gone, revoked_at__isnull=True).exists()

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from nodes.choices import SchedulingState
 from audit.models import AuditEvent
 from nodes.models import Node
 from tests.conftest import H100_INVENTORY
@@ -29,7 +30,7 @@ def test_two_beats_for_a_minute_make_every_transition_once(require_redis, tmp_pa
     now = timezone.now()
     # Silent since staggered moments, so that transitions keep coming during the minute.
     nodes = Node.objects.bulk_create([
-        Node(fleet=fleet, hostname=f"n{i}", scheduling_state="schedulable",
+        Node(fleet=fleet, hostname=f"n{i}", scheduling_state=SchedulingState.SCHEDULABLE,
              inventory=H100_INVENTORY, inventory_observed_at=now,
              last_seen_at=now + timedelta(seconds=2 * i)) for i in range(NODES)])
     seed_schedule()
@@ -75,4 +76,4 @@ def test_two_beats_for_a_minute_make_every_transition_once(require_redis, tmp_pa
         for capability in ("train", "serve"):
             assert flags.get((node.pk, capability), "ok") == \
                 ("quiet" if getattr(node, f"quiet_{capability}") else "ok")
-        assert (node.scheduling_state == "gone") == (node.pk in gone)
+        assert (node.scheduling_state == SchedulingState.GONE) == (node.pk in gone)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from fleets.choices import FleetState
 from audit.models import AuditEvent
 from fleets.deletion import register_deletion_blocker, unregister_deletion_blocker
 from fleets.models import Fleet
@@ -77,8 +78,8 @@ def test_admin_bad_input_is_a_form_error_and_saves_nothing(staff, fields, error)
 @pytest.mark.parametrize("action, state", [("drain", "draining"), ("disable", "disabled"),
                                            ("activate", "active")])
 def test_state_actions(staff, make_fleet, action, state):
-    make_fleet("a", state="disabled" if state == "active" else "active")
-    make_fleet("b", state="disabled" if state == "active" else "active")
+    make_fleet("a", state=FleetState.DISABLED if state == "active" else "active")
+    make_fleet("b", state=FleetState.DISABLED if state == "active" else "active")
     response = staff.post(LIST, {"action": action, "_selected_action": ["a", "b"]}, follow=True)
     assert response.status_code == 200
     assert set(Fleet.objects.values_list("state", flat=True)) == {state}

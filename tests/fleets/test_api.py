@@ -4,6 +4,7 @@ import logging
 
 import pytest
 
+from fleets.choices import FleetState
 from audit.models import AuditEvent
 from fleets.deletion import register_deletion_blocker, unregister_deletion_blocker
 from fleets.models import Fleet
@@ -231,7 +232,7 @@ def test_F8_outsider_filtering_by_project_learns_nothing(make_fleet, project, ou
 
 
 def test_list_filters(make_fleet, admin_api):
-    make_fleet("a", kind="node", state="draining")
+    make_fleet("a", kind="node", state=FleetState.DRAINING)
     make_fleet("b", kind="slurm")
     assert [f["id"] for f in admin_api.get("/api/fleets?kind=slurm").json()["results"]] == ["b"]
     assert [f["id"] for f in

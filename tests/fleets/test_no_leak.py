@@ -12,6 +12,7 @@ import re
 import pytest
 from django.urls import URLResolver, get_resolver
 
+from fleets.choices import FleetState
 from audit.models import AuditEvent
 from audit.services import Actor
 from fleets.models import Fleet
@@ -59,7 +60,7 @@ def visible(make_fleet, add_node, project):
     its own project's draining eval Fleet."""
     add_node(make_fleet("gpu-lab", capabilities=["train", "serve"]))
     make_fleet("ml-lab", capabilities=["eval"], visibility="project", project=project,
-               state="draining")
+               state=FleetState.DRAINING)
 
 
 @pytest.fixture

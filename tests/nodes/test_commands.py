@@ -2,6 +2,7 @@
 
 import pytest
 
+from nodes.choices import CommandState
 from audit.models import AuditEvent
 from nodes.services.commands import (Reported, node_command_create, node_command_report,
                             node_commands_reconcile)
@@ -22,7 +23,7 @@ def join(node_fleet, mint):
     return joined
 
 
-def command(node, state="pending"):
+def command(node, state=CommandState.PENDING):
     made = node_command_create(actor=SYSTEM, node=node, kind="run", payload=RUN)
     if state != "pending":
         NodeCommand.objects.filter(pk=made.pk).update(state=state)
@@ -37,7 +38,7 @@ def actions_on(command_id):
 def test_a_command_is_recorded_pending_and_audited(join):
     node = join()
     made = command(node)
-    assert made.state == "pending" and made.payload == RUN and made.created_by == "tests"
+    assert made.state == CommandState.PENDING and made.payload == RUN and made.created_by == "tests"
     assert actions_on(made.id) == ["node_command.created"]
     assert [c.id for c in commands_pending(node_id=node.id)] == [made.id]
 
@@ -105,7 +106,7 @@ def test_a_finished_command_stays_finished(join):
     done = command(node, "succeeded")
     node_command_report(node_id=node.id, reported=Reported(done.id, "running"))
     done.refresh_from_db()
-    assert done.state == "succeeded"
+    assert done.state == CommandState.SUCCEEDED
 
 
 def test_a_node_cannot_report_for_another_nodes_command(join):
@@ -113,7 +114,7 @@ def test_a_node_cannot_report_for_another_nodes_command(join):
     their_command = command(theirs, "running")
     node_command_report(node_id=mine.id, reported=Reported(their_command.id, "failed", 9))
     their_command.refresh_from_db()
-    assert their_command.state == "running"
+    assert their_command.state == CommandState.RUNNING
     assert StrayCommand.objects.get().node_id == mine.id
 
 

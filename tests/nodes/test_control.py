@@ -7,6 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from nodes.choices import SchedulingState
 from nodes.services.control import leases_renew, node_report_inventory, session_open
 from nodes.models import ControlSession, Node
 from nodes.services.join import node_join
@@ -50,9 +51,9 @@ def test_a_closed_session_is_not_renewed(node_fleet, mint):
 
 def test_first_inventory_on_a_live_session_makes_an_enrolled_node_schedulable(node_fleet, mint):
     session = sessions(node_fleet, mint, 1)[0]
-    assert session.node.scheduling_state == "enrolled"
+    assert session.node.scheduling_state == SchedulingState.ENROLLED
     node = node_report_inventory(node_id=session.node_id, inventory=H100_INVENTORY)
-    assert node.scheduling_state == "schedulable"
+    assert node.scheduling_state == SchedulingState.SCHEDULABLE
 
 
 def test_generated_protobuf_modules_are_up_to_date():

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from django.db import OperationalError
 
+from nodes.choices import CommandState
 from audit.services import Actor
 from nodes.agent.proto import control_pb2 as pb
 from nodes.gateway import Gateway, NodeControlService, service, streams
@@ -144,7 +145,7 @@ def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_fin
     assert welcome.WhichOneof("body") == "welcome"
     # The outbox is in order: a redelivered command would come before the later one.
     assert first_command.command.command_id == later_id
-    assert NodeCommand.objects.get(pk=finished.pk).state == "succeeded"
+    assert NodeCommand.objects.get(pk=finished.pk).state == CommandState.SUCCEEDED
 
 
 def test_L1_a_heartbeat_is_taken_while_the_database_threads_are_busy(replica, joined, monkeypatch):
@@ -190,7 +191,7 @@ def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
         assert (await peer.next()).WhichOneof("body") == "welcome"
         assert (await peer.next()).command.command_id == str(command.id)
         peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
-            command_id=str(command.id), state="succeeded", exit_code=0)))
+            command_id=str(command.id), state=CommandState.SUCCEEDED, exit_code=0)))
         closed = await peer.next()
         await peer.hang_up()
         return closed
@@ -259,14 +260,14 @@ def test_L5_what_a_node_said_before_hanging_up_is_stored_after_it_has_gone(repli
             cards=[pb.Card(name="NVIDIA H100 80GB HBM3", count=8)]))
         await in_thread(entered)  # the report's write is held; the result waits behind it
         peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
-            command_id=str(command.id), state="succeeded", exit_code=0)))
+            command_id=str(command.id), state=CommandState.SUCCEEDED, exit_code=0)))
         await peer.hang_up()  # a clean end: the stream is over
         release.set()
         await asyncio.wait_for(asyncio.gather(*replica.storing), 10)
 
     in_own_loop(scenario)
 
-    assert NodeCommand.objects.get(pk=command.pk).state == "succeeded"
+    assert NodeCommand.objects.get(pk=command.pk).state == CommandState.SUCCEEDED
 
 
 def test_a_node_flooding_reports_faster_than_the_database_takes_them_is_closed(
@@ -281,7 +282,7 @@ def test_a_node_flooding_reports_faster_than_the_database_takes_them_is_closed(
         await in_thread(entered)
         for number in range(service.STORE_QUEUE + 1):
             peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
-                command_id=f"c-flood-{number}", state="running")))
+                command_id=f"c-flood-{number}", state=CommandState.RUNNING)))
         closed = await peer.next()
         release.set()
         await peer.hang_up()

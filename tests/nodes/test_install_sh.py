@@ -8,6 +8,7 @@ import urllib.request
 
 import pytest
 
+from nodes.choices import SchedulingState
 from nodes.downloads import build_agent_wheels
 from nodes.models import Node
 from tests.conftest import H100_INVENTORY
@@ -62,7 +63,7 @@ def test_install_sh_installs_joins_and_configures_but_does_not_start(server, nod
     node = Node.objects.get()
     assert f"as node {node.id}" in result.stdout
     assert "NOT started" in result.stdout and "Enrollment alone does not make" in result.stdout
-    assert node.scheduling_state == "enrolled"
+    assert node.scheduling_state == SchedulingState.ENROLLED
 
     state = prefix / "var/lib/tuneplane-node"
     assert json.loads((state / "node.json").read_text())["node_id"] == node.id

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import NameOID
 from django.utils import timezone
 
+from nodes.choices import SchedulingState
 from audit.models import AuditEvent
 from audit.services import Actor
 from nodes import pki
@@ -38,7 +39,7 @@ def test_J3_join_returns_identity_and_a_bounded_credential_once(anon_api, node_f
     assert body["gateway_target"] == "control.tuneplane.corp:8443" and body["warnings"] == []
     node = Node.objects.get()
     assert body["node_id"] == node.id and node.id.startswith("n-") and len(node.id) == 34
-    assert node.scheduling_state == "enrolled"  # enrollment alone does not make it ready
+    assert node.scheduling_state == SchedulingState.ENROLLED  # enrollment alone does not make it ready
 
     cert = x509.load_pem_x509_certificate(body["certificate"].encode())
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

@@ -7,6 +7,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from nodes.choices import SchedulingState
 from audit.models import AuditEvent
 from nodes.services.control import node_report_inventory, session_open
 from nodes.services.liveness import liveness_sweep
@@ -31,7 +32,7 @@ def fleet_nodes(make_fleet):
         fleet = make_fleet(fleet_id, kind="node", capabilities=capabilities)
         seen = timezone.now() - timedelta(seconds=silent_for)
         return Node.objects.bulk_create([
-            Node(fleet=fleet, hostname=f"{fleet_id}-{i}", scheduling_state="schedulable",
+            Node(fleet=fleet, hostname=f"{fleet_id}-{i}", scheduling_state=SchedulingState.SCHEDULABLE,
                  inventory=H100_INVENTORY, inventory_observed_at=seen, last_seen_at=seen)
             for i in range(count)])
     return make
@@ -85,8 +86,8 @@ def test_a_sweep_twice_makes_each_transition_once(fleet_nodes):
 
 def test_drained_and_removed_nodes_are_not_declared_gone(fleet_nodes):
     drained, removed = fleet_nodes("gpu", ["train"], count=2, silent_for=301)
-    Node.objects.filter(pk=drained.pk).update(scheduling_state="drained")
-    Node.objects.filter(pk=removed.pk).update(scheduling_state="removed")
+    Node.objects.filter(pk=drained.pk).update(scheduling_state=SchedulingState.DRAINED)
+    Node.objects.filter(pk=removed.pk).update(scheduling_state=SchedulingState.REMOVED)
     assert liveness_sweep()["gone"] == 0
 
 
@@ -97,12 +98,12 @@ def test_L1_back_from_gone_only_through_a_lease_and_fresh_inventory(node_fleet, 
     node = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1],
                      inventory=H100_INVENTORY).node
     node_cordon(actor=SYSTEM, node=node, reason="bad fan")
-    Node.objects.filter(pk=node.pk).update(scheduling_state="gone")
+    Node.objects.filter(pk=node.pk).update(scheduling_state=SchedulingState.GONE)
     session_open(node_id=node.id, serial=NodeCredential.objects.get(node=node).serial,
                  gateway="test")
-    assert Node.objects.get(pk=node.pk).scheduling_state == "gone"  # a lease alone: no
+    assert Node.objects.get(pk=node.pk).scheduling_state == SchedulingState.GONE  # a lease alone: no
     node_report_inventory(node_id=node.id, inventory=H100_INVENTORY)
-    assert Node.objects.get(pk=node.pk).scheduling_state == "schedulable"
+    assert Node.objects.get(pk=node.pk).scheduling_state == SchedulingState.SCHEDULABLE
     assert NodeCordon.objects.get(node=node).reason == "bad fan"  # never touched
 
 
@@ -138,7 +139,7 @@ def test_two_sweeps_at_once_make_each_transition_once(fleet_nodes):
         thread.start()
     for thread in threads:
         thread.join()
-    assert Node.objects.filter(scheduling_state="gone").count() == 200
+    assert Node.objects.filter(scheduling_state=SchedulingState.GONE).count() == 200
     assert AuditEvent.objects.filter(action="node.gone").count() == 200
     assert AuditEvent.objects.filter(action="node.quiet").count() == 400
 

@@ -7,6 +7,7 @@ import random
 import pytest
 from django.db import connection
 
+from nodes.choices import CordonSource
 from audit.models import AuditEvent
 from audit.services import Actor
 from fleets.models import Fleet
@@ -76,7 +77,7 @@ def test_two_administrators_at_once_leave_one_consistent_state_audited_once_per_
         node.refresh_from_db()
         state, cordoned = replayed(node.id)
         assert node.scheduling_state == state
-        assert NodeCordon.objects.filter(node=node, source="operator").exists() == cordoned
+        assert NodeCordon.objects.filter(node=node, source=CordonSource.OPERATOR).exists() == cordoned
         if state == "removed":
             assert not ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()
             assert not NodeCredential.objects.filter(node=node, revoked_at__isnull=True).exists()

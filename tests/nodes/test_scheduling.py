@@ -2,6 +2,7 @@
 
 import pytest
 
+from nodes.choices import CommandState, CordonSource, SchedulingState
 from audit.models import AuditEvent
 from nodes.services.commands import Reported, node_command_create, node_command_report
 from nodes.services.control import session_open
@@ -24,7 +25,7 @@ def join(mint):
 @pytest.fixture
 def node(node_fleet, join):
     node = join(node_fleet).node
-    Node.objects.filter(pk=node.pk).update(scheduling_state="schedulable")
+    Node.objects.filter(pk=node.pk).update(scheduling_state=SchedulingState.SCHEDULABLE)
     return Node.objects.get(pk=node.pk)
 
 
@@ -87,11 +88,11 @@ def test_D1_drain_waits_for_running_work_and_kills_nothing(node):
     running = node_command_create(actor=SYSTEM, node=node, kind="run", payload=RUN)
     node_command_report(node_id=node.id, reported=Reported(running.id, "running"))
     drained = node_drain(actor=SYSTEM, node=node)
-    assert drained.scheduling_state == "draining"
+    assert drained.scheduling_state == SchedulingState.DRAINING
     running.refresh_from_db()
-    assert running.state == "running"  # nothing stopped
+    assert running.state == CommandState.RUNNING  # nothing stopped
     node_command_report(node_id=node.id, reported=Reported(running.id, "succeeded", 0))
-    assert Node.objects.get(pk=node.pk).scheduling_state == "drained"
+    assert Node.objects.get(pk=node.pk).scheduling_state == SchedulingState.DRAINED
     assert AuditEvent.objects.filter(target_id=node.id, action="node.drained").count() == 1
 
 
@@ -101,7 +102,7 @@ def test_D2_removing_an_undrained_node_is_refused(admin_api, node):
         assert response.status_code == 409
         error = response.json()["error"]
         assert error["rule"] == "D2" and "drain first" in error["message"]
-    assert Node.objects.get(pk=node.pk).scheduling_state == "schedulable"
+    assert Node.objects.get(pk=node.pk).scheduling_state == SchedulingState.SCHEDULABLE
 
 
 def test_D4_removing_a_drained_node_kills_its_credential_and_session(admin_api, node, join):
@@ -120,7 +121,7 @@ def test_D4_removing_a_drained_node_kills_its_credential_and_session(admin_api, 
 def test_D3_a_gone_node_needs_force_and_its_removal_lists_what_it_leaves(admin_api, node):
     running = node_command_create(actor=SYSTEM, node=node, kind="run", payload=RUN)
     node_command_report(node_id=node.id, reported=Reported(running.id, "running"))
-    Node.objects.filter(pk=node.pk).update(scheduling_state="gone")
+    Node.objects.filter(pk=node.pk).update(scheduling_state=SchedulingState.GONE)
     refused = admin_api.delete(f"/api/nodes/{node.id}")
     assert refused.status_code == 409 and refused.json()["error"]["rule"] == "D3"
     assert refused.json()["error"]["left_behind"] == [running.id]
@@ -131,7 +132,7 @@ def test_D3_a_gone_node_needs_force_and_its_removal_lists_what_it_leaves(admin_a
 
 
 def test_D4_a_removed_node_takes_no_commands_or_verbs(admin_api, node):
-    Node.objects.filter(pk=node.pk).update(scheduling_state="removed")
+    Node.objects.filter(pk=node.pk).update(scheduling_state=SchedulingState.REMOVED)
     response = admin_api.post(f"/api/nodes/{node.id}/commands", {"kind": "run", "payload": RUN})
     assert response.status_code == 409 and response.json()["error"]["rule"] == "D4"
     assert admin_api.post(f"/api/nodes/{node.id}/cordon", {"reason": "x"}).status_code == 409
@@ -156,7 +157,7 @@ def test_L6_the_cordon_sweep_repairs_what_the_gateway_missed(node, join, node_fl
     # Observations recorded without their cordon change (e.g. a gateway that died between).
     Node.objects.filter(pk=node.pk).update(inventory={**H100_INVENTORY,
                                                       "storage_root_visible": False})
-    NodeCordon.objects.create(node=other, source="storage", reason="storage root not visible",
+    NodeCordon.objects.create(node=other, source=CordonSource.STORAGE, reason="storage root not visible",
                               created_at=node.created_at)
     assert storage_cordon_sweep() == {"cordoned": 1, "uncordoned": 1}
     assert cordons(node) == {"storage": "storage root not visible"}

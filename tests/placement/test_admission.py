@@ -8,6 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from nodes.choices import SchedulingState
+from fleets.choices import FleetState
 from audit.models import AuditEvent
 from fleets.models import Fleet
 from nodes.services.control import node_report_inventory, session_open
@@ -137,7 +139,7 @@ def test_P3_volumes_and_datasets_are_not_placed_and_reach_a_job_through_delivery
          "path": "/mnt/lab/ml/volumes/ckpt"},
         {"kind": "dataset", "name": "tokens", "delivery": "shared-mount",
          "path": "/mnt/lab/ml/datasets/tokens"}]
-    Fleet.objects.filter(pk="shared").update(state="disabled")
+    Fleet.objects.filter(pk="shared").update(state=FleetState.DISABLED)
     fleet("pull", ["train"], delivery="object-pull")
     body = submit(member_api, "training-jobs", cards=1, datasets=["tokens"]).json()
     assert body["delivery"] == [{"kind": "dataset", "name": "tokens", "delivery": "object-pull",
@@ -252,7 +254,7 @@ def test_L1_stale_inventory_never_fits_although_the_node_shows_schedulable(fleet
     made = fleet("gpu-lab", ["train"])
     Node.objects.filter(fleet=made).update(
         inventory_observed_at=timezone.now() - timedelta(seconds=46))
-    assert Node.objects.get(fleet=made).scheduling_state == "schedulable"
+    assert Node.objects.get(fleet=made).scheduling_state == SchedulingState.SCHEDULABLE
     refusal(submit(member_api, "training-jobs", cards=1), "inventory_fit")
 
 

@@ -124,3 +124,31 @@ def test_F7_only_a_removed_node_is_ever_without_its_fleet(joined, node_fleet):
     with pytest.raises(IntegrityError), transaction.atomic():
         Node.objects.filter(pk=live.pk).update(fleet=None)
     assert Node.objects.get(pk=live.pk).fleet_id == "gpu-lab"
+
+
+@pytest.fixture
+def staff(client, admin_user):
+    client.force_login(admin_user)
+    return client
+
+
+def test_F7_the_admin_deletes_a_fleet_whose_nodes_are_removed_and_lists_them_after(
+        staff, admin_user, joined):
+    node = joined()
+    node_drain(actor=Actor.of_user(admin_user), node=node)
+    node_remove(actor=Actor.of_user(admin_user), node=node)
+    delete = "/admin/fleets/fleet/gpu-lab/delete/"
+
+    confirm = staff.get(delete)
+    assert confirm.status_code == 200
+    assert "permission" not in confirm.content.decode()
+    response = staff.post(delete, {"post": "yes"})
+
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert not Fleet.objects.exists()
+    assert Node.objects.get(pk=node.pk).former_fleet == "gpu-lab"
+    assert AuditEvent.objects.get(action="fleet.deleted").actor_label == "ops"
+    listed = staff.get("/admin/nodes/node/")
+    assert listed.status_code == 200
+    assert "gpu-lab (deleted)" in listed.content.decode()
+    assert staff.get(f"/admin/nodes/node/{node.pk}/change/").status_code == 200

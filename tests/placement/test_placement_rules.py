@@ -9,6 +9,7 @@ from django.utils import timezone
 from nodes.models import ControlSession, Node
 from nodes.services.control import node_report_inventory, session_close, session_open
 from nodes.services.join import node_join
+from placement.models import TrainingJob
 from tests.conftest import H100_INVENTORY, make_csr
 
 
@@ -143,3 +144,21 @@ def test_P5_one_session_must_be_both_open_and_within_its_lease(environment, join
     live, _ = joined(fleet, "10.0.0.2:1")
     heard(live, 5)
     assert resolved(member_api, environment_id) == live.id
+
+
+# -- P7: inventory fit is a check, not a reservation ----------------------------------------
+
+def test_P7_two_jobs_admitted_onto_the_same_cards_are_both_admitted(make_fleet, joined,
+                                                                   member_api, project):
+    node, _ = joined(make_fleet("gpu-lab", kind="node", capabilities=["train"]))
+    assert node.series_cards == {"h100": 8}
+
+    first = submit(member_api, "training-jobs", series="h100", cards=8)
+    second = submit(member_api, "training-jobs", series="h100", cards=8)
+
+    for job in (first, second):
+        assert job["fleet"] == "gpu-lab"
+        assert job["admission"]["fits_on"] == [node.id]
+    assert TrainingJob.objects.filter(fleet_id="gpu-lab").count() == 2
+    node.refresh_from_db()
+    assert (node.series_cards, node.card_count) == ({"h100": 8}, 8)

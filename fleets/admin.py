@@ -137,6 +137,12 @@ class FleetAdmin(StaffAdmin):
                 return HttpResponseRedirect(reverse("admin:fleets_fleet_change", args=[fleet.pk]))
         return super().delete_view(request, object_id, extra_context)
 
+    def get_deleted_objects(self, objs, request):
+        """What goes with a Fleet (its join tokens) is the deletion service's to decide, under
+        F7: read-only elsewhere in the admin, it is not a permission this page lacks."""
+        deleted, counts, _, protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, set(), protected
+
     def delete_model(self, request, obj):
         services.fleet_delete(actor=Actor.of_user(request.user), fleet=obj)
 

@@ -11,7 +11,7 @@ from tuneplane.models import Project
 
 from . import rules
 from .choices import FleetState, FleetVisibility
-from .deletion import deletion_blockers
+from .deletion import deletion_blockers, deletion_releases
 from .models import Fleet
 from .selectors import fleet_config_warnings
 
@@ -133,7 +133,8 @@ def fleet_hold(fleet_id: str) -> bool:
 
 
 def fleet_delete(*, actor: Actor, fleet: Fleet) -> None:
-    """F7: deletable only when no registered blocker objects."""
+    """F7: deletable only when no registered blocker objects. What outlives the Fleet (a
+    removed node's record) is let go of first, and the deletion's event says what."""
     with transaction.atomic():
         fleet = Fleet.objects.select_for_update(of=("self",)).select_related("project").get(pk=fleet.pk)
         blockers = deletion_blockers(fleet)
@@ -143,6 +144,6 @@ def fleet_delete(*, actor: Actor, fleet: Fleet) -> None:
                 f"{'; '.join(blockers)}.",
                 rule="F7", blockers=blockers,
             )
-        before = fleet.snapshot()
+        before = {**fleet.snapshot(), **deletion_releases(actor=actor, fleet=fleet)}
         audit_record(actor=actor, action="fleet.deleted", target=fleet, before=before)
         fleet.delete()

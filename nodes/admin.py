@@ -100,7 +100,7 @@ class CordonForm(forms.Form):
 
 @admin.register(Node)
 class NodeAdmin(ReadOnlyAdmin):
-    list_display = ["id", "hostname", "fleet", "address_flagged", "connection", "scheduling",
+    list_display = ["id", "hostname", "fleet_of", "address_flagged", "connection", "scheduling",
                     "cards", "liveness", "inventory_observed_at"]
     list_filter = [ConnectionFilter, "scheduling_state", CordonFilter, "quiet_train",
                    "quiet_serve", "quiet_env", "fleet"]
@@ -121,6 +121,11 @@ class NodeAdmin(ReadOnlyAdmin):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)  # removal goes through D2-D4, never a delete
         return actions
+
+    @admin.display(description="fleet", ordering="fleet")
+    def fleet_of(self, node: Node) -> str:
+        """A removed node kept after its Fleet was deleted names the Fleet it was in (F7)."""
+        return node.fleet_id or f"{node.former_fleet} (deleted)"
 
     @admin.display(description="address")
     def address_flagged(self, node: Node):

@@ -8,12 +8,14 @@ class NodesConfig(AppConfig):
     verbose_name = "Nodes"
 
     def ready(self):
-        from fleets.deletion import register_deletion_blocker
+        from fleets.deletion import register_deletion_blocker, register_deletion_release
         from fleets.page import register_fleet_page_section
 
         from .fleet_page import fleet_cluster_section, fleet_nodes_section
         from .selectors import fleet_nodes_blocking_deletion
+        from .services.scheduling import removed_nodes_detach
 
         register_deletion_blocker(fleet_nodes_blocking_deletion)
+        register_deletion_release(removed_nodes_detach)
         register_fleet_page_section(fleet_nodes_section)
         register_fleet_page_section(fleet_cluster_section)

@@ -60,7 +60,11 @@ class Node(models.Model):
     """A machine of a node Fleet, known by the id the console issued it (J3, J5)."""
 
     id = models.CharField(primary_key=True, max_length=40, default=new_node_id, editable=False)
-    fleet = models.ForeignKey(Fleet, on_delete=models.PROTECT, related_name="nodes")
+    # Only a removed node outlives its Fleet (F7): detached as the Fleet is deleted, it keeps
+    # that Fleet's id as text, which a new Fleet of the same id does not claim.
+    fleet = models.ForeignKey(Fleet, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="nodes")
+    former_fleet = models.CharField(max_length=63, blank=True, default="")
     hostname = models.CharField(max_length=253, blank=True)
     # Where it answers. Two records may share one: an address is not an identity.
     address = models.CharField(max_length=300, blank=True, db_index=True)
@@ -91,6 +95,16 @@ class Node(models.Model):
         indexes = [models.Index(fields=["last_seen_at"], condition=models.Q(quiet_train=True)
                                 | models.Q(quiet_serve=True) | models.Q(quiet_env=True),
                                 name="node_quiet_last_seen")]
+        constraints = [
+            models.CheckConstraint(
+                name="node_detached_only_when_removed",
+                violation_error_message="Only a removed node is without its Fleet, and it "
+                                        "keeps that Fleet's id.",
+                condition=models.Q(fleet__isnull=False, former_fleet="")
+                | (models.Q(fleet__isnull=True, scheduling_state=SchedulingState.REMOVED)
+                   & ~models.Q(former_fleet="")),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.hostname or self.id} ({self.id})"
@@ -106,9 +120,11 @@ class Node(models.Model):
         return self.scheduling_state
 
     def liveness(self) -> dict[str, str]:
-        """Per liveness capability its Fleet declares, as the sweep last judged it (L2–L4)."""
+        """Per liveness capability its Fleet declares, as the sweep last judged it (L2–L4);
+        none once its Fleet is deleted."""
+        capabilities = self.fleet.capabilities if self.fleet_id is not None else []
         return {capability: "quiet" if getattr(self, f"quiet_{capability}") else "ok"
-                for capability in self.fleet.capabilities if capability in LIVENESS_CAPABILITIES}
+                for capability in capabilities if capability in LIVENESS_CAPABILITIES}
 
     def card_names(self) -> list[str]:
         return [card["name"] for card in self.inventory.get("cards", [])]

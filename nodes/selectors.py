@@ -5,6 +5,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from fleets.selectors import fleets_visible_to
+from tuneplane.permissions import is_admin
 
 from .choices import ACTIVE_COMMAND_STATES, CommandState, SchedulingState
 from .models import (
@@ -45,7 +46,12 @@ def unknown_cards(inventory: dict) -> list[str]:
 
 
 def nodes_visible_to(user) -> QuerySet[Node]:
-    return Node.objects.select_related("fleet").filter(fleet__in=fleets_visible_to(user))
+    """Nodes of the Fleets the caller sees; administrators also see the removed nodes kept
+    after their Fleet was deleted (F7)."""
+    nodes = Node.objects.select_related("fleet")
+    if is_admin(user):
+        return nodes
+    return nodes.filter(fleet__in=fleets_visible_to(user))
 
 
 def nodes_answering_at(address: str, *, now=None, exclude_id: str = "") -> QuerySet[Node]:

@@ -75,7 +75,10 @@ class JoinResponseSerializer(serializers.Serializer):
 class NodeSerializer(serializers.ModelSerializer):
     """The three things the Fleet page shows apart: connection, scheduling, inventory (L7)."""
 
-    fleet = serializers.CharField(source="fleet_id")
+    fleet = serializers.CharField(source="fleet_id", allow_null=True,
+                                  help_text="null once a removed node's Fleet is deleted (F7)")
+    former_fleet = serializers.CharField(
+        help_text="The deleted Fleet a removed node belonged to; empty while it has one.")
     connection = serializers.SerializerMethodField()
     scheduling = serializers.SerializerMethodField()
     inventory = serializers.SerializerMethodField()
@@ -84,8 +87,9 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "fleet", "address", "hostname", "connection", "scheduling", "inventory",
-                  "liveness", "address_shared", "agent_version", "created_at"]
+        fields = ["id", "fleet", "former_fleet", "address", "hostname", "connection",
+                  "scheduling", "inventory", "liveness", "address_shared", "agent_version",
+                  "created_at"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.DictField())

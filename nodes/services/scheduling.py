@@ -54,8 +54,8 @@ def node_observe_storage_root(*, node_id: str, visible: bool) -> bool:
     anything changed."""
     with transaction.atomic():
         node = _locked(node_id)
-        if node.fleet.delivery != FleetDelivery.SHARED_MOUNT \
-                or node.scheduling_state == SchedulingState.REMOVED:
+        if node.scheduling_state == SchedulingState.REMOVED \
+                or node.fleet.delivery != FleetDelivery.SHARED_MOUNT:  # no Fleet once removed
             return False
         if node.inventory.get("storage_root_visible") != visible:
             # The observation is kept with the inventory, where the cordon sweep reads it.
@@ -172,6 +172,27 @@ def node_remove(*, actor: Actor, node: Node, force: bool = False) -> Node:
         bus.publish_on_commit(bus.CLOSE, node.id, reason="node removed")
     logger.info("node %s removed%s", node.id, " (forced)" if force else "")
     return node
+
+
+def removed_nodes_detach(*, actor: Actor, fleet) -> dict:
+    """F7: a removed node's record outlives its Fleet, for the audit log: as the Fleet is
+    deleted (a release of its deletion, in its transaction) each removed node is detached
+    from it and keeps its id in ``former_fleet``, with its credentials, sessions, commands
+    and audit trail. One ``node.detached`` event per node; returns their ids for the
+    Fleet's deletion event."""
+    with transaction.atomic():
+        removed = Node.objects.filter(fleet=fleet, scheduling_state=SchedulingState.REMOVED)
+        ids = list(removed.select_for_update().order_by("pk").values_list("id", flat=True))
+        if not ids:
+            return {}
+        Node.objects.filter(pk__in=ids).update(fleet=None, former_fleet=fleet.pk)
+        audit_record_many(actor=actor, action="node.detached", target_type="nodes.node",
+                          changes=[(node_id, {"fleet": fleet.pk},
+                                    {"fleet": None, "former_fleet": fleet.pk})
+                                   for node_id in ids])
+    logger.info("fleet %s: %d removed node(s) detached, kept for the audit log", fleet.pk,
+                len(ids))
+    return {"nodes_detached": ids}
 
 
 def storage_cordon_sweep() -> dict[str, int]:

@@ -243,6 +243,14 @@ def node_remove_forced(w):
     return node_remove(w, state="gone", force=True)
 
 
+def removed_nodes_detach(w):
+    """A removed node and one still drained: only the removed one is detached (F7)."""
+    removed = w.node("drained")
+    scheduling.node_remove(actor=SYSTEM, node=removed)
+    w.node("drained")
+    return lambda: scheduling.removed_nodes_detach(actor=Actor.of_user(w.admin), fleet=w.fleet())
+
+
 def storage_cordon_sweep(w):
     """One node lost its storage root unseen by the gateway; another's came back."""
     lost, back = w.node(), w.node()

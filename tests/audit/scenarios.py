@@ -13,7 +13,7 @@ from audit.services import Actor
 from fleets import services as fleets
 from nodes.models import Node, NodeCommand
 from nodes.services import clusters as node_clusters
-from nodes.services import commands, control, join
+from nodes.services import commands, control, join, scheduling
 from placement import handover as placement_clusters
 from placement import services as placement
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
@@ -154,6 +154,13 @@ def fleet_set_state(w):
 def fleet_delete(w):
     fleet = w.make_fleet("empty-lab")
     return lambda: fleets.fleet_delete(actor=Actor.of_user(w.admin), fleet=fleet)
+
+
+def fleet_delete_with_removed_nodes(w):
+    """Its one node removed: the node is kept, detached, and the deletion says so (F7)."""
+    node = w.node("drained")
+    scheduling.node_remove(actor=SYSTEM, node=node)
+    return lambda: fleets.fleet_delete(actor=Actor.of_user(w.admin), fleet=w.fleet())
 
 
 def api_token_create(w):

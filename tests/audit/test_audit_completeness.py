@@ -26,7 +26,8 @@ from . import node_scenarios as nodes
 from .scenarios import (CHANGED, CREATED, DELETED, Event, Scenario, World, api_token_create, api_token_revoke, changed, membership_add, membership_remove, project_create, project_delete, project_update,
                         cluster_job_handover, cluster_job_handover_without_script,
                         cluster_jobs_track, created, deleted, deployment_update, fleet_create,
-                        fleet_delete, fleet_set_state, fleet_update, handover_on_commit,
+                        fleet_delete, fleet_delete_with_removed_nodes, fleet_set_state,
+                        fleet_update, handover_on_commit,
                         storage_create, submitted)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +69,9 @@ SCENARIOS = {
     "fleets.services.fleet_set_state": Scenario(fleet_set_state,
                                                 (changed("fleet.state_changed"),)),
     "fleets.services.fleet_delete": Scenario(fleet_delete, (deleted("fleet.deleted"),)),
+    # F7: its removed nodes outlive it, each detached with an event of its own.
+    "fleets.services.fleet_delete/with-removed-nodes": Scenario(
+        fleet_delete_with_removed_nodes, (changed("node.detached"), deleted("fleet.deleted"))),
     "tuneplane.services.api_token_create": Scenario(api_token_create,
                                                     (created("api_token.created"),)),
     "tuneplane.services.api_token_revoke": Scenario(api_token_revoke,
@@ -150,6 +154,8 @@ SCENARIOS = {
     "nodes.services.scheduling.node_drain": Scenario(nodes.node_drain, (changed("node.drained"),)),
     "nodes.services.scheduling.node_drain_settle": Scenario(nodes.node_drain_settle, (changed("node.drained"),)),
     "nodes.services.scheduling.node_remove": Scenario(nodes.node_remove, (changed("node.removed"),)),
+    "nodes.services.scheduling.removed_nodes_detach": Scenario(nodes.removed_nodes_detach,
+                                                              (changed("node.detached"),)),
     # D3: a gone machine removed by force is audited as forced.
     "nodes.services.scheduling.node_remove/forced": Scenario(nodes.node_remove_forced,
                                                     (changed("node.removed", forced=True),)),

@@ -1,10 +1,15 @@
-"""Every list endpoint reads in as many queries for several rows as for one (STYLE.md).
+"""Every list endpoint reads in as many queries for several rows as for one (STYLE.md), and a
+deployment's Ready is one selector's answer wherever it is shown (L2).
 
 The list contract itself is tests/api_contract.py's ListContract; a resource with a full
 ApiResourceContract (Fleets) keeps it there, every other list here.
 """
 
+import re
+
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from audit.services import Actor
 from nodes.models import Node
@@ -13,7 +18,8 @@ from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
 from nodes.services.scheduling import node_cordon
 from placement import services
-from placement.models import Dataset, Revision, Volume
+from placement.models import Dataset, Deployment, Revision, Volume
+from placement.selectors import deployments_with_status, revisions_with_ready
 from tests.api_contract import ListContract, list_paths
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 from tests.fleets import test_api as fleet_api_tests  # its TestFleetContract lists Fleets
@@ -170,3 +176,73 @@ def test_every_list_endpoint_keeps_the_list_contract(anon_api):
     assert {"/api/fleets", "/api/training-jobs", "/api/nodes/{node_id}/commands"} <= listed
     assert listed - kept == set(), "a list endpoint without a ListContract subclass"
 
+
+# -- L2: one selector for Ready, wherever it is shown ----------------------------------
+
+def _admin_status(client, deployment_id) -> tuple[str, list[str]]:
+    """The status column of the admin list, and the Ready column of the change page."""
+    listed = client.get("/admin/placement/deployment/").content.decode()
+    row = re.search(rf'change/">{deployment_id}</a>.*?</tr>', listed, re.S).group(0)
+    status = re.search(r'<td class="field-status">(\w+)</td>', row).group(1)
+    page = client.get(f"/admin/placement/deployment/{deployment_id}/change/").content.decode()
+    ready = re.findall(r'<td class="field-ready">\s*<p><img [^>]*alt="(\w+)"', page)
+    assert f"<div class=\"readonly\">{status}</div>" in page
+    return status, ready
+
+
+def test_L2_api_and_admin_read_status_and_ready_from_one_selector(lab, member, member_api,
+                                                                   admin_user, client):
+    deployment = services.deployment_submit(actor=Actor.of_user(member), project="ml",
+                                            name="serve", fleet="lab")
+    second = next(node for node in lab[1] if node.pk != deployment.revisions.get().node_id)
+    Revision.objects.create(deployment=deployment, number=2, node=second)
+    client.force_login(admin_user)
+
+    def api():
+        body = member_api.get(f"/api/deployments/{deployment.pk}").json()
+        listed = member_api.get("/api/deployments").json()["results"]
+        assert [item["status"] for item in listed] == [body["status"]]
+        return body["status"], [revision["ready"] for revision in body["revisions"]]
+
+    assert api() == ("ready", [True, True])
+    assert _admin_status(client, deployment.pk) == ("ready", ["True", "True"])
+    Node.objects.filter(pk=second.pk).update(quiet_serve=True)
+    assert api() == ("degraded", [True, False])
+    assert _admin_status(client, deployment.pk) == ("degraded", ["True", "False"])
+    Node.objects.filter(pk=second.pk).update(quiet_serve=False, scheduling_state="gone")
+    assert api() == ("degraded", [True, False])
+    Node.objects.filter(pk=second.pk).update(scheduling_state="schedulable")
+    assert api() == ("ready", [True, True])
+    assert _admin_status(client, deployment.pk) == ("ready", ["True", "True"])
+    Deployment.objects.filter(pk=deployment.pk).update(state="stopped")
+    assert api()[0] == "stopped" and _admin_status(client, deployment.pk)[0] == "stopped"
+
+
+def test_L2_a_deployment_without_a_ready_revision_is_degraded(lab, member):
+    actor = Actor.of_user(member)
+    unplaced = services.deployment_submit(actor=actor, project="ml", name="a", fleet="lab")
+    Revision.objects.filter(deployment=unplaced).update(node=None)
+    empty = services.deployment_submit(actor=actor, project="ml", name="b", fleet="lab")
+    Revision.objects.filter(deployment=empty).delete()
+    shown = deployments_with_status(Deployment.objects.all())
+    assert {d.name: d.status for d in shown} == {"a": "degraded", "b": "degraded"}
+    assert [r.ready for r in revisions_with_ready(unplaced.revisions.all())] == [False]
+
+
+def test_admin_deployment_list_shows_status_in_queries_flat_in_rows(lab, member, admin_user,
+                                                                    client):
+    client.force_login(admin_user)
+    actor = Actor.of_user(member)
+
+    def read(expected_rows):
+        with CaptureQueriesContext(connection) as queries:
+            page = client.get("/admin/placement/deployment/").content.decode()
+        assert page.count('<td class="field-status">') == expected_rows
+        return len(queries)
+
+    services.deployment_submit(actor=actor, project="ml", name="d0", fleet="lab")
+    read(1)
+    one = read(1)
+    for n in range(1, 4):
+        services.deployment_submit(actor=actor, project="ml", name=f"d{n}", fleet="lab")
+    assert read(4) == one

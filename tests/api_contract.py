@@ -69,7 +69,8 @@ class ListContract:
         per_row = sorted((Counter(several) - Counter(one)).elements())
         assert len(several) == len(one), (
             f"GET {self.list_url()}: {len(one)} queries for {rows} row(s), {len(several)} for "
-            f"{more_rows}; what only the longer list ran (a per-row query repeats):\n" + "\n".join(per_row))
+            f"{more_rows}; what only the longer list ran (a per-row query repeats):\n"
+            + "\n".join(per_row))
 
     @pytest.fixture(autouse=True)
     def _contract_fixtures(self, db, project, member, outsider, make_fleet):

@@ -12,19 +12,22 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from audit.services import Actor
+from fleets.choices import FleetCapability
+from nodes.choices import CommandKind, SchedulingState
 from nodes.models import Node
 from nodes.services.commands import node_command_create
 from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
 from nodes.services.scheduling import node_cordon
 from placement import services
+from placement.choices import DeploymentState, LifecycleKind
 from placement.models import Dataset, Deployment, Revision, Volume
 from placement.selectors import deployments_with_status, revisions_with_ready
 from tests.api_contract import ListContract, list_paths
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 from tests.fleets import test_api as fleet_api_tests  # its TestFleetContract lists Fleets
 
-EVERY_CAPABILITY = ["env", "eval", "serve", "train"]
+EVERY_CAPABILITY = list(FleetCapability)
 
 
 def _placeable(mint, fleet) -> Node:
@@ -67,7 +70,7 @@ class TestJoinTokenList(ListContract):
 
     @pytest.fixture(autouse=True)
     def _fleet(self, make_fleet, mint):
-        self.fleet, self.mint = make_fleet("lab", capabilities=["train"]), mint
+        self.fleet, self.mint = make_fleet("lab", capabilities=[FleetCapability.TRAIN]), mint
 
 
 class TestNodeCommandList(ListContract):
@@ -77,7 +80,7 @@ class TestNodeCommandList(ListContract):
         return self.list_path.format(node_id=self.node.id)
 
     def make_listed(self, n):
-        node_command_create(actor=SYSTEM, node=self.node, kind="run",
+        node_command_create(actor=SYSTEM, node=self.node, kind=CommandKind.RUN,
                             payload={"argv": ["echo", str(n)]})
 
     @pytest.fixture(autouse=True)
@@ -121,7 +124,8 @@ class TestLifecycleJobList(WorkloadListContract):
 
     def make_listed(self, n):
         services.lifecycle_job_submit(actor=self.actor, project="ml", name=f"eval-{n}",
-                                      kind="eval", volumes=["ckpt"], datasets=["evals"])
+                                      kind=LifecycleKind.EVAL, volumes=["ckpt"],
+                                      datasets=["evals"])
 
 
 class TestDeploymentList(WorkloadListContract):
@@ -209,12 +213,13 @@ def test_L2_api_and_admin_read_status_and_ready_from_one_selector(lab, member, m
     Node.objects.filter(pk=second.pk).update(quiet_serve=True)
     assert api() == ("degraded", [True, False])
     assert _admin_status(client, deployment.pk) == ("degraded", ["True", "False"])
-    Node.objects.filter(pk=second.pk).update(quiet_serve=False, scheduling_state="gone")
+    Node.objects.filter(pk=second.pk).update(quiet_serve=False,
+                                              scheduling_state=SchedulingState.GONE)
     assert api() == ("degraded", [True, False])
-    Node.objects.filter(pk=second.pk).update(scheduling_state="schedulable")
+    Node.objects.filter(pk=second.pk).update(scheduling_state=SchedulingState.SCHEDULABLE)
     assert api() == ("ready", [True, True])
     assert _admin_status(client, deployment.pk) == ("ready", ["True", "True"])
-    Deployment.objects.filter(pk=deployment.pk).update(state="stopped")
+    Deployment.objects.filter(pk=deployment.pk).update(state=DeploymentState.STOPPED)
     assert api()[0] == "stopped" and _admin_status(client, deployment.pk)[0] == "stopped"
 
 

@@ -22,6 +22,14 @@ class DeploymentState(models.TextChoices):
     STOPPED = "stopped", "stopped"
 
 
+class DeploymentStatus(models.TextChoices):
+    """What a deployment reports (L2): computed from its revisions' nodes, never stored."""
+
+    READY = "ready", "ready"
+    DEGRADED = "degraded", "degraded"
+    STOPPED = "stopped", "stopped"
+
+
 class Refusal(models.TextChoices):
     """Why admission refused (P6). The first three are the product's; the last two say what
     the submitter has to add."""

@@ -92,7 +92,8 @@ class Deployment(Workload):
 
 class Revision(models.Model):
     """One version of a deployment, running on one node. Ready is not stored: it is whether
-    that node answers for serve (L2), so it can never disagree with the liveness sweep."""
+    that node answers for serve (L2), so it can never disagree with the liveness sweep;
+    placement.selectors.revisions_with_ready computes it."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE,
                                    related_name="revisions")
@@ -105,11 +106,6 @@ class Revision(models.Model):
         ordering = ["deployment_id", "number"]
         constraints = [models.UniqueConstraint(fields=["deployment", "number"],
                                                name="one_revision_number")]
-
-    @property
-    def ready(self) -> bool:
-        return (self.node is not None and not self.node.quiet_serve
-                and self.node.scheduling_state not in ("gone", "removed"))
 
 
 class PlaygroundSession(Workload):

@@ -1,7 +1,7 @@
 """Shared reads of placement: who sees which workloads, and where an environment answers."""
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Case, Exists, OuterRef, Prefetch, QuerySet, Value, When
 from django.utils import timezone
 
 from fleets.choices import FleetDelivery, FleetState
@@ -11,10 +11,20 @@ from tuneplane.permissions import is_admin
 from tuneplane.errors import PlacementRefused
 from tuneplane.models import Membership
 
-from .choices import Refusal
-from .models import Environment, Workload
+from .choices import DeploymentState, DeploymentStatus, Refusal
+from .models import (Dataset, Deployment, Environment, LifecycleJob, Revision, TrainingJob,
+                     Volume, Workload)
 
 DEFAULT_STORAGE_ROOT = "/srv/tuneplane"
+
+# L2: a revision is Ready while its node answers for serve — it has one, the liveness sweep
+# has not found it quiet for serve, and it is neither gone nor removed.
+REVISION_READY = Case(
+    When(node__isnull=True, then=Value(False)),
+    When(node__quiet_serve=True, then=Value(False)),
+    When(node__scheduling_state__in=(SchedulingState.GONE, SchedulingState.REMOVED),
+         then=Value(False)),
+    default=Value(True))
 
 
 def workloads_visible_to(user, model) -> QuerySet:
@@ -26,6 +36,42 @@ def workloads_visible_to(user, model) -> QuerySet:
         return records
     return records.filter(project__in=Membership.objects.filter(user=user)
                           .values("project_id"))
+
+
+def workloads_shown_to(user, model) -> QuerySet:
+    """The records of ``model`` a user sees, each with all that the API shows of it — its
+    submitter, its volumes and datasets with their projects, a deployment's status and
+    revisions — loaded for a whole list in a fixed number of queries."""
+    records = workloads_visible_to(user, model)
+    if issubclass(model, Workload):
+        records = records.select_related("created_by")
+    if model in (TrainingJob, LifecycleJob):
+        records = records.prefetch_related(
+            Prefetch("volumes", queryset=Volume.objects.select_related("project")),
+            Prefetch("datasets", queryset=Dataset.objects.select_related("project")))
+    if model is Deployment:
+        records = deployments_with_status(records).prefetch_related(
+            Prefetch("revisions", queryset=revisions_with_ready()))
+    return records
+
+
+def revisions_with_ready(revisions: QuerySet[Revision] | None = None) -> QuerySet[Revision]:
+    """Each revision with ``ready`` (L2), computed in the query: never stored, so it cannot
+    disagree with the liveness sweep, and never a query per revision."""
+    revisions = Revision.objects.all() if revisions is None else revisions
+    return revisions.select_related("node").annotate(ready=REVISION_READY)
+
+
+def deployments_with_status(deployments: QuerySet[Deployment]) -> QuerySet[Deployment]:
+    """Each deployment with ``status`` (L2): ``stopped``; ``ready`` while it has revisions and
+    every one is Ready; else ``degraded``. The API, the admin list and its change page all
+    read it from here."""
+    revisions = Revision.objects.filter(deployment=OuterRef("pk"))
+    not_ready = revisions.alias(ready=REVISION_READY).filter(ready=False)
+    return deployments.annotate(status=Case(
+        When(state=DeploymentState.STOPPED, then=Value(DeploymentStatus.STOPPED)),
+        When(Exists(revisions) & ~Exists(not_ready), then=Value(DeploymentStatus.READY)),
+        default=Value(DeploymentStatus.DEGRADED)))
 
 
 def environment_resolve(environment: Environment) -> Node:

@@ -3,9 +3,9 @@ from rest_framework import serializers
 
 from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
 
-from ..choices import DeploymentState, LifecycleKind
+from ..choices import DeploymentState, DeploymentStatus, LifecycleKind
 from ..models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession,
-                      TrainingJob, Volume)
+                      Revision, TrainingJob, Volume)
 from ..selectors import delivery_of
 
 MAX_CARDS = 1024
@@ -132,26 +132,31 @@ class LifecycleJobSerializer(JobSerializer):
         read_only_fields = fields
 
 
+class RevisionSerializer(serializers.ModelSerializer):
+    """A revision, and whether it is Ready: its node answers for serve (L2)."""
+
+    # Read from placement.selectors.revisions_with_ready, as the admin reads it.
+    node = serializers.CharField(source="node_id", allow_null=True, read_only=True)
+    ready = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Revision
+        fields = ["number", "node", "ready"]
+        read_only_fields = fields
+
+
 class DeploymentSerializer(WorkloadSerializer):
-    status = serializers.SerializerMethodField()
-    revisions = serializers.SerializerMethodField()
+    # Status and readiness come computed for the whole list by
+    # placement.selectors.workloads_shown_to, the selector the admin uses too.
+    status = serializers.ChoiceField(
+        choices=DeploymentStatus.choices, read_only=True,
+        help_text="L2: degraded while any revision's node is quiet for serve.")
+    revisions = RevisionSerializer(many=True, read_only=True)
 
     class Meta(WorkloadSerializer.Meta):
         model = Deployment
         fields = WorkloadSerializer.Meta.fields + ["state", "status", "revisions"]
         read_only_fields = fields
-
-    def get_status(self, deployment) -> str:
-        """L2: degraded while any revision's node is quiet for serve."""
-        if deployment.state == DeploymentState.STOPPED:
-            return "stopped"
-        ready = [revision.ready for revision in deployment.revisions.all()]
-        return "ready" if ready and all(ready) else "degraded"
-
-    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
-    def get_revisions(self, deployment):
-        return [{"number": r.number, "node": r.node_id, "ready": r.ready}
-                for r in deployment.revisions.all()]
 
 
 class PlaygroundSessionSerializer(WorkloadSerializer):

@@ -12,7 +12,7 @@ from tuneplane.errors import NotFound
 from .. import services
 from ..models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession,
                       TrainingJob, Volume)
-from ..selectors import environment_resolve, workloads_visible_to
+from ..selectors import environment_resolve, workloads_shown_to, workloads_visible_to
 from . import serializers as s
 from .schema import refusals
 
@@ -22,14 +22,12 @@ class WorkloadListView(GenericAPIView):
 
     model = None
     request_serializer = None
-    prefetch: tuple = ()
 
     def submit(self, actor, data):
         raise NotImplementedError
 
     def get_queryset(self):
-        return workloads_visible_to(self.request.user, self.model).prefetch_related(
-            *self.prefetch)
+        return workloads_shown_to(self.request.user, self.model)
 
     def get(self, request):
         page = self.paginate_queryset(self.get_queryset())
@@ -55,7 +53,6 @@ def documented(noun: str, request, response, *, refused=(404, 422)):
 class TrainingJobsView(WorkloadListView):
     model = TrainingJob
     serializer_class, request_serializer = s.TrainingJobSerializer, s.TrainingJobRequest
-    prefetch = ("volumes", "datasets")
 
     def submit(self, actor, data):
         return services.training_job_submit(actor=actor, **data)
@@ -65,7 +62,6 @@ class TrainingJobsView(WorkloadListView):
 class LifecycleJobsView(WorkloadListView):
     model, serializer_class = LifecycleJob, s.LifecycleJobSerializer
     request_serializer = s.LifecycleJobRequest
-    prefetch = ("volumes", "datasets")
 
     def submit(self, actor, data):
         return services.lifecycle_job_submit(actor=actor, **data)
@@ -75,7 +71,6 @@ class LifecycleJobsView(WorkloadListView):
 class DeploymentsView(WorkloadListView):
     model, serializer_class = Deployment, s.DeploymentSerializer
     request_serializer = s.DeploymentRequest
-    prefetch = ("revisions__node",)
 
     def submit(self, actor, data):
         return services.deployment_submit(actor=actor, **data)
@@ -85,8 +80,7 @@ class DeploymentDetailView(GenericAPIView):
     serializer_class = s.DeploymentSerializer
 
     def _deployment(self, request, deployment_id: int) -> Deployment:
-        found = (workloads_visible_to(request.user, Deployment)
-                 .prefetch_related("revisions__node").filter(pk=deployment_id).first())
+        found = workloads_shown_to(request.user, Deployment).filter(pk=deployment_id).first()
         if found is None:
             raise NotFound(f"Deployment {deployment_id} not found.")
         return found
@@ -145,9 +139,6 @@ class EnvironmentResolveView(GenericAPIView):
 @documented("volume", s.StorageRequest, s.StorageSerializer, refused=(404,))
 class VolumesView(WorkloadListView):
     model, serializer_class, request_serializer = Volume, s.StorageSerializer, s.StorageRequest
-
-    def get_queryset(self):
-        return workloads_visible_to(self.request.user, self.model)
 
     def submit(self, actor, data):
         return services.storage_create(Volume, actor=actor, **data)

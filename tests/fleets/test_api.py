@@ -18,6 +18,7 @@ FLEET_FIELDS = {"id", "kind", "delivery", "capabilities", "visibility", "project
 
 class TestFleetContract(ApiResourceContract):
     list_path = "/api/fleets"
+    list_reader = "member_api"
     create_action = "fleet.created"
 
     def detail_path(self, target_id):
@@ -31,6 +32,9 @@ class TestFleetContract(ApiResourceContract):
 
     def make_visible(self):
         return self.make_fleet("visible", capabilities=["train"]).id
+
+    def make_listed(self, n):
+        self.make_fleet(f"listed-{n}", visibility="project", project=self.project)
 
     def nested_paths(self, target_id):
         return [("GET", f"/api/fleets/{target_id}/join-tokens"),

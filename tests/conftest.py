@@ -176,3 +176,18 @@ def make_csr(hostname="gpu-01"):
 H100_INVENTORY = {"cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}], "driver": "550.54",
                   "container_runtime": "docker 28.2.2", "storage_root_visible": True,
                   "cpu_budget": 64, "memory_budget_bytes": 512 * 2**30}
+
+
+# --- The suite's own machinery: test settings, parallel workers, the e2e marker. ---
+
+
+def pytest_configure(config):
+    from django.conf import settings
+    from django.contrib.auth.hashers import get_hashers, get_hashers_by_algorithm
+
+    # Tests create users by the hundred: PBKDF2 at production strength made a sample of 245
+    # tests take 105 s instead of 10. Only this process: the processes tests start keep the
+    # product's hashers.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    get_hashers.cache_clear()
+    get_hashers_by_algorithm.cache_clear()

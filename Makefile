@@ -19,6 +19,8 @@ run: $(STAMP)
 	TUNEPLANE_DEBUG=$${TUNEPLANE_DEBUG:-1} $(PYTHON) manage.py runconsole
 
 ## Every test, on PostgreSQL and Redis (local ones unless DATABASE_URL / REDIS_URL are set).
+## The quick loop (about half a minute): make test PYTEST_ARGS='-m "not e2e"' leaves out every
+## test that starts real processes (tests/conftest.py says which).
 test: $(STAMP)
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/tuneplane} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/15} \

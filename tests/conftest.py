@@ -180,6 +180,13 @@ H100_INVENTORY = {"cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}], "dri
 
 # --- The suite's own machinery: test settings, parallel workers, the e2e marker. ---
 
+# Folders whose every test starts real processes (gateways, agents, Celery, a browser, Slurm,
+# a live server fuzzed from outside): marked e2e, so `-m "not e2e"` is the quick loop. Tests
+# elsewhere that start a process carry the mark themselves.
+E2E_FOLDERS = {"e2e", "browser", "slurm", "bench"}
+# ... and single tests in modules that do not import pytest (their imports are left alone).
+E2E_TESTS = {"tests/nodes/test_control.py::test_generated_protobuf_modules_are_up_to_date"}
+
 
 def pytest_configure(config):
     from django.conf import settings
@@ -191,3 +198,12 @@ def pytest_configure(config):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     get_hashers.cache_clear()
     get_hashers_by_algorithm.cache_clear()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    tests = os.path.dirname(__file__)
+    for item in items:
+        folder = os.path.relpath(item.path, tests).split(os.sep)[0]
+        if folder in E2E_FOLDERS or item.nodeid in E2E_TESTS:
+            item.add_marker(pytest.mark.e2e)

@@ -186,6 +186,26 @@ H100_INVENTORY = {"cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}], "dri
 E2E_FOLDERS = {"e2e", "browser", "slurm", "bench"}
 # ... and single tests in modules that do not import pytest (their imports are left alone).
 E2E_TESTS = {"tests/nodes/test_control.py::test_generated_protobuf_modules_are_up_to_date"}
+# Modules that build the agent's wheels, which setuptools does in the source tree (nodes/agent/
+# build): install.sh's, and those that start runconsole, which builds them when missing. Two
+# builds at once break each other, so under pytest-xdist they all run in one worker.
+AGENT_BUILDS = {"tests/nodes/test_install_sh.py", "tests/e2e/test_make_run.py",
+                "tests/e2e/test_postgres_restart.py"}
+
+
+def _worker_redis_url(url: str, worker: str) -> str:
+    """REDIS_URL for one pytest-xdist worker: the database number less the worker's index
+    (gw0 keeps it; with /15, gw1 has /14 ...). The Celery workers a test starts take tasks
+    from their broker: two test workers sharing one database would take each other's."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    index = int(worker.removeprefix("gw"))
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    if base - index < 0:
+        raise pytest.UsageError(f"REDIS_URL {url!r} leaves no Redis database for xdist worker "
+                                f"{worker}: use a higher database number, e.g. /15")
+    return urlunsplit(parts._replace(path=f"/{base - index}"))
 
 
 def pytest_configure(config):
@@ -199,6 +219,21 @@ def pytest_configure(config):
     get_hashers.cache_clear()
     get_hashers_by_algorithm.cache_clear()
 
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker and redis_url():
+        url = _worker_redis_url(redis_url(), worker)
+        # Settings were read before this hook (pytest-django loads them first); nothing has
+        # connected to Redis yet. The environment is what require_redis and the processes
+        # tests start read.
+        os.environ["REDIS_URL"] = url
+        settings.REDIS_URL = settings.CELERY_BROKER_URL = url
+        settings.CACHES = {**settings.CACHES,
+                           "default": {**settings.CACHES["default"], "LOCATION": url}}
+        from tuneplane.celery import app
+
+        if app.configured:
+            app.conf.broker_url = url
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
@@ -207,3 +242,8 @@ def pytest_collection_modifyitems(config, items):
         folder = os.path.relpath(item.path, tests).split(os.sep)[0]
         if folder in E2E_FOLDERS or item.nodeid in E2E_TESTS:
             item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("slurm"):
+            # One Slurm cluster per session: its tests all run in one xdist worker.
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.nodeid.split("::")[0] in AGENT_BUILDS:
+            item.add_marker(pytest.mark.xdist_group("agent-wheels"))

@@ -191,6 +191,11 @@ E2E_TESTS = {"tests/nodes/test_control.py::test_generated_protobuf_modules_are_u
 # builds at once break each other, so under pytest-xdist they all run in one worker.
 AGENT_BUILDS = {"tests/nodes/test_install_sh.py", "tests/e2e/test_make_run.py",
                 "tests/e2e/test_postgres_restart.py"}
+# What gives a test a database (pytest-django's fixtures, and a fresh one for a subprocess).
+# A test with none of them and no django_db mark is marked nodb: it is the same on any
+# database, and `make test-sqlite` leaves it to the PostgreSQL pass.
+DB_FIXTURES = {"db", "transactional_db", "live_server", "django_db_reset_sequences",
+               "django_db_serialized_rollback", "empty_database"}
 
 
 def _worker_redis_url(url: str, worker: str) -> str:
@@ -242,6 +247,9 @@ def pytest_collection_modifyitems(config, items):
         folder = os.path.relpath(item.path, tests).split(os.sep)[0]
         if folder in E2E_FOLDERS or item.nodeid in E2E_TESTS:
             item.add_marker(pytest.mark.e2e)
+        if not item.get_closest_marker("django_db") and \
+                not DB_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.nodb)
         if item.get_closest_marker("slurm"):
             # One Slurm cluster per session: its tests all run in one xdist worker.
             item.add_marker(pytest.mark.xdist_group("slurm"))

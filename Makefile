@@ -3,13 +3,16 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # pytest-xdist workers for `make test` and `make test-sqlite` (WORKERS=0: no xdist, every test in
-# pytest's own process). Four on two cores: most of an e2e test's time is spent waiting (for a
-# process to start, a threshold to pass, an outage to last), not computing. Each worker has a
-# test database and a Redis database of its own (tests/conftest.py).
-WORKERS ?= 4
+# pytest's own process). Three on two cores: much of an e2e test's time is spent waiting (for a
+# process to start, a threshold to pass, an outage to last). Measured on the PostgreSQL pass:
+# 3 and 4 workers about 3 minutes each, 6 no faster; each test takes longer the more run at
+# once (the sum of their times: 480 s with 3, 580 s with 4, 870 s with 6), and 6 made a
+# timing-bound e2e test fail. Each worker has a test database and a Redis database of its own
+# (tests/conftest.py).
+WORKERS ?= 3
 # loadgroup: tests are handed out one by one to whichever worker is free, except the groups
-# tests/conftest.py makes (the Slurm cluster's tests; the tests that build the agent's wheels),
-# each of which runs whole in one worker.
+# of XDIST_GROUPS in tests/conftest.py (the Slurm cluster's tests; the tests that build the
+# agent's wheels), each handed out first and whole to one worker.
 XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
 .PHONY: run test test-sqlite bench install clean

@@ -186,11 +186,14 @@ H100_INVENTORY = {"cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}], "dri
 E2E_FOLDERS = {"e2e", "browser", "slurm", "bench"}
 # ... and single tests in modules that do not import pytest (their imports are left alone).
 E2E_TESTS = {"tests/nodes/test_control.py::test_generated_protobuf_modules_are_up_to_date"}
-# Modules that build the agent's wheels, which setuptools does in the source tree (nodes/agent/
-# build): install.sh's, and those that start runconsole, which builds them when missing. Two
-# builds at once break each other, so under pytest-xdist they all run in one worker.
-AGENT_BUILDS = {"tests/nodes/test_install_sh.py", "tests/e2e/test_make_run.py",
-                "tests/e2e/test_postgres_restart.py"}
+# Tests that must run one after another in one pytest-xdist worker, by path: the Slurm tests
+# share one cluster (and the machine's munged); install.sh's tests and those that start
+# runconsole, which builds the agent's wheels when they are missing, build them where
+# setuptools builds, in the source tree (nodes/agent/build): two builds at once break each
+# other.
+XDIST_GROUPS = {"tests/slurm/": "slurm", "tests/nodes/test_install_sh.py": "agent-wheels",
+                "tests/e2e/test_make_run.py": "agent-wheels",
+                "tests/e2e/test_postgres_restart.py": "agent-wheels"}
 # What gives a test a database (pytest-django's fixtures, and a fresh one for a subprocess).
 # A test with none of them and no django_db mark is marked nodb: it is the same on any
 # database, and `make test-sqlite` leaves it to the PostgreSQL pass.
@@ -238,6 +241,13 @@ def pytest_configure(config):
 
         if app.configured:
             app.conf.broker_url = url
+    if redis_url():
+        # This process's cache keys apart from those of the consoles tests start on the same
+        # Redis database: its joins, at the tests' rate (_join_rate), must not count against
+        # a console's own (a runconsole at the product's 30 a minute answered 429 after tests
+        # had joined from 127.0.0.1 in the same minute).
+        settings.CACHES = {**settings.CACHES,
+                           "default": {**settings.CACHES["default"], "KEY_PREFIX": "pytest"}}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -250,8 +260,23 @@ def pytest_collection_modifyitems(config, items):
         if not item.get_closest_marker("django_db") and \
                 not DB_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.nodb)
-        if item.get_closest_marker("slurm"):
-            # One Slurm cluster per session: its tests all run in one xdist worker.
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif item.nodeid.split("::")[0] in AGENT_BUILDS:
-            item.add_marker(pytest.mark.xdist_group("agent-wheels"))
+
+
+def xdist_group(nodeid: str) -> str | None:
+    return next((group for path, group in XDIST_GROUPS.items() if nodeid.startswith(path)), None)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup, with the groups of XDIST_GROUPS: each group is one unit of work, every
+    other test one of its own; the groups are handed out first. (pytest-xdist 3.8 cannot put
+    xdist_group marks into effect under pytest 9, which no longer takes a changed nodeid.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Scheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or super()._split_scope(nodeid)
+
+    return Scheduling(config, log)

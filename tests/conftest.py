@@ -176,3 +176,107 @@ def make_csr(hostname="gpu-01"):
 H100_INVENTORY = {"cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}], "driver": "550.54",
                   "container_runtime": "docker 28.2.2", "storage_root_visible": True,
                   "cpu_budget": 64, "memory_budget_bytes": 512 * 2**30}
+
+
+# --- The suite's own machinery: test settings, parallel workers, the e2e marker. ---
+
+# Folders whose every test starts real processes (gateways, agents, Celery, a browser, Slurm,
+# a live server fuzzed from outside): marked e2e, so `-m "not e2e"` is the quick loop. Tests
+# elsewhere that start a process carry the mark themselves.
+E2E_FOLDERS = {"e2e", "browser", "slurm", "bench"}
+# ... and single tests in modules that do not import pytest (their imports are left alone).
+E2E_TESTS = {"tests/nodes/test_control.py::test_generated_protobuf_modules_are_up_to_date"}
+# Tests that must run one after another in one pytest-xdist worker, by path: the Slurm tests
+# share one cluster (and the machine's munged); install.sh's tests and those that start
+# runconsole, which builds the agent's wheels when they are missing, build them where
+# setuptools builds, in the source tree (nodes/agent/build): two builds at once break each
+# other.
+XDIST_GROUPS = {"tests/slurm/": "slurm", "tests/nodes/test_install_sh.py": "agent-wheels",
+                "tests/e2e/test_make_run.py": "agent-wheels",
+                "tests/e2e/test_postgres_restart.py": "agent-wheels"}
+# What gives a test a database (pytest-django's fixtures, and a fresh one for a subprocess).
+# A test with none of them and no django_db mark is marked nodb: it is the same on any
+# database, and `make test-sqlite` leaves it to the PostgreSQL pass.
+DB_FIXTURES = {"db", "transactional_db", "live_server", "django_db_reset_sequences",
+               "django_db_serialized_rollback", "empty_database"}
+
+
+def _worker_redis_url(url: str, worker: str) -> str:
+    """REDIS_URL for one pytest-xdist worker: the database number less the worker's index
+    (gw0 keeps it; with /15, gw1 has /14 ...). The Celery workers a test starts take tasks
+    from their broker: two test workers sharing one database would take each other's."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    index = int(worker.removeprefix("gw"))
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    if base - index < 0:
+        raise pytest.UsageError(f"REDIS_URL {url!r} leaves no Redis database for xdist worker "
+                                f"{worker}: use a higher database number, e.g. /15")
+    return urlunsplit(parts._replace(path=f"/{base - index}"))
+
+
+def pytest_configure(config):
+    from django.conf import settings
+    from django.contrib.auth.hashers import get_hashers, get_hashers_by_algorithm
+
+    # Tests create users by the hundred: PBKDF2 at production strength made a sample of 245
+    # tests take 105 s instead of 10. Only this process: the processes tests start keep the
+    # product's hashers.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    get_hashers.cache_clear()
+    get_hashers_by_algorithm.cache_clear()
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker and redis_url():
+        url = _worker_redis_url(redis_url(), worker)
+        # Settings were read before this hook (pytest-django loads them first); nothing has
+        # connected to Redis yet. The environment is what require_redis and the processes
+        # tests start read.
+        os.environ["REDIS_URL"] = url
+        settings.REDIS_URL = settings.CELERY_BROKER_URL = url
+        settings.CACHES = {**settings.CACHES,
+                           "default": {**settings.CACHES["default"], "LOCATION": url}}
+        from tuneplane.celery import app
+
+        if app.configured:
+            app.conf.broker_url = url
+    if redis_url():
+        # This process's cache keys apart from those of the consoles tests start on the same
+        # Redis database: its joins, at the tests' rate (_join_rate), must not count against
+        # a console's own (a runconsole at the product's 30 a minute answered 429 after tests
+        # had joined from 127.0.0.1 in the same minute).
+        settings.CACHES = {**settings.CACHES,
+                           "default": {**settings.CACHES["default"], "KEY_PREFIX": "pytest"}}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    tests = os.path.dirname(__file__)
+    for item in items:
+        folder = os.path.relpath(item.path, tests).split(os.sep)[0]
+        if folder in E2E_FOLDERS or item.nodeid in E2E_TESTS:
+            item.add_marker(pytest.mark.e2e)
+        if not item.get_closest_marker("django_db") and \
+                not DB_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.nodb)
+
+
+def xdist_group(nodeid: str) -> str | None:
+    return next((group for path, group in XDIST_GROUPS.items() if nodeid.startswith(path)), None)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup, with the groups of XDIST_GROUPS: each group is one unit of work, every
+    other test one of its own; the groups are handed out first. (pytest-xdist 3.8 cannot put
+    xdist_group marks into effect under pytest 9, which no longer takes a changed nodeid.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Scheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or super()._split_scope(nodeid)
+
+    return Scheduling(config, log)

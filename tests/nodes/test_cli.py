@@ -14,7 +14,7 @@ from tests.conftest import H100_INVENTORY
 
 from .agent_process import agent, inventory_file, machine
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

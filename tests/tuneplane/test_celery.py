@@ -10,7 +10,7 @@ import pytest
 from tests.e2e.console import ROOT, console_env
 from tuneplane.celery import app
 
-pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 def start(args, env):

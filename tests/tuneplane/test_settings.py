@@ -15,6 +15,9 @@ SHOW = ("import json; from django.conf import settings as s; import django; djan
         "'train': s.TUNEPLANE_QUIET_TRAIN, 'serve': s.TUNEPLANE_QUIET_SERVE, "
         "'env': s.TUNEPLANE_QUIET_ENV}))")
 
+# Each test starts a Python process that loads the settings.
+pytestmark = pytest.mark.e2e
+
 
 def settings_under(tmp_path, **env):
     base = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "tuneplane.settings",

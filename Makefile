@@ -31,8 +31,9 @@ run: $(STAMP)
 	TUNEPLANE_DEBUG=$${TUNEPLANE_DEBUG:-1} $(PYTHON) manage.py runconsole
 
 ## Every test, on PostgreSQL and Redis (local ones unless DATABASE_URL / REDIS_URL are set).
-## The quick loop (about half a minute): make test PYTEST_ARGS='-m "not e2e"' leaves out every
-## test that starts real processes (tests/conftest.py says which).
+## The quick loop: make test PYTEST_ARGS='-m "not e2e"' leaves out every test that starts real
+## processes (tests/conftest.py says which): under a minute; with WORKERS=0 about half a minute,
+## as these tests are all computing, and each worker first builds its own test database.
 ## REDIS_URL's database number is the first xdist worker's; the next ones count down from it.
 test: $(STAMP)
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/tuneplane} \

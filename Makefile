@@ -15,7 +15,7 @@ WORKERS ?= 3
 # agent's wheels), each handed out first and whole to one worker.
 XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-.PHONY: run test test-sqlite bench install clean
+.PHONY: run test test-sqlite lint bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -35,10 +35,15 @@ run: $(STAMP)
 ## processes (tests/conftest.py says which): under a minute; with WORKERS=0 about half a minute,
 ## as these tests are all computing, and each worker first builds its own test database.
 ## REDIS_URL's database number is the first xdist worker's; the next ones count down from it.
-test: $(STAMP)
+test: lint
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/tuneplane} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/15} \
 	$(PYTHON) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+## ruff: lint and import order, and the formatting, as pyproject.toml configures them.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 ## The suite again on the embedded defaults (SQLite, filesystem broker): what can come out
 ## differently there, after `make test` ran everything on PostgreSQL. That is every test that

@@ -9,8 +9,15 @@ from .models import AuditEvent
 class AuditEventAdmin(ReadOnlyAdmin):
     """The audit log: nobody adds, changes or deletes an event here (A1)."""
 
-    list_display = ["at", "actor_type", "actor_label", "action", "target_type", "target_id",
-                    "forced"]
+    list_display = [
+        "at",
+        "actor_type",
+        "actor_label",
+        "action",
+        "target_type",
+        "target_id",
+        "forced",
+    ]
     list_filter = ["action", "target_type", "actor_type", "forced"]
     search_fields = ["target_id", "actor_label", "correlation_id"]
     date_hierarchy = "at"

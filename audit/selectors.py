@@ -1,8 +1,14 @@
 from .models import AuditEvent
 
 
-def audit_events(*, target_type: str = "", target_id: str = "", action: str = "",
-                 actor: str = "", correlation_id: str = ""):
+def audit_events(
+    *,
+    target_type: str = "",
+    target_id: str = "",
+    action: str = "",
+    actor: str = "",
+    correlation_id: str = "",
+):
     events = AuditEvent.objects.all()
     if target_type:
         events = events.filter(target_type=target_type)

@@ -36,8 +36,10 @@ class Actor:
 
 def _checked(actor: Actor) -> Actor:
     if not isinstance(actor, Actor):
-        raise TypeError(f"an audit actor is an Actor, not {type(actor).__name__}: make one at "
-                        "the edge (Actor.of_user, Actor.of_node, Actor.system)")
+        raise TypeError(
+            f"an audit actor is an Actor, not {type(actor).__name__}: make one at "
+            "the edge (Actor.of_user, Actor.of_node, Actor.system)"
+        )
     return actor
 
 
@@ -81,16 +83,25 @@ def audit_record(
     )
 
 
-def audit_record_many(*, actor: Actor, action: str, target_type: str,
-                      changes: list[tuple[str, dict | None, dict | None]]) -> int:
+def audit_record_many(
+    *,
+    actor: Actor,
+    action: str,
+    target_type: str,
+    changes: list[tuple[str, dict | None, dict | None]],
+) -> int:
     """One event per changed object — ``(target id, before, after)`` — in one INSERT, for a
     set-based change such as a sweep: the statements do not grow with the objects."""
-    return audit_record_each(actor=actor, target_type=target_type, events=[
-        (action, target_id, before, after) for target_id, before, after in changes])
+    return audit_record_each(
+        actor=actor,
+        target_type=target_type,
+        events=[(action, target_id, before, after) for target_id, before, after in changes],
+    )
 
 
-def audit_record_each(*, actor: Actor, target_type: str,
-                      events: list[tuple[str, str, dict | None, dict | None]]) -> int:
+def audit_record_each(
+    *, actor: Actor, target_type: str, events: list[tuple[str, str, dict | None, dict | None]]
+) -> int:
     """One event per ``(action, target id, before, after)``, of several actions, in one
     INSERT per 5,000: for a sweep whose one statement made changes of several kinds."""
     actor = _checked(actor)
@@ -98,9 +109,22 @@ def audit_record_each(*, actor: Actor, target_type: str,
         _require_transaction(action)
     now = timezone.now()
     correlation_id = correlation.current()
-    AuditEvent.objects.bulk_create([
-        AuditEvent(at=now, actor_type=actor.type, actor_id=actor.id, actor_label=actor.label,
-                   action=action, target_type=target_type, target_id=str(target_id),
-                   before=before, after=after, correlation_id=correlation_id)
-        for action, target_id, before, after in events], batch_size=5000)
+    AuditEvent.objects.bulk_create(
+        [
+            AuditEvent(
+                at=now,
+                actor_type=actor.type,
+                actor_id=actor.id,
+                actor_label=actor.label,
+                action=action,
+                target_type=target_type,
+                target_id=str(target_id),
+                before=before,
+                after=after,
+                correlation_id=correlation_id,
+            )
+            for action, target_id, before, after in events
+        ],
+        batch_size=5000,
+    )
     return len(events)

@@ -18,24 +18,41 @@ from .selectors import fleet_config_warnings
 
 class FleetForm(forms.ModelForm):
     capabilities = forms.MultipleChoiceField(
-        choices=FleetCapability.choices, required=False, widget=forms.CheckboxSelectMultiple,
+        choices=FleetCapability.choices,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
         help_text="A capability is a promise: work needing one the Fleet lacks is refused.",
     )
     delivery = forms.ChoiceField(
-        choices=[("", "Follows the kind")] + FleetDelivery.choices, required=False,
+        choices=[("", "Follows the kind")] + FleetDelivery.choices,
+        required=False,
         help_text="node and slurm: shared-mount; kubernetes: object-pull. Fixed once created.",
     )
     config = forms.JSONField(
         required=False,
-        widget=forms.Textarea(attrs={"rows": 8, "cols": 80, "class": "vLargeTextField",
-                                     "style": "font-family: monospace"}),
+        widget=forms.Textarea(
+            attrs={
+                "rows": 8,
+                "cols": 80,
+                "class": "vLargeTextField",
+                "style": "font-family: monospace",
+            }
+        ),
         help_text="Deployment settings this Fleet overrides, as a JSON object.",
     )
 
     class Meta:
         model = Fleet
-        fields = ["id", "kind", "delivery", "capabilities", "visibility", "project", "state",
-                  "config"]
+        fields = [
+            "id",
+            "kind",
+            "delivery",
+            "capabilities",
+            "visibility",
+            "project",
+            "state",
+            "config",
+        ]
 
     def clean(self):
         data = super().clean()
@@ -60,8 +77,16 @@ class FleetForm(forms.ModelForm):
 @admin.register(Fleet)
 class FleetAdmin(StaffAdmin):
     form = FleetForm
-    list_display = ["id", "kind", "delivery", "capability_list", "visibility", "project",
-                    "state", "updated_at"]
+    list_display = [
+        "id",
+        "kind",
+        "delivery",
+        "capability_list",
+        "visibility",
+        "project",
+        "state",
+        "updated_at",
+    ]
     list_filter = ["kind", "state", "visibility", "project"]
     search_fields = ["id"]
     actions = ["activate", "drain", "disable"]
@@ -93,8 +118,9 @@ class FleetAdmin(StaffAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         fleet = self.get_object(request, object_id)
         sections = fleet_page_sections(fleet) if fleet is not None else []
-        return super().change_view(request, object_id, form_url,
-                                   {**(extra_context or {}), "fleet_sections": sections})
+        return super().change_view(
+            request, object_id, form_url, {**(extra_context or {}), "fleet_sections": sections}
+        )
 
     def add_view(self, request, form_url="", extra_context=None):
         return super().add_view(request, form_url, {**(extra_context or {}), "title": "New fleet"})
@@ -104,15 +130,25 @@ class FleetAdmin(StaffAdmin):
         data = form.cleaned_data
         if change:
             fleet = services.fleet_update(
-                actor=actor, fleet=obj, capabilities=data["capabilities"],
-                visibility=data["visibility"], project=data.get("project"),
-                state=data["state"], config=data["config"],
+                actor=actor,
+                fleet=obj,
+                capabilities=data["capabilities"],
+                visibility=data["visibility"],
+                project=data.get("project"),
+                state=data["state"],
+                config=data["config"],
             )
         else:
             fleet = services.fleet_create(
-                actor=actor, id=data["id"], kind=data["kind"], delivery=data["delivery"],
-                capabilities=data["capabilities"], visibility=data["visibility"],
-                project=data.get("project"), state=data["state"], config=data["config"],
+                actor=actor,
+                id=data["id"],
+                kind=data["kind"],
+                delivery=data["delivery"],
+                capabilities=data["capabilities"],
+                visibility=data["visibility"],
+                project=data.get("project"),
+                state=data["state"],
+                config=data["config"],
             )
         for warning in fleet_config_warnings(fleet):
             messages.warning(request, warning.message)
@@ -150,15 +186,20 @@ class FleetAdmin(StaffAdmin):
         changed = []
         for fleet in queryset:
             try:
-                services.fleet_set_state(actor=Actor.of_user(request.user), fleet=fleet,
-                                         state=state)
+                services.fleet_set_state(
+                    actor=Actor.of_user(request.user), fleet=fleet, state=state
+                )
             except ApplicationError as exc:
                 self.message_user(request, f"{fleet.id}: {exc.message}", messages.ERROR)
             else:
                 changed.append(fleet.id)
         if changed:
-            self.message_user(request, f"Now {state}: {', '.join(changed)}. Running work "
-                              "continues; only new work is affected.", messages.SUCCESS)
+            self.message_user(
+                request,
+                f"Now {state}: {', '.join(changed)}. Running work "
+                "continues; only new work is affected.",
+                messages.SUCCESS,
+            )
 
     @admin.action(description="Activate selected Fleets (take new work)")
     def activate(self, request, queryset):

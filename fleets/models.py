@@ -39,12 +39,15 @@ class Fleet(models.Model):
                     | models.Q(visibility=FleetVisibility.PUBLIC, project__isnull=True)
                 ),
             ),
-            models.CheckConstraint(name="fleet_kind_valid",
-                                   condition=models.Q(kind__in=FleetKind.values)),
-            models.CheckConstraint(name="fleet_delivery_valid",
-                                   condition=models.Q(delivery__in=FleetDelivery.values)),
-            models.CheckConstraint(name="fleet_state_valid",
-                                   condition=models.Q(state__in=FleetState.values)),
+            models.CheckConstraint(
+                name="fleet_kind_valid", condition=models.Q(kind__in=FleetKind.values)
+            ),
+            models.CheckConstraint(
+                name="fleet_delivery_valid", condition=models.Q(delivery__in=FleetDelivery.values)
+            ),
+            models.CheckConstraint(
+                name="fleet_state_valid", condition=models.Q(state__in=FleetState.values)
+            ),
         ]
 
     def __str__(self) -> str:

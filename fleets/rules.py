@@ -5,8 +5,14 @@ import re
 from tuneplane.errors import ValidationFailed
 from tuneplane.models import SLUG_PATTERN
 
-from .choices import (DEFAULT_DELIVERY, FleetCapability, FleetDelivery, FleetKind, FleetState,
-                      FleetVisibility)
+from .choices import (
+    DEFAULT_DELIVERY,
+    FleetCapability,
+    FleetDelivery,
+    FleetKind,
+    FleetState,
+    FleetVisibility,
+)
 
 _SLUG = re.compile(SLUG_PATTERN)
 
@@ -38,8 +44,9 @@ def normalize_capabilities(capabilities) -> list[str]:
     for capability in capabilities:
         validate_choice("capabilities", capability, FleetCapability)
         if capability in seen:
-            raise ValidationFailed(f"capabilities names '{capability}' twice.",
-                                   field="capabilities")
+            raise ValidationFailed(
+                f"capabilities names '{capability}' twice.", field="capabilities"
+            )
         seen.add(capability)
     return sorted(seen)
 
@@ -83,5 +90,7 @@ def refuse_change(field: str, current: str, requested: str) -> None:
         raise ValidationFailed(
             f"{field} cannot change after a Fleet is created (rule F1): "
             f"{IMMUTABLE_REASONS[field]}. It is '{current}'.",
-            code="immutable", field=field, rule="F1",
+            code="immutable",
+            field=field,
+            rule="F1",
         )

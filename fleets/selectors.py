@@ -2,10 +2,10 @@
 
 from django.db.models import Q, QuerySet
 
-from tuneplane.permissions import is_admin
 from tuneplane.deployment_settings import ConfigWarning, unread_keys
 from tuneplane.errors import NotFound
 from tuneplane.models import Membership
+from tuneplane.permissions import is_admin
 
 from .choices import FleetVisibility
 from .models import Fleet

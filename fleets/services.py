@@ -28,8 +28,12 @@ UNSET = _Unset()
 
 def _log_config_warnings(fleet: Fleet) -> None:
     for warning in fleet_config_warnings(fleet):
-        logger.warning("Fleet %s: %s", fleet.id, warning.message,
-                       extra={"fleet": fleet.id, "config_key": warning.key})
+        logger.warning(
+            "Fleet %s: %s",
+            fleet.id,
+            warning.message,
+            extra={"fleet": fleet.id, "config_key": warning.key},
+        )
 
 
 def fleet_create(
@@ -57,8 +61,7 @@ def fleet_create(
         config=check_config(kind, {} if config is None else config),
     )
     rules.validate_visibility(visibility, project)
-    already = Conflict(f"A Fleet with id '{id}' already exists.", code="already_exists",
-                       field="id")
+    already = Conflict(f"A Fleet with id '{id}' already exists.", code="already_exists", field="id")
     with transaction.atomic():
         if Fleet.objects.filter(pk=id).exists():
             raise already
@@ -87,7 +90,9 @@ def fleet_update(
 ) -> Fleet:
     """Change what may change. A refused field leaves the whole change unapplied (F1)."""
     with transaction.atomic():
-        fleet = Fleet.objects.select_for_update(of=("self",)).select_related("project").get(pk=fleet.pk)
+        fleet = (
+            Fleet.objects.select_for_update(of=("self",)).select_related("project").get(pk=fleet.pk)
+        )
         before = fleet.snapshot()
         if kind is not UNSET:
             rules.refuse_change("kind", fleet.kind, kind)
@@ -136,13 +141,16 @@ def fleet_delete(*, actor: Actor, fleet: Fleet) -> None:
     """F7: deletable only when no registered blocker objects. What outlives the Fleet (a
     removed node's record) is let go of first, and the deletion's event says what."""
     with transaction.atomic():
-        fleet = Fleet.objects.select_for_update(of=("self",)).select_related("project").get(pk=fleet.pk)
+        fleet = (
+            Fleet.objects.select_for_update(of=("self",)).select_related("project").get(pk=fleet.pk)
+        )
         blockers = deletion_blockers(fleet)
         if blockers:
             raise Conflict(
                 f"Fleet '{fleet.id}' cannot be deleted (rule F7): it still has "
                 f"{'; '.join(blockers)}.",
-                rule="F7", blockers=blockers,
+                rule="F7",
+                blockers=blockers,
             )
         before = {**fleet.snapshot(), **deletion_releases(actor=actor, fleet=fleet)}
         audit_record(actor=actor, action="fleet.deleted", target=fleet, before=before)

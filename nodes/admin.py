@@ -14,34 +14,57 @@ from fleets.selectors import fleet_get_visible
 from tuneplane.admin import ReadOnlyAdmin, StaffAdmin
 from tuneplane.errors import ApplicationError
 
-from .services import hardware, join, scheduling
 from .choices import CordonSource, SchedulingState
-from .models import (CardAlias, ControlSession, HardwareSeries, JoinToken, Node, NodeCommand,
-                     StrayCommand)
+from .models import (
+    CardAlias,
+    ControlSession,
+    HardwareSeries,
+    JoinToken,
+    Node,
+    NodeCommand,
+    StrayCommand,
+)
 from .selectors import addresses_shared, commands_active_on, live_sessions_of
+from .services import hardware, join, scheduling
 
 
 @admin.register(JoinToken)
 class JoinTokenAdmin(ReadOnlyAdmin):
     """Tokens are minted from a Fleet's page (Add a machine) and shown once, there."""
 
-    list_display = ["prefix", "fleet", "created_by", "created_at", "expires_at", "used_at",
-                    "node", "revoked_at"]
+    list_display = [
+        "prefix",
+        "fleet",
+        "created_by",
+        "created_at",
+        "expires_at",
+        "used_at",
+        "node",
+        "revoked_at",
+    ]
     list_filter = ["fleet", "used_at", "revoked_at"]
     list_select_related = ["fleet", "created_by", "node"]
     exclude = ["digest"]
     actions = ["revoke"]
 
     def get_urls(self):
-        return [path("add-machine/<str:fleet_id>/", self.admin_site.admin_view(self.add_machine),
-                     name="nodes_jointoken_add_machine")] + super().get_urls()
+        return [
+            path(
+                "add-machine/<str:fleet_id>/",
+                self.admin_site.admin_view(self.add_machine),
+                name="nodes_jointoken_add_machine",
+            )
+        ] + super().get_urls()
 
     @admin.action(description="Revoke selected tokens")
     def revoke(self, request, queryset):
         for token in queryset:
             join.join_token_revoke(actor=Actor.of_user(request.user), token=token)
-        self.message_user(request, "Revoked. A used token stays as it was: its node keeps "
-                          "its identity.", messages.SUCCESS)
+        self.message_user(
+            request,
+            "Revoked. A used token stays as it was: its node keeps its identity.",
+            messages.SUCCESS,
+        )
 
     def add_machine(self, request, fleet_id: str):
         """GET: what will happen. POST: mint, and show the token this once (J2)."""
@@ -49,10 +72,14 @@ class JoinTokenAdmin(ReadOnlyAdmin):
             fleet = fleet_get_visible(request.user, fleet_id)
         except ApplicationError:
             raise Http404(fleet_id) from None
-        context = {**self.admin_site.each_context(request), "fleet": fleet,
-                   "title": f"Add a machine to {fleet.id}", "opts": self.model._meta,
-                   "is_node_fleet": fleet.kind == FleetKind.NODE,
-                   "fleet_url": reverse("admin:fleets_fleet_change", args=[fleet.pk])}
+        context = {
+            **self.admin_site.each_context(request),
+            "fleet": fleet,
+            "title": f"Add a machine to {fleet.id}",
+            "opts": self.model._meta,
+            "is_node_fleet": fleet.kind == FleetKind.NODE,
+            "fleet_url": reverse("admin:fleets_fleet_change", args=[fleet.pk]),
+        }
         if request.method == "POST" and context["is_node_fleet"]:
             token, secret = join.join_token_mint(actor=Actor.of_user(request.user), fleet=fleet)
             context.update(token=token, minted=join.join_commands(fleet.id, secret))
@@ -69,8 +96,11 @@ class ConnectionFilter(admin.SimpleListFilter):
         return [("connected", "connected"), ("disconnected", "disconnected")]
 
     def queryset(self, request, queryset):
-        live = Exists(ControlSession.objects.filter(node=OuterRef("pk"), closed_at__isnull=True,
-                                                    lease_expires_at__gt=timezone.now()))
+        live = Exists(
+            ControlSession.objects.filter(
+                node=OuterRef("pk"), closed_at__isnull=True, lease_expires_at__gt=timezone.now()
+            )
+        )
         if self.value() == "connected":
             return queryset.filter(live)
         if self.value() == "disconnected":
@@ -94,16 +124,34 @@ class CordonFilter(admin.SimpleListFilter):
 
 
 class CordonForm(forms.Form):
-    reason = forms.CharField(max_length=200, help_text="Required: say why, as in Slurm's "
-                             "Reason=. Shown on the Fleet page.")
+    reason = forms.CharField(
+        max_length=200,
+        help_text="Required: say why, as in Slurm's Reason=. Shown on the Fleet page.",
+    )
 
 
 @admin.register(Node)
 class NodeAdmin(ReadOnlyAdmin):
-    list_display = ["id", "hostname", "fleet_of", "address_flagged", "connection", "scheduling",
-                    "cards", "liveness", "inventory_observed_at"]
-    list_filter = [ConnectionFilter, "scheduling_state", CordonFilter, "quiet_train",
-                   "quiet_serve", "quiet_env", "fleet"]
+    list_display = [
+        "id",
+        "hostname",
+        "fleet_of",
+        "address_flagged",
+        "connection",
+        "scheduling",
+        "cards",
+        "liveness",
+        "inventory_observed_at",
+    ]
+    list_filter = [
+        ConnectionFilter,
+        "scheduling_state",
+        CordonFilter,
+        "quiet_train",
+        "quiet_serve",
+        "quiet_env",
+        "fleet",
+    ]
     search_fields = ["id", "hostname", "address"]
     list_select_related = ["fleet"]
     actions = ["cordon", "uncordon", "drain", "remove"]
@@ -130,18 +178,24 @@ class NodeAdmin(ReadOnlyAdmin):
     @admin.display(description="address")
     def address_flagged(self, node: Node):
         if node.address in getattr(self, "_shared", set()):
-            return format_html('{} <strong title="{}">⚠ shared</strong>', node.address,
-                               "Another live node answers at this address: a re-join may have "
-                               "left an old record, and its cards are counted twice.")
+            return format_html(
+                '{} <strong title="{}">⚠ shared</strong>',
+                node.address,
+                "Another live node answers at this address: a re-join may have "
+                "left an old record, and its cards are counted twice.",
+            )
         return node.address
 
     @admin.display(description="connection")
     def connection(self, node: Node):
         session = getattr(self, "_sessions", {}).get(node.id)
         if session is None:
-            return format_html('<span title="{}">disconnected</span>',
-                               f"last seen {node.last_seen_at:%Y-%m-%d %H:%M:%S}"
-                               if node.last_seen_at else "never connected")
+            return format_html(
+                '<span title="{}">disconnected</span>',
+                f"last seen {node.last_seen_at:%Y-%m-%d %H:%M:%S}"
+                if node.last_seen_at
+                else "never connected",
+            )
         return format_html('<strong title="{}">connected</strong>', session.gateway)
 
     @admin.display(description="scheduling")
@@ -149,13 +203,17 @@ class NodeAdmin(ReadOnlyAdmin):
         cordons = list(node.cordons.all())
         if not cordons:
             return node.scheduling_state
-        return format_html("{} <small>({})</small>", node.scheduling_shown(cordons),
-                           "; ".join(f"{c.source}: {c.reason}" for c in cordons))
+        return format_html(
+            "{} <small>({})</small>",
+            node.scheduling_shown(cordons),
+            "; ".join(f"{c.source}: {c.reason}" for c in cordons),
+        )
 
     @admin.display(description="cards")
     def cards(self, node: Node) -> str:
-        return ", ".join(f"{c['count']} × {c['name']}" for c in node.inventory.get("cards", [])) \
-            or "—"
+        return (
+            ", ".join(f"{c['count']} × {c['name']}" for c in node.inventory.get("cards", [])) or "—"
+        )
 
     @admin.display(description="liveness")
     def liveness(self, node: Node) -> str:
@@ -165,21 +223,34 @@ class NodeAdmin(ReadOnlyAdmin):
         done = []
         for node in queryset:
             try:
-                getattr(scheduling, f"node_{verb}")(actor=Actor.of_user(request.user),
-                                                    node=node, **kwargs)
+                getattr(scheduling, f"node_{verb}")(
+                    actor=Actor.of_user(request.user), node=node, **kwargs
+                )
             except ApplicationError as error:
                 self.message_user(request, f"{node.id}: {error.message}", messages.ERROR)
             else:
                 done.append(node.hostname or node.id)
         if done:
-            self.message_user(request, f"{verb.capitalize()}: {', '.join(done)}. Nothing that "
-                              "runs was stopped.", messages.SUCCESS)
+            self.message_user(
+                request,
+                f"{verb.capitalize()}: {', '.join(done)}. Nothing that runs was stopped.",
+                messages.SUCCESS,
+            )
 
     def _confirm(self, request, queryset, action: str, title: str, **context):
-        return TemplateResponse(request, "admin/nodes/node_action.html", {
-            **self.admin_site.each_context(request), "title": title, "action": action,
-            "nodes": queryset, "opts": self.model._meta,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, **context})
+        return TemplateResponse(
+            request,
+            "admin/nodes/node_action.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": title,
+                "action": action,
+                "nodes": queryset,
+                "opts": self.model._meta,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                **context,
+            },
+        )
 
     @admin.action(description="Cordon selected nodes (no new work; a reason is required)")
     def cordon(self, request, queryset):
@@ -203,20 +274,14 @@ class NodeAdmin(ReadOnlyAdmin):
             self._each(request, queryset, "remove", force=request.POST.get("force") == "on")
             return None
         left_behind = {node.id: commands_active_on(node) for node in queryset}
-        return self._confirm(request, queryset, "remove", "Remove nodes",
-                             rows=[(node, left_behind[node.id]) for node in queryset],
-                             any_gone=any(n.scheduling_state == SchedulingState.GONE
-                                          for n in queryset))
-
-
-def _delete_each(model_admin, request, queryset) -> None:
-    """The bulk delete action, one object at a time through the admin's own delete_model (so
-    each goes through its service); one refused is said, the others still go."""
-    for obj in queryset:
-        try:
-            model_admin.delete_model(request, obj)
-        except ApplicationError as error:
-            model_admin.message_user(request, f"{obj}: {error.message}", messages.ERROR)
+        return self._confirm(
+            request,
+            queryset,
+            "remove",
+            "Remove nodes",
+            rows=[(node, left_behind[node.id]) for node in queryset],
+            any_gone=any(n.scheduling_state == SchedulingState.GONE for n in queryset),
+        )
 
 
 @admin.register(HardwareSeries)
@@ -231,17 +296,19 @@ class HardwareSeriesAdmin(StaffAdmin):
     def save_model(self, request, obj, form, change):
         actor, data = Actor.of_user(request.user), form.cleaned_data
         if change:
-            hardware.series_update(actor=actor, series=obj, name=data["name"],
-                                   vendor=data["vendor"])
+            hardware.series_update(
+                actor=actor, series=obj, name=data["name"], vendor=data["vendor"]
+            )
         else:
-            obj.pk = hardware.series_create(actor=actor, slug=data["slug"], name=data["name"],
-                                            vendor=data["vendor"]).pk
+            obj.pk = hardware.series_create(
+                actor=actor, slug=data["slug"], name=data["name"], vendor=data["vendor"]
+            ).pk
 
     def delete_model(self, request, obj):
         hardware.series_delete(actor=Actor.of_user(request.user), series=obj)
 
     def delete_queryset(self, request, queryset):
-        _delete_each(self, request, queryset)
+        self.delete_each(request, queryset)
 
 
 class MappedFilter(admin.SimpleListFilter):
@@ -273,8 +340,9 @@ class CardAliasAdmin(StaffAdmin):
 
     def has_delete_permission(self, request, obj=None):
         # Unmapping goes through the mapping (series empty), so that nodes follow it.
-        return super().has_delete_permission(request, obj) and (obj is None or
-                                                               obj.series_id is None)
+        return super().has_delete_permission(request, obj) and (
+            obj is None or obj.series_id is None
+        )
 
     def save_model(self, request, obj, form, change):
         actor = Actor.of_user(request.user)
@@ -287,15 +355,23 @@ class CardAliasAdmin(StaffAdmin):
         hardware.card_alias_delete(actor=Actor.of_user(request.user), alias=obj)
 
     def delete_queryset(self, request, queryset):
-        _delete_each(self, request, queryset)
+        self.delete_each(request, queryset)
 
 
 @admin.register(NodeCommand)
 class NodeCommandAdmin(ReadOnlyAdmin):
     """Commands are sent through the API; their state is what the nodes report (L5)."""
 
-    list_display = ["id", "node", "kind", "state", "exit_code", "created_by", "created_at",
-                    "updated_at"]
+    list_display = [
+        "id",
+        "node",
+        "kind",
+        "state",
+        "exit_code",
+        "created_by",
+        "created_at",
+        "updated_at",
+    ]
     list_filter = ["state", "kind", "node__fleet"]
     search_fields = ["id", "node__id", "node__hostname"]
     list_select_related = ["node"]
@@ -305,8 +381,14 @@ class NodeCommandAdmin(ReadOnlyAdmin):
 class StrayCommandAdmin(ReadOnlyAdmin):
     """Commands a node reports that the console never gave it: flagged, never killed (L5)."""
 
-    list_display = ["command_id", "node", "state", "exit_code", "first_reported_at",
-                    "last_reported_at"]
+    list_display = [
+        "command_id",
+        "node",
+        "state",
+        "exit_code",
+        "first_reported_at",
+        "last_reported_at",
+    ]
     list_filter = ["state", "node__fleet"]
     search_fields = ["command_id", "node__id", "node__hostname"]
     list_select_related = ["node"]

@@ -26,13 +26,18 @@ def _publish(event: dict) -> None:
     if not settings.REDIS_URL:
         return
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2,
-                                      socket_connect_timeout=2)
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
+        )
         with client:
             client.publish(CHANNEL, json.dumps(event))
     except redis.RedisError as error:
-        logger.warning("could not publish %s for node %s (%s); gateways will poll",
-                       event["type"], event["node"], error)
+        logger.warning(
+            "could not publish %s for node %s (%s); gateways will poll",
+            event["type"],
+            event["node"],
+            error,
+        )
 
 
 def publish_on_commit(event_type: str, node_id: str, **details) -> None:
@@ -46,7 +51,10 @@ def parse(data) -> dict | None:
         event = json.loads(data)
     except (TypeError, ValueError):
         return None
-    if not isinstance(event, dict) or event.get("type") not in (COMMANDS, CLOSE) \
-            or not isinstance(event.get("node"), str):
+    if (
+        not isinstance(event, dict)
+        or event.get("type") not in (COMMANDS, CLOSE)
+        or not isinstance(event.get("node"), str)
+    ):
         return None
     return event

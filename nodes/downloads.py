@@ -28,9 +28,21 @@ def build_agent_wheels() -> subprocess.CompletedProcess:
     downloads_dir().mkdir(parents=True, exist_ok=True)
     try:
         return subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
-             "--no-build-isolation", "--wheel-dir", str(downloads_dir()), str(AGENT_SOURCE)],
-            capture_output=True, text=True)
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-build-isolation",
+                "--wheel-dir",
+                str(downloads_dir()),
+                str(AGENT_SOURCE),
+            ],
+            capture_output=True,
+            text=True,
+        )
     finally:
         # setuptools builds in the source tree; leave it as it was.
         shutil.rmtree(AGENT_SOURCE / "build", ignore_errors=True)

@@ -28,8 +28,11 @@ def _age(since, now) -> str:
 
 def node_rows(fleet, now=None) -> list[dict]:
     now = now or timezone.now()
-    nodes = list(fleet.nodes.exclude(scheduling_state=SchedulingState.REMOVED)
-                 .prefetch_related("cordons").order_by("hostname", "id"))
+    nodes = list(
+        fleet.nodes.exclude(scheduling_state=SchedulingState.REMOVED)
+        .prefetch_related("cordons")
+        .order_by("hostname", "id")
+    )
     sessions = live_sessions_of(nodes)
     series = card_series(name for node in nodes for name in node.card_names())
     rows = []
@@ -37,34 +40,42 @@ def node_rows(fleet, now=None) -> list[dict]:
         session = sessions.get(node.id)
         cordons = list(node.cordons.all())
         inventory = node.inventory
-        rows.append({
-            "node": node,
-            "connection": {
-                "connected": session is not None,
-                "since": session.opened_at if session else None,
-                "heartbeat_age": _age(session.last_heartbeat_at if session
-                                      else node.last_seen_at, now),
-                "gateway": session.gateway if session else "",
-            },
-            "scheduling": {"state": node.scheduling_shown(cordons), "cordons": cordons},
-            "inventory": {
-                "cards": [{**card, "series": series.get(card["name"])}
-                          for card in inventory.get("cards", [])],
-                "driver": inventory.get("driver") or "—",
-                "container_runtime": inventory.get("container_runtime") or "—",
-                "storage_root_visible": inventory.get("storage_root_visible"),
-                "observed_age": _age(node.inventory_observed_at, now),
-            },
-            "liveness": list(node.liveness().items()),
-        })
+        rows.append(
+            {
+                "node": node,
+                "connection": {
+                    "connected": session is not None,
+                    "since": session.opened_at if session else None,
+                    "heartbeat_age": _age(
+                        session.last_heartbeat_at if session else node.last_seen_at, now
+                    ),
+                    "gateway": session.gateway if session else "",
+                },
+                "scheduling": {"state": node.scheduling_shown(cordons), "cordons": cordons},
+                "inventory": {
+                    "cards": [
+                        {**card, "series": series.get(card["name"])}
+                        for card in inventory.get("cards", [])
+                    ],
+                    "driver": inventory.get("driver") or "—",
+                    "container_runtime": inventory.get("container_runtime") or "—",
+                    "storage_root_visible": inventory.get("storage_root_visible"),
+                    "observed_age": _age(node.inventory_observed_at, now),
+                },
+                "liveness": list(node.liveness().items()),
+            }
+        )
     return rows
 
 
 def fleet_nodes_section(fleet) -> dict | None:
     if fleet.kind != FleetKind.NODE:
         return None
-    return {"template": "admin/nodes/fleet_nodes.html", "rows": node_rows(fleet),
-            "capabilities": [c for c in fleet.capabilities if c in LIVENESS_CAPABILITIES]}
+    return {
+        "template": "admin/nodes/fleet_nodes.html",
+        "rows": node_rows(fleet),
+        "capabilities": [c for c in fleet.capabilities if c in LIVENESS_CAPABILITIES],
+    }
 
 
 def fleet_cluster_section(fleet) -> dict | None:
@@ -72,12 +83,20 @@ def fleet_cluster_section(fleet) -> dict | None:
         return None
     now = timezone.now()
     snapshot = ClusterSnapshot.objects.filter(fleet=fleet).first() or ClusterSnapshot(fleet=fleet)
-    series = card_series(card["name"] for machine in snapshot.machines
-                         for card in machine["cards"])
-    machines = [{**machine, "cards": [{**card, "series": series.get(card["name"])}
-                                      for card in machine["cards"]]}
-                for machine in snapshot.machines]
-    return {"template": "admin/nodes/fleet_cluster.html", "kind": fleet.kind,
-            "snapshot": snapshot, "machines": machines, "observed_age": _age(snapshot.observed_at, now),
-            "attempted_age": _age(snapshot.attempted_at, now),
-            "error_age": _age(snapshot.error_since, now)}
+    series = card_series(card["name"] for machine in snapshot.machines for card in machine["cards"])
+    machines = [
+        {
+            **machine,
+            "cards": [{**card, "series": series.get(card["name"])} for card in machine["cards"]],
+        }
+        for machine in snapshot.machines
+    ]
+    return {
+        "template": "admin/nodes/fleet_cluster.html",
+        "kind": fleet.kind,
+        "snapshot": snapshot,
+        "machines": machines,
+        "observed_age": _age(snapshot.observed_at, now),
+        "attempted_age": _age(snapshot.attempted_at, now),
+        "error_age": _age(snapshot.error_since, now),
+    }

@@ -15,8 +15,9 @@ def _text(value, field: str, *, required: bool = False) -> str | None:
     if value is None and not required:
         return None
     if not isinstance(value, str) or (required and not value.strip()) or len(value) > MAX_TEXT:
-        raise ValidationFailed(f"{field} must be a string of at most {MAX_TEXT} characters.",
-                               field=field)
+        raise ValidationFailed(
+            f"{field} must be a string of at most {MAX_TEXT} characters.", field=field
+        )
     return value
 
 
@@ -31,37 +32,49 @@ def _count(value, field: str, *, minimum: int, required: bool = False) -> int | 
 def normalize_inventory(data) -> dict:
     if not isinstance(data, dict):
         raise ValidationFailed("inventory must be a JSON object.", field="inventory")
-    known = {"cards", "driver", "container_runtime", "storage_root_visible", "cpu_budget",
-             "memory_budget_bytes"}
+    known = {
+        "cards",
+        "driver",
+        "container_runtime",
+        "storage_root_visible",
+        "cpu_budget",
+        "memory_budget_bytes",
+    }
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValidationFailed(f"inventory.{unknown[0]} is not an inventory field.",
-                               field=f"inventory.{unknown[0]}")
+        raise ValidationFailed(
+            f"inventory.{unknown[0]} is not an inventory field.", field=f"inventory.{unknown[0]}"
+        )
     cards = data.get("cards", [])
     if not isinstance(cards, list) or len(cards) > MAX_CARD_KINDS:
-        raise ValidationFailed(f"inventory.cards must be a list of at most {MAX_CARD_KINDS}.",
-                               field="inventory.cards")
+        raise ValidationFailed(
+            f"inventory.cards must be a list of at most {MAX_CARD_KINDS}.", field="inventory.cards"
+        )
     totals: dict[str, int] = {}
     for index, card in enumerate(cards):
         field = f"inventory.cards[{index}]"
         if not isinstance(card, dict) or set(card) - {"name", "count"}:
-            raise ValidationFailed(f"{field} must be {{\"name\", \"count\"}}.", field=field)
+            raise ValidationFailed(f'{field} must be {{"name", "count"}}.', field=field)
         name = _text(card.get("name"), f"{field}.name", required=True).strip()
         count = _count(card.get("count"), f"{field}.count", minimum=1, required=True)
         totals[name] = totals.get(name, 0) + count
     if sum(totals.values()) > MAX_CARDS:
-        raise ValidationFailed(f"inventory.cards counts more than {MAX_CARDS} cards.",
-                               field="inventory.cards")
+        raise ValidationFailed(
+            f"inventory.cards counts more than {MAX_CARDS} cards.", field="inventory.cards"
+        )
     visible = data.get("storage_root_visible", False)
     if not isinstance(visible, bool):
-        raise ValidationFailed("inventory.storage_root_visible must be true or false.",
-                               field="inventory.storage_root_visible")
+        raise ValidationFailed(
+            "inventory.storage_root_visible must be true or false.",
+            field="inventory.storage_root_visible",
+        )
     return {
         "cards": [{"name": name, "count": count} for name, count in sorted(totals.items())],
         "driver": _text(data.get("driver"), "inventory.driver"),
         "container_runtime": _text(data.get("container_runtime"), "inventory.container_runtime"),
         "storage_root_visible": visible,
         "cpu_budget": _count(data.get("cpu_budget"), "inventory.cpu_budget", minimum=1),
-        "memory_budget_bytes": _count(data.get("memory_budget_bytes"),
-                                      "inventory.memory_budget_bytes", minimum=1),
+        "memory_budget_bytes": _count(
+            data.get("memory_budget_bytes"), "inventory.memory_budget_bytes", minimum=1
+        ),
     }

@@ -8,8 +8,7 @@ from django.db import models
 
 from fleets.models import Fleet
 
-from .choices import (LIVENESS_CAPABILITIES, CommandKind, CommandState, CordonSource,
-                      SchedulingState)
+from .choices import LIVENESS_CAPABILITIES, CommandKind, CommandState, CordonSource, SchedulingState
 
 
 def quiet_threshold(capability: str) -> timedelta:
@@ -27,8 +26,11 @@ class HardwareSeries(models.Model):
 
     # With a letter: a key of digits alone ("4090") reads as an array index in a JSON path,
     # and nodes' cards are kept per series slug in JSON.
-    slug = models.SlugField(max_length=63, unique=True, validators=[RegexValidator(
-        r"[a-z]", "A series slug needs a letter, e.g. rtx-4090.")])
+    slug = models.SlugField(
+        max_length=63,
+        unique=True,
+        validators=[RegexValidator(r"[a-z]", "A series slug needs a letter, e.g. rtx-4090.")],
+    )
     name = models.CharField(max_length=200)
     vendor = models.CharField(max_length=32, blank=True)
 
@@ -44,8 +46,9 @@ class CardAlias(models.Model):
     """An exact card name as machines report it. No series yet means an admin has to map it."""
 
     name = models.CharField(max_length=200, unique=True)
-    series = models.ForeignKey(HardwareSeries, null=True, blank=True, on_delete=models.PROTECT,
-                               related_name="aliases")
+    series = models.ForeignKey(
+        HardwareSeries, null=True, blank=True, on_delete=models.PROTECT, related_name="aliases"
+    )
     first_seen_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -62,8 +65,9 @@ class Node(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_node_id, editable=False)
     # Only a removed node outlives its Fleet (F7): detached as the Fleet is deleted, it keeps
     # that Fleet's id as text, which a new Fleet of the same id does not claim.
-    fleet = models.ForeignKey(Fleet, null=True, blank=True, on_delete=models.SET_NULL,
-                              related_name="nodes")
+    fleet = models.ForeignKey(
+        Fleet, null=True, blank=True, on_delete=models.SET_NULL, related_name="nodes"
+    )
     former_fleet = models.CharField(max_length=63, blank=True, default="")
     hostname = models.CharField(max_length=253, blank=True)
     # Where it answers. Two records may share one: an address is not an identity.
@@ -71,8 +75,9 @@ class Node(models.Model):
     # machine-id and GPU UUIDs, hashed: a hint that two records are one machine, never identity.
     fingerprint = models.CharField(max_length=64, blank=True, db_index=True)
     agent_version = models.CharField(max_length=64, blank=True)
-    scheduling_state = models.CharField(max_length=16, choices=SchedulingState.choices,
-                                        default=SchedulingState.ENROLLED)
+    scheduling_state = models.CharField(
+        max_length=16, choices=SchedulingState.choices, default=SchedulingState.ENROLLED
+    )
     inventory = models.JSONField(default=dict, blank=True)
     inventory_observed_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True, db_index=True)
@@ -92,17 +97,25 @@ class Node(models.Model):
 
     class Meta:
         ordering = ["fleet_id", "hostname", "id"]
-        indexes = [models.Index(fields=["last_seen_at"], condition=models.Q(quiet_train=True)
-                                | models.Q(quiet_serve=True) | models.Q(quiet_env=True),
-                                name="node_quiet_last_seen")]
+        indexes = [
+            models.Index(
+                fields=["last_seen_at"],
+                condition=models.Q(quiet_train=True)
+                | models.Q(quiet_serve=True)
+                | models.Q(quiet_env=True),
+                name="node_quiet_last_seen",
+            )
+        ]
         constraints = [
             models.CheckConstraint(
                 name="node_detached_only_when_removed",
                 violation_error_message="Only a removed node is without its Fleet, and it "
-                                        "keeps that Fleet's id.",
+                "keeps that Fleet's id.",
                 condition=models.Q(fleet__isnull=False, former_fleet="")
-                | (models.Q(fleet__isnull=True, scheduling_state=SchedulingState.REMOVED)
-                   & ~models.Q(former_fleet="")),
+                | (
+                    models.Q(fleet__isnull=True, scheduling_state=SchedulingState.REMOVED)
+                    & ~models.Q(former_fleet="")
+                ),
             ),
         ]
 
@@ -123,8 +136,11 @@ class Node(models.Model):
         """Per liveness capability its Fleet declares, as the sweep last judged it (L2–L4);
         none once its Fleet is deleted."""
         capabilities = self.fleet.capabilities if self.fleet_id is not None else []
-        return {capability: "quiet" if getattr(self, f"quiet_{capability}") else "ok"
-                for capability in capabilities if capability in LIVENESS_CAPABILITIES}
+        return {
+            capability: "quiet" if getattr(self, f"quiet_{capability}") else "ok"
+            for capability in capabilities
+            if capability in LIVENESS_CAPABILITIES
+        }
 
     def card_names(self) -> list[str]:
         return [card["name"] for card in self.inventory.get("cards", [])]
@@ -153,13 +169,15 @@ class JoinToken(models.Model):
     fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="join_tokens")
     prefix = models.CharField(max_length=16)
     digest = models.CharField(max_length=64, unique=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                                   on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
     used_at = models.DateTimeField(null=True, blank=True)
-    node = models.OneToOneField(Node, null=True, blank=True, on_delete=models.SET_NULL,
-                                related_name="join_token")
+    node = models.OneToOneField(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="join_token"
+    )
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -201,8 +219,11 @@ class ControlSession(models.Model):
     class Meta:
         ordering = ["-opened_at"]
         constraints = [
-            models.UniqueConstraint(fields=["node"], condition=models.Q(closed_at__isnull=True),
-                                    name="one_open_session_per_node"),
+            models.UniqueConstraint(
+                fields=["node"],
+                condition=models.Q(closed_at__isnull=True),
+                name="one_open_session_per_node",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -239,13 +260,13 @@ def new_command_id() -> str:
 class NodeCommand(models.Model):
     """Work the console asked a node to do, and the last state the node reported (L5)."""
 
-    id = models.CharField(primary_key=True, max_length=40, default=new_command_id,
-                          editable=False)
+    id = models.CharField(primary_key=True, max_length=40, default=new_command_id, editable=False)
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="commands")
     kind = models.CharField(max_length=32, choices=CommandKind.choices)
     payload = models.JSONField(default=dict)
-    state = models.CharField(max_length=16, choices=CommandState.choices,
-                             default=CommandState.PENDING, db_index=True)
+    state = models.CharField(
+        max_length=16, choices=CommandState.choices, default=CommandState.PENDING, db_index=True
+    )
     exit_code = models.IntegerField(null=True, blank=True)
     created_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField()
@@ -285,8 +306,9 @@ class ClusterSnapshot(models.Model):
     time, so they age out of placement by the freshness rule (L1) while the page shows why.
     """
 
-    fleet = models.OneToOneField(Fleet, on_delete=models.CASCADE, primary_key=True,
-                                 related_name="cluster_snapshot")
+    fleet = models.OneToOneField(
+        Fleet, on_delete=models.CASCADE, primary_key=True, related_name="cluster_snapshot"
+    )
     machines = models.JSONField(default=list, blank=True)  # Machine.as_dict() each
     observed_at = models.DateTimeField(null=True, blank=True)  # the last successful read
     attempted_at = models.DateTimeField(null=True, blank=True)

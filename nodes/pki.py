@@ -55,24 +55,42 @@ def ca_init(directory: Path | None = None) -> bool:
     os.chmod(directory, 0o700)
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Tuneplane console CA")])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(name).issuer_name(name).public_key(key.public_key())
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW).not_valid_after(now + CA_LIFETIME)
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(now + CA_LIFETIME)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
-                       critical=False)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write(directory / "ca.key", key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()), 0o600)
+    _write(
+        directory / "ca.key",
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        0o600,
+    )
     _write(directory / "ca.pem", cert.public_bytes(serialization.Encoding.PEM), 0o644)
     _load.cache_clear()
     return True
@@ -93,13 +111,11 @@ def _load(directory: str) -> CertificateAuthority:
         key = serialization.load_pem_private_key((path / "ca.key").read_bytes(), password=None)
     except FileNotFoundError:
         raise PkiMissing(f"no CA in {path}: run `python manage.py pki init`") from None
-    return CertificateAuthority(key=key, cert=x509.load_pem_x509_certificate(pem),
-                                pem=pem.decode())
+    return CertificateAuthority(key=key, cert=x509.load_pem_x509_certificate(pem), pem=pem.decode())
 
 
 def load_ca() -> CertificateAuthority:
     return _load(str(pki_dir()))
-
 
 
 def parse_csr(pem: str) -> x509.CertificateSigningRequest:
@@ -109,11 +125,14 @@ def parse_csr(pem: str) -> x509.CertificateSigningRequest:
     try:
         csr = x509.load_pem_x509_csr(pem.encode())
     except ValueError:
-        raise ValidationFailed("csr is not a PEM certificate signing request.",
-                               field="csr") from None
+        raise ValidationFailed(
+            "csr is not a PEM certificate signing request.", field="csr"
+        ) from None
     key = csr.public_key()
-    if not (isinstance(key, ed25519.Ed25519PublicKey)
-            or (isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == "secp256r1")):
+    if not (
+        isinstance(key, ed25519.Ed25519PublicKey)
+        or (isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == "secp256r1")
+    ):
         raise ValidationFailed("csr key must be EC P-256 or Ed25519.", field="csr")
     if not csr.is_signature_valid:
         raise ValidationFailed("csr signature does not verify.", field="csr")
@@ -143,23 +162,29 @@ def _issued(cert: x509.Certificate) -> IssuedCertificate:
     )
 
 
-def sign_node_csr(csr: x509.CertificateSigningRequest, node_id: str,
-                  lifetime: dt.timedelta) -> IssuedCertificate:
+def sign_node_csr(
+    csr: x509.CertificateSigningRequest, node_id: str, lifetime: dt.timedelta
+) -> IssuedCertificate:
     """The node's client certificate: its console-issued id in the SAN, and nothing it chose."""
     ca = load_ca()
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
-        .issuer_name(ca.cert.subject).public_key(csr.public_key())
+        .issuer_name(ca.cert.subject)
+        .public_key(csr.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW).not_valid_after(now + lifetime)
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.UniformResourceIdentifier(node_uri(node_id))]), critical=False)
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(now + lifetime)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(node_uri(node_id))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
-                       critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
+        )
         .sign(ca.key, hashes.SHA256())
     )
     return _issued(cert)
@@ -176,20 +201,28 @@ def issue_server_certificate(hosts: list[str], directory: Path | None = None) ->
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             names.append(x509.DNSName(host))
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca.cert.subject).public_key(key.public_key())
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW).not_valid_after(now + SERVER_LIFETIME)
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(now + SERVER_LIFETIME)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca.key, hashes.SHA256())
     )
-    _write(directory / "gateway.key", key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()), 0o600)
+    _write(
+        directory / "gateway.key",
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        0o600,
+    )
     _write(directory / "gateway.pem", cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return directory / "gateway.pem"

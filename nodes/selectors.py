@@ -9,7 +9,13 @@ from tuneplane.permissions import is_admin
 
 from .choices import ACTIVE_COMMAND_STATES, CommandState, SchedulingState
 from .models import (
-    CardAlias, ClusterSnapshot, ControlSession, JoinToken, Node, NodeCommand, NodeCordon,
+    CardAlias,
+    ClusterSnapshot,
+    ControlSession,
+    JoinToken,
+    Node,
+    NodeCommand,
+    NodeCordon,
 )
 
 
@@ -19,8 +25,11 @@ def card_series(names) -> dict[str, str | None]:
     Read at query time, so a mapping takes effect without a re-join.
     """
     names = set(names)
-    mapped = dict(CardAlias.objects.filter(name__in=names, series__isnull=False)
-                  .values_list("name", "series__slug"))
+    mapped = dict(
+        CardAlias.objects.filter(name__in=names, series__isnull=False).values_list(
+            "name", "series__slug"
+        )
+    )
     return {name: mapped.get(name) for name in names}
 
 
@@ -35,8 +44,9 @@ def cards_summary(inventory: dict, series: dict[str, str | None] | None = None) 
     per_series: dict[str, int] = {}
     for card in cards:
         if series.get(card["name"]):
-            per_series[series[card["name"]]] = per_series.get(series[card["name"]], 0) \
-                + card["count"]
+            per_series[series[card["name"]]] = (
+                per_series.get(series[card["name"]], 0) + card["count"]
+            )
     return {"series_cards": per_series, "card_count": sum(card["count"] for card in cards)}
 
 
@@ -58,24 +68,32 @@ def nodes_answering_at(address: str, *, now=None, exclude_id: str = "") -> Query
     """Other live records at one address: live = seen within the placement freshness window."""
     now = now or timezone.now()
     since = now - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
-    return (Node.objects.filter(address=address, last_seen_at__gte=since)
-            .exclude(scheduling_state=SchedulingState.REMOVED).exclude(pk=exclude_id))
+    return (
+        Node.objects.filter(address=address, last_seen_at__gte=since)
+        .exclude(scheduling_state=SchedulingState.REMOVED)
+        .exclude(pk=exclude_id)
+    )
 
 
 def nodes_with_fingerprint(fingerprint: str, *, exclude_id: str = "") -> QuerySet[Node]:
     if not fingerprint:
         return Node.objects.none()
-    return (Node.objects.filter(fingerprint=fingerprint)
-            .exclude(scheduling_state=SchedulingState.REMOVED).exclude(pk=exclude_id))
+    return (
+        Node.objects.filter(fingerprint=fingerprint)
+        .exclude(scheduling_state=SchedulingState.REMOVED)
+        .exclude(pk=exclude_id)
+    )
 
 
 def addresses_shared(nodes) -> set[str]:
     """Which of these nodes' addresses another live record answers at too (J5)."""
     addresses = {node.address for node in nodes if node.address}
     since = timezone.now() - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
-    rows = (Node.objects.filter(address__in=addresses, last_seen_at__gte=since)
-            .exclude(scheduling_state=SchedulingState.REMOVED)
-            .values_list("address", "id"))
+    rows = (
+        Node.objects.filter(address__in=addresses, last_seen_at__gte=since)
+        .exclude(scheduling_state=SchedulingState.REMOVED)
+        .values_list("address", "id")
+    )
     seen: dict[str, int] = {}
     for address, _ in rows:
         seen[address] = seen.get(address, 0) + 1
@@ -88,42 +106,53 @@ def join_tokens_of(fleet) -> QuerySet[JoinToken]:
 
 def fleet_nodes_blocking_deletion(fleet) -> list[str]:
     """F7's node half: a Fleet with nodes is not deletable."""
-    ids = list(Node.objects.filter(fleet=fleet).exclude(scheduling_state=SchedulingState.REMOVED)
-               .values_list("id", flat=True)[:6])
+    ids = list(
+        Node.objects.filter(fleet=fleet)
+        .exclude(scheduling_state=SchedulingState.REMOVED)
+        .values_list("id", flat=True)[:6]
+    )
     if not ids:
         return []
-    total = Node.objects.filter(fleet=fleet).exclude(
-        scheduling_state=SchedulingState.REMOVED).count()
+    total = (
+        Node.objects.filter(fleet=fleet).exclude(scheduling_state=SchedulingState.REMOVED).count()
+    )
     shown = ", ".join(ids[:5]) + (", …" if total > 5 else "")
     return [f"{total} node{'s' if total != 1 else ''} ({shown}); remove them first"]
 
 
 def live_sessions_of(nodes) -> dict:
     """Each node's open session whose lease has not expired (L1's "live lease"), by node id."""
-    sessions = ControlSession.objects.filter(node__in=[node.pk for node in nodes],
-                                             closed_at__isnull=True,
-                                             lease_expires_at__gt=timezone.now())
+    sessions = ControlSession.objects.filter(
+        node__in=[node.pk for node in nodes],
+        closed_at__isnull=True,
+        lease_expires_at__gt=timezone.now(),
+    )
     return {session.node_id: session for session in sessions}
 
 
-def commands_pending(*, node_id: str | None = None,
-                     gateway: str | None = None) -> list[NodeCommand]:
+def commands_pending(
+    *, node_id: str | None = None, gateway: str | None = None
+) -> list[NodeCommand]:
     """Pending commands, oldest first, in one statement: of one node, or of the nodes whose
     open session is on one gateway replica."""
     pending = NodeCommand.objects.filter(state=CommandState.PENDING).order_by("created_at")
     if node_id is not None:
         pending = pending.filter(node_id=node_id)
     if gateway is not None:
-        pending = pending.filter(node__sessions__gateway=gateway,
-                                 node__sessions__closed_at__isnull=True)
+        pending = pending.filter(
+            node__sessions__gateway=gateway, node__sessions__closed_at__isnull=True
+        )
     return list(pending)
 
 
 def commands_active_on(node) -> list[str]:
     """Ids of the node's commands that may still be running: what drain waits for and what
     a forced removal leaves behind (D3)."""
-    return list(NodeCommand.objects.filter(node=node, state__in=ACTIVE_COMMAND_STATES)
-                .order_by("created_at").values_list("id", flat=True))
+    return list(
+        NodeCommand.objects.filter(node=node, state__in=ACTIVE_COMMAND_STATES)
+        .order_by("created_at")
+        .values_list("id", flat=True)
+    )
 
 
 def nodes_placeable(fleet_ids, now=None) -> QuerySet[Node]:
@@ -132,10 +161,12 @@ def nodes_placeable(fleet_ids, now=None) -> QuerySet[Node]:
     state alone is not enough. Whether the Fleet is active is the caller's gate."""
     now = now or timezone.now()
     fresh = now - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
-    return (Node.objects.filter(fleet_id__in=list(fleet_ids),
-                                scheduling_state=SchedulingState.SCHEDULABLE,
-                                lease_expires_at__gt=now, inventory_observed_at__gte=fresh)
-            .exclude(pk__in=NodeCordon.objects.values("node_id")))
+    return Node.objects.filter(
+        fleet_id__in=list(fleet_ids),
+        scheduling_state=SchedulingState.SCHEDULABLE,
+        lease_expires_at__gt=now,
+        inventory_observed_at__gte=fresh,
+    ).exclude(pk__in=NodeCordon.objects.values("node_id"))
 
 
 def cluster_machines_placeable(fleet_ids, now=None) -> dict[str, list[dict]]:
@@ -143,7 +174,8 @@ def cluster_machines_placeable(fleet_ids, now=None) -> dict[str, list[dict]]:
     within TUNEPLANE_PLACEMENT_FRESHNESS, schedulable in their manager's eyes. One query."""
     now = now or timezone.now()
     fresh = now - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
-    snapshots = ClusterSnapshot.objects.filter(fleet_id__in=list(fleet_ids),
-                                               observed_at__gte=fresh)
-    return {fleet_id: [m for m in machines if m["state"] == SchedulingState.SCHEDULABLE]
-            for fleet_id, machines in snapshots.values_list("fleet_id", "machines")}
+    snapshots = ClusterSnapshot.objects.filter(fleet_id__in=list(fleet_ids), observed_at__gte=fresh)
+    return {
+        fleet_id: [m for m in machines if m["state"] == SchedulingState.SCHEDULABLE]
+        for fleet_id, machines in snapshots.values_list("fleet_id", "machines")
+    }

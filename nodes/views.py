@@ -9,15 +9,17 @@ from .downloads import downloads_dir, wheels
 
 
 def install_script(request):
-    script = render_to_string("install.sh", {"server": settings.TUNEPLANE_PUBLIC_URL.rstrip("/")},
-                              request=None)
+    script = render_to_string(
+        "install.sh", {"server": settings.TUNEPLANE_PUBLIC_URL.rstrip("/")}, request=None
+    )
     return HttpResponse(script, content_type="text/x-shellscript; charset=utf-8")
 
 
 def download_index(request):
     """A flat page of links: what ``pip install --find-links`` reads."""
-    links = "\n".join(f'<a href="{escape(path.name)}">{escape(path.name)}</a><br>'
-                      for path in wheels())
+    links = "\n".join(
+        f'<a href="{escape(path.name)}">{escape(path.name)}</a><br>' for path in wheels()
+    )
     return HttpResponse(f"<!DOCTYPE html>\n<html><body>\n{links}\n</body></html>\n")
 
 

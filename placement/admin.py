@@ -2,16 +2,33 @@ from django.contrib import admin
 
 from tuneplane.admin import ReadOnlyAdmin
 
-from .models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession, Revision,
-                     TrainingJob, Volume)
+from .models import (
+    Dataset,
+    Deployment,
+    Environment,
+    LifecycleJob,
+    PlaygroundSession,
+    Revision,
+    TrainingJob,
+    Volume,
+)
 from .selectors import deployments_with_status, revisions_with_ready
 
 
 class WorkloadAdmin(ReadOnlyAdmin):
     """Workloads are submitted through the API, where admission answers; here they are read."""
 
-    list_display = ["id", "name", "project", "fleet", "series", "cards", "nodes", "created_by",
-                    "created_at"]
+    list_display = [
+        "id",
+        "name",
+        "project",
+        "fleet",
+        "series",
+        "cards",
+        "nodes",
+        "created_by",
+        "created_at",
+    ]
     list_filter = ["fleet", "project"]
     search_fields = ["name"]
     list_select_related = ["project", "fleet", "created_by"]

@@ -21,7 +21,10 @@ from django.utils import timezone
 from fleets.choices import FleetKind, FleetState
 from fleets.selectors import fleet_get_visible, fleets_visible_to
 from nodes.selectors import (
-    card_series, cards_summary, cluster_machines_placeable, nodes_placeable,
+    card_series,
+    cards_summary,
+    cluster_machines_placeable,
+    nodes_placeable,
 )
 from tuneplane.errors import PlacementRefused
 
@@ -75,8 +78,9 @@ class Holdings:
 
     def __init__(self, fleets: list, need: Need, now=None):  # Fleets, or rows: id and kind
         self.fleets, self.need, self.now = fleets, need, now or timezone.now()
-        self.nodes = (nodes_placeable([f.id for f in fleets if f.kind == FleetKind.NODE],
-                                      self.now).annotate(held=_cards_held(need)))
+        self.nodes = nodes_placeable(
+            [f.id for f in fleets if f.kind == FleetKind.NODE], self.now
+        ).annotate(held=_cards_held(need))
         self.clusters = [f.id for f in fleets if f.kind != FleetKind.NODE]
         self._machines: dict[str, list[tuple[int, str]]] | None = None
 
@@ -86,16 +90,17 @@ class Holdings:
         fits = {fleet.id: FleetFit(fleet.id) for fleet in self.fleets}
         for fleet_id, held in self.cluster_machines().items():
             fitting = [cards for cards, _ in held if cards >= self.need.cards]
-            fits[fleet_id] = FleetFit(fleet_id, max((c for c, _ in held), default=0),
-                                      len(fitting), sum(fitting))
+            fits[fleet_id] = FleetFit(
+                fleet_id, max((c for c, _ in held), default=0), len(fitting), sum(fitting)
+            )
         try:
-            inner, params = self.nodes.order_by().values("fleet_id", "held") \
-                .query.sql_with_params()
+            inner, params = self.nodes.order_by().values("fleet_id", "held").query.sql_with_params()
         except EmptyResultSet:
             return fits
         with connection.cursor() as cursor:
-            cursor.execute(FIT_SQL.format(placeable=inner),
-                           [*params, self.need.cards, self.need.cards])
+            cursor.execute(
+                FIT_SQL.format(placeable=inner), [*params, self.need.cards, self.need.cards]
+            )
             for fleet_id, largest, count, cards in cursor.fetchall():
                 fits[fleet_id] = FleetFit(fleet_id, largest, count, cards or 0)
         return fits
@@ -105,8 +110,11 @@ class Holdings:
         if fleet_id in self.clusters:
             held = sorted(self.cluster_machines().get(fleet_id, []), key=lambda m: (-m[0], m[1]))
             return [name for cards, name in held if cards >= self.need.cards][:limit]
-        return list(self.nodes.filter(fleet_id=fleet_id, held__gte=self.need.cards)
-                    .order_by("-held", "id").values_list("id", flat=True)[:limit])
+        return list(
+            self.nodes.filter(fleet_id=fleet_id, held__gte=self.need.cards)
+            .order_by("-held", "id")
+            .values_list("id", flat=True)[:limit]
+        )
 
     def _held(self, summary: dict) -> int:
         """What one machine's card summary holds of the need, as _cards_held reads a node's."""
@@ -117,14 +125,20 @@ class Holdings:
     def cluster_machines(self) -> dict[str, list[tuple[int, str]]]:
         """Per cluster Fleet, each placeable machine's cards of the need and its name."""
         if self._machines is None:
-            machines = cluster_machines_placeable(self.clusters, self.now) if self.clusters \
-                else {}
-            series = card_series(card["name"] for listed in machines.values()
-                                 for machine in listed for card in machine["cards"])
+            machines = cluster_machines_placeable(self.clusters, self.now) if self.clusters else {}
+            series = card_series(
+                card["name"]
+                for listed in machines.values()
+                for machine in listed
+                for card in machine["cards"]
+            )
             self._machines = {
-                fleet_id: [(self._held(cards_summary(machine, series)), machine["name"])
-                           for machine in listed]
-                for fleet_id, listed in machines.items()}
+                fleet_id: [
+                    (self._held(cards_summary(machine, series)), machine["name"])
+                    for machine in listed
+                ]
+                for fleet_id, listed in machines.items()
+            }
         return self._machines
 
 
@@ -168,44 +182,67 @@ def admit_named(user, fleet_id: str, need: Need, now=None) -> Admitted:
     """A Fleet the submitter named: every gate on it, in order."""
     fleet = fleet_get_visible(user, fleet_id)
     if need.capability not in fleet.capabilities or (need.kinds and fleet.kind not in need.kinds):
-        raise _refuse(Refusal.CAPABILITY, f"Fleet '{fleet.id}' cannot {need.capability}"
-                      + (f" for this workload (it needs a {' or '.join(need.kinds)} Fleet)"
-                         if need.kinds and fleet.kind not in need.kinds else "")
-                      + ": a capability is a promise, and this one was not made (rule F3).")
+        raise _refuse(
+            Refusal.CAPABILITY,
+            f"Fleet '{fleet.id}' cannot {need.capability}"
+            + (
+                f" for this workload (it needs a {' or '.join(need.kinds)} Fleet)"
+                if need.kinds and fleet.kind not in need.kinds
+                else ""
+            )
+            + ": a capability is a promise, and this one was not made (rule F3).",
+        )
     if fleet.state != FleetState.ACTIVE:
-        raise _refuse(Refusal.STATE, f"Fleet '{fleet.id}' is {fleet.state}: it takes no new "
-                      "work (rule D1).")
+        raise _refuse(
+            Refusal.STATE, f"Fleet '{fleet.id}' is {fleet.state}: it takes no new work (rule D1)."
+        )
     if need.cards == 0:
         return Admitted(fleet.id, GATES[:3])
     fitting, fits, holdings = _check_fit([fleet], need, now)
     if not fitting:
-        raise _refuse(Refusal.INVENTORY_FIT, f"Fleet '{fleet.id}' has no placeable nodes for "
-                      f"{need.describe()}; {_best_offer(fits, need)}.",
-                      best_offer=_best_offer(fits, need))
+        raise _refuse(
+            Refusal.INVENTORY_FIT,
+            f"Fleet '{fleet.id}' has no placeable nodes for "
+            f"{need.describe()}; {_best_offer(fits, need)}.",
+            best_offer=_best_offer(fits, need),
+        )
     return Admitted(fleet.id, GATES, holdings.fitting_nodes(fleet.id))
 
 
 def admit_automatically(user, need: Need, now=None) -> Admitted:
     """P1, P4: among every visible Fleet that passes every gate, the one with the most
     fitting cards, then the smallest id — deterministic."""
-    visible = list(fleets_visible_to(user).select_related(None).order_by("id")
-                   .values_list("id", "kind", "capabilities", "state", named=True))
-    able = [f for f in visible if need.capability in f.capabilities
-            and (not need.kinds or f.kind in need.kinds)]
+    visible = list(
+        fleets_visible_to(user)
+        .select_related(None)
+        .order_by("id")
+        .values_list("id", "kind", "capabilities", "state", named=True)
+    )
+    able = [
+        f
+        for f in visible
+        if need.capability in f.capabilities and (not need.kinds or f.kind in need.kinds)
+    ]
     if not able:
         kinds = f" among {' and '.join(need.kinds)} Fleets" if need.kinds else ""
         raise _refuse(Refusal.CAPABILITY, f"No Fleet you can see can {need.capability}{kinds}.")
     active = [f for f in able if f.state == FleetState.ACTIVE]
     if not active:
-        raise _refuse(Refusal.STATE, f"Every Fleet you can see that can {need.capability} is "
-                      "draining or disabled: none takes new work (rule D1).")
+        raise _refuse(
+            Refusal.STATE,
+            f"Every Fleet you can see that can {need.capability} is "
+            "draining or disabled: none takes new work (rule D1).",
+        )
     if need.cards == 0:
         return Admitted(active[0].id, GATES[:3])
     fitting, fits, holdings = _check_fit(active, need, now)
     if not fitting:
         offer = _best_offer(fits, need)
-        raise _refuse(Refusal.INVENTORY_FIT, f"No Fleet you can see fits {need.describe()} "
-                      f"now; {offer}.", best_offer=offer)
+        raise _refuse(
+            Refusal.INVENTORY_FIT,
+            f"No Fleet you can see fits {need.describe()} now; {offer}.",
+            best_offer=offer,
+        )
     chosen = min(fitting, key=lambda fit: (-fit.fitting_cards, fit.fleet_id))
     return Admitted(chosen.fleet_id, GATES, holdings.fitting_nodes(chosen.fleet_id))
 
@@ -214,13 +251,19 @@ def admit_deployment(user, fleet_id: str | None, need: Need, now=None) -> Admitt
     """P2: named by the submitter; unnamed, the one visible serving Fleet, if there is one."""
     if fleet_id:
         return admit_named(user, fleet_id, need, now)
-    serving = [fleet.id for fleet in fleets_visible_to(user).order_by("id")
-               if need.capability in fleet.capabilities]
+    serving = [
+        fleet.id
+        for fleet in fleets_visible_to(user).order_by("id")
+        if need.capability in fleet.capabilities
+    ]
     if not serving:
         raise _refuse(Refusal.CAPABILITY, "No Fleet you can see can serve.")
     if len(serving) > 1:
-        raise _refuse(Refusal.FLEET_NOT_NAMED, "More than one Fleet you can see can serve: name "
-                      f"one in \"fleet\" ({', '.join(serving)}). A deployment's Fleet is never "
-                      "chosen for you among several (rule P2).", candidates=serving)
+        raise _refuse(
+            Refusal.FLEET_NOT_NAMED,
+            "More than one Fleet you can see can serve: name "
+            f'one in "fleet" ({", ".join(serving)}). A deployment\'s Fleet is never '
+            "chosen for you among several (rule P2).",
+            candidates=serving,
+        )
     return admit_named(user, serving[0], need, now)
-

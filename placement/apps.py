@@ -10,7 +10,9 @@ class PlacementConfig(AppConfig):
     def ready(self):
         from fleets.deletion import register_deletion_blocker
 
-        from . import tasks  # noqa: F401 -- registered wherever placement runs: services send them by name
+        from . import (
+            tasks,  # noqa: F401 -- registered wherever placement runs: services send them by name
+        )
         from .services import live_deployments_blocking_deletion, workload_records_blocking_deletion
 
         register_deletion_blocker(live_deployments_blocking_deletion)

@@ -12,9 +12,11 @@ class LifecycleKind(models.TextChoices):
 
 
 # An eval needs a Fleet that promises eval; the other lifecycle jobs are training work.
-LIFECYCLE_CAPABILITY = {LifecycleKind.EVAL: FleetCapability.EVAL,
-                        LifecycleKind.EXPORT: FleetCapability.TRAIN,
-                        LifecycleKind.MERGE: FleetCapability.TRAIN}
+LIFECYCLE_CAPABILITY = {
+    LifecycleKind.EVAL: FleetCapability.EVAL,
+    LifecycleKind.EXPORT: FleetCapability.TRAIN,
+    LifecycleKind.MERGE: FleetCapability.TRAIN,
+}
 
 
 class DeploymentState(models.TextChoices):

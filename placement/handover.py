@@ -17,8 +17,7 @@ from django.utils import timezone
 
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
-from nodes.backends import (BackendError, JobSpec, OutcomeUnknown, backend_for,
-                            job_state_is_final)
+from nodes.backends import BackendError, JobSpec, OutcomeUnknown, backend_for, job_state_is_final
 from nodes.selectors import card_series
 
 from .models import TrainingJob
@@ -51,8 +50,11 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
     """
     now = timezone.now()
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update(of=("self",)).select_related("fleet") \
+        job = (
+            TrainingJob.objects.select_for_update(of=("self",))
+            .select_related("fleet")
             .get(pk=job_id)
+        )
         started = job.handover_started_at
         if job.backend_job_id or (started and now - started < HANDOVER_STALE):
             return job  # handed over, or being handed over now
@@ -68,10 +70,15 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
     except OutcomeUnknown as exc:
         # It may have been taken: not a failure. Left marked, and stale at once, so the next
         # pass of cluster_jobs_track resumes it under the same key.
-        logger.warning("job %s on %s: no answer to the handover (%s); resumed next pass",
-                       job_id, job.fleet_id, exc)
+        logger.warning(
+            "job %s on %s: no answer to the handover (%s); resumed next pass",
+            job_id,
+            job.fleet_id,
+            exc,
+        )
         TrainingJob.objects.filter(pk=job_id, backend_job_id="").update(
-            handover_started_at=now - HANDOVER_STALE)
+            handover_started_at=now - HANDOVER_STALE
+        )
         return job
     except BackendError as exc:
         error = str(exc)[:2000]
@@ -88,12 +95,26 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
         job.backend_job_id, job.backend_error = backend_job_id, error
         job.backend_state = "SUBMITTED" if backend_job_id else job.backend_state
         job.handover_started_at = None
-        job.save(update_fields=["backend_job_id", "backend_state", "backend_error",
-                                "handover_started_at"])
-        audit_record(actor=SYSTEM, action="trainingjob.handed_over" if backend_job_id
-                     else "trainingjob.handover_failed", target=job, before=before,
-                     after={"backend_job_id": backend_job_id, "backend_error": error,
-                            "key": job.handover_key, "resumed": resuming})
+        job.save(
+            update_fields=[
+                "backend_job_id",
+                "backend_state",
+                "backend_error",
+                "handover_started_at",
+            ]
+        )
+        audit_record(
+            actor=SYSTEM,
+            action="trainingjob.handed_over" if backend_job_id else "trainingjob.handover_failed",
+            target=job,
+            before=before,
+            after={
+                "backend_job_id": backend_job_id,
+                "backend_error": error,
+                "key": job.handover_key,
+                "resumed": resuming,
+            },
+        )
     return job
 
 
@@ -101,27 +122,39 @@ def _duplicate(job: TrainingJob, orphan: str) -> None:
     """An attempt judged dead (stalled past HANDOVER_STALE) answered after all, and the
     manager had taken the job from both: the first recorded stands; the other is named, for
     an operator to cancel."""
-    logger.error("job %s was handed over twice: %s is recorded, %s is not and runs unrecorded",
-                 job.pk, job.backend_job_id, orphan)
-    audit_record(actor=SYSTEM, action="trainingjob.handed_over_twice", target=job,
-                 before={"backend_job_id": job.backend_job_id},
-                 after={"backend_job_id": job.backend_job_id, "unrecorded_job_id": orphan})
+    logger.error(
+        "job %s was handed over twice: %s is recorded, %s is not and runs unrecorded",
+        job.pk,
+        job.backend_job_id,
+        orphan,
+    )
+    audit_record(
+        actor=SYSTEM,
+        action="trainingjob.handed_over_twice",
+        target=job,
+        before={"backend_job_id": job.backend_job_id},
+        after={"backend_job_id": job.backend_job_id, "unrecorded_job_id": orphan},
+    )
 
 
 def cluster_jobs_track() -> dict:
     """Hand over what is still waiting, then read back the state of every handed-over job
     not yet finished; record each change."""
     changed = failed = 0
-    waiting = (TrainingJob.objects.filter(backend_job_id="", backend_error="")
-               .exclude(fleet__kind=FleetKind.NODE).values_list("id", flat=True))
+    waiting = (
+        TrainingJob.objects.filter(backend_job_id="", backend_error="")
+        .exclude(fleet__kind=FleetKind.NODE)
+        .values_list("id", flat=True)
+    )
     for job_id in list(waiting):
         try:
             cluster_job_handover(job_id)
         except Exception:  # the database, say: this job waits for the next pass
             failed += 1
             logger.exception("job %s: handover not attempted", job_id)
-    open_jobs = (TrainingJob.objects.exclude(backend_job_id="").select_related("fleet")
-                 .order_by("id"))
+    open_jobs = (
+        TrainingJob.objects.exclude(backend_job_id="").select_related("fleet").order_by("id")
+    )
     for job in open_jobs.iterator():
         if job_state_is_final(job.backend_state):
             continue
@@ -141,9 +174,13 @@ def _record_state(job_id: int, state: str) -> int:
         job = TrainingJob.objects.select_for_update().get(pk=job_id)
         if job.backend_state == state:
             return 0
-        audit_record(actor=SYSTEM, action="trainingjob.backend_state", target=job,
-                     before={"backend_state": job.backend_state},
-                     after={"backend_state": state})
+        audit_record(
+            actor=SYSTEM,
+            action="trainingjob.backend_state",
+            target=job,
+            before={"backend_state": job.backend_state},
+            after={"backend_state": state},
+        )
         job.backend_state = state
         job.save(update_fields=["backend_state"])
     return 1
@@ -152,8 +189,14 @@ def _record_state(job_id: int, state: str) -> int:
 def _spec(job: TrainingJob) -> JobSpec:
     if not job.script:
         raise BackendError("the job has no script: a cluster Fleet's manager needs one to run")
-    return JobSpec(name=job.name, script=job.script, series=_card_name(job),
-                   cards=job.cards, nodes=job.nodes, key=job.handover_key)
+    return JobSpec(
+        name=job.name,
+        script=job.script,
+        series=_card_name(job),
+        cards=job.cards,
+        nodes=job.nodes,
+        key=job.handover_key,
+    )
 
 
 def _card_name(job: TrainingJob) -> str:
@@ -162,8 +205,11 @@ def _card_name(job: TrainingJob) -> str:
     if not job.series:
         return ""
     snapshot = getattr(job.fleet, "cluster_snapshot", None)
-    names = {card["name"] for machine in (snapshot.machines if snapshot else [])
-             for card in machine["cards"]}
+    names = {
+        card["name"]
+        for machine in (snapshot.machines if snapshot else [])
+        for card in machine["cards"]
+    }
     mapped = sorted(name for name, slug in card_series(names).items() if slug == job.series)
     if not mapped:
         raise BackendError(f"no card of series {job.series} in the Fleet's last snapshot")

@@ -30,14 +30,16 @@ class StorageRecord(models.Model):
 
 class Volume(StorageRecord):
     class Meta(StorageRecord.Meta):
-        constraints = [models.UniqueConstraint(fields=["project", "name"],
-                                               name="one_volume_name_per_project")]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="one_volume_name_per_project")
+        ]
 
 
 class Dataset(StorageRecord):
     class Meta(StorageRecord.Meta):
-        constraints = [models.UniqueConstraint(fields=["project", "name"],
-                                               name="one_dataset_name_per_project")]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="one_dataset_name_per_project")
+        ]
 
 
 class Workload(models.Model):
@@ -49,8 +51,9 @@ class Workload(models.Model):
     cards = models.PositiveIntegerField(default=0)
     nodes = models.PositiveIntegerField(default=1)
     admission = models.JSONField(default=dict)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                                   on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -86,8 +89,9 @@ class LifecycleJob(Workload):
 
 
 class Deployment(Workload):
-    state = models.CharField(max_length=16, choices=DeploymentState.choices,
-                             default=DeploymentState.LIVE)
+    state = models.CharField(
+        max_length=16, choices=DeploymentState.choices, default=DeploymentState.LIVE
+    )
 
 
 class Revision(models.Model):
@@ -95,17 +99,18 @@ class Revision(models.Model):
     that node answers for serve (L2), so it can never disagree with the liveness sweep;
     placement.selectors.revisions_with_ready computes it."""
 
-    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE,
-                                   related_name="revisions")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="revisions")
     number = models.PositiveIntegerField()
-    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT,
-                             related_name="revisions")
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.PROTECT, related_name="revisions"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["deployment_id", "number"]
-        constraints = [models.UniqueConstraint(fields=["deployment", "number"],
-                                               name="one_revision_number")]
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "number"], name="one_revision_number")
+        ]
 
 
 class PlaygroundSession(Workload):

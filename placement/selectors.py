@@ -7,13 +7,21 @@ from django.utils import timezone
 from fleets.choices import FleetDelivery, FleetState
 from nodes.choices import SchedulingState
 from nodes.models import Node
-from tuneplane.permissions import is_admin
 from tuneplane.errors import PlacementRefused
 from tuneplane.models import Membership
+from tuneplane.permissions import is_admin
 
 from .choices import DeploymentState, DeploymentStatus, Refusal
-from .models import (Dataset, Deployment, Environment, LifecycleJob, Revision, TrainingJob,
-                     Volume, Workload)
+from .models import (
+    Dataset,
+    Deployment,
+    Environment,
+    LifecycleJob,
+    Revision,
+    TrainingJob,
+    Volume,
+    Workload,
+)
 
 DEFAULT_STORAGE_ROOT = "/srv/tuneplane"
 
@@ -22,20 +30,23 @@ DEFAULT_STORAGE_ROOT = "/srv/tuneplane"
 REVISION_READY = Case(
     When(node__isnull=True, then=Value(False)),
     When(node__quiet_serve=True, then=Value(False)),
-    When(node__scheduling_state__in=(SchedulingState.GONE, SchedulingState.REMOVED),
-         then=Value(False)),
-    default=Value(True))
+    When(
+        node__scheduling_state__in=(SchedulingState.GONE, SchedulingState.REMOVED),
+        then=Value(False),
+    ),
+    default=Value(True),
+)
 
 
 def workloads_visible_to(user, model) -> QuerySet:
     """A project's workloads (and volumes, datasets) are its members' to see; administrators
     see all."""
     records = model.objects.select_related(
-        "project", *(["fleet"] if issubclass(model, Workload) else []))
+        "project", *(["fleet"] if issubclass(model, Workload) else [])
+    )
     if is_admin(user):
         return records
-    return records.filter(project__in=Membership.objects.filter(user=user)
-                          .values("project_id"))
+    return records.filter(project__in=Membership.objects.filter(user=user).values("project_id"))
 
 
 def workloads_shown_to(user, model) -> QuerySet:
@@ -48,10 +59,12 @@ def workloads_shown_to(user, model) -> QuerySet:
     if model in (TrainingJob, LifecycleJob):
         records = records.prefetch_related(
             Prefetch("volumes", queryset=Volume.objects.select_related("project")),
-            Prefetch("datasets", queryset=Dataset.objects.select_related("project")))
+            Prefetch("datasets", queryset=Dataset.objects.select_related("project")),
+        )
     if model is Deployment:
         records = deployments_with_status(records).prefetch_related(
-            Prefetch("revisions", queryset=revisions_with_ready()))
+            Prefetch("revisions", queryset=revisions_with_ready())
+        )
     return records
 
 
@@ -68,25 +81,41 @@ def deployments_with_status(deployments: QuerySet[Deployment]) -> QuerySet[Deplo
     read it from here."""
     revisions = Revision.objects.filter(deployment=OuterRef("pk"))
     not_ready = revisions.alias(ready=REVISION_READY).filter(ready=False)
-    return deployments.annotate(status=Case(
-        When(state=DeploymentState.STOPPED, then=Value(DeploymentStatus.STOPPED)),
-        When(Exists(revisions) & ~Exists(not_ready), then=Value(DeploymentStatus.READY)),
-        default=Value(DeploymentStatus.DEGRADED)))
+    return deployments.annotate(
+        status=Case(
+            When(state=DeploymentState.STOPPED, then=Value(DeploymentStatus.STOPPED)),
+            When(Exists(revisions) & ~Exists(not_ready), then=Value(DeploymentStatus.READY)),
+            default=Value(DeploymentStatus.DEGRADED),
+        )
+    )
 
 
 def environment_resolve(environment: Environment) -> Node:
     """P5, L3: a node of the environment's Fleet answering right now — a live lease and env
     not quiet — resolved per job, never cached."""
     now = timezone.now()
-    answering = (Node.objects.filter(fleet_id=environment.fleet_id, quiet_env=False,
-                                     sessions__closed_at__isnull=True,
-                                     sessions__lease_expires_at__gt=now)
-                 .exclude(scheduling_state__in=(SchedulingState.GONE, SchedulingState.REMOVED,
-                                          SchedulingState.DRAINED))
-                 .order_by("-sessions__last_heartbeat_at").first())
+    answering = (
+        Node.objects.filter(
+            fleet_id=environment.fleet_id,
+            quiet_env=False,
+            sessions__closed_at__isnull=True,
+            sessions__lease_expires_at__gt=now,
+        )
+        .exclude(
+            scheduling_state__in=(
+                SchedulingState.GONE,
+                SchedulingState.REMOVED,
+                SchedulingState.DRAINED,
+            )
+        )
+        .order_by("-sessions__last_heartbeat_at")
+        .first()
+    )
     if answering is None or environment.fleet.state != FleetState.ACTIVE:
-        raise PlacementRefused(f"No node of Fleet '{environment.fleet_id}' answers for env "
-                               "right now (rule L3).", reason=Refusal.NO_NODE_ANSWERING)
+        raise PlacementRefused(
+            f"No node of Fleet '{environment.fleet_id}' answers for env right now (rule L3).",
+            reason=Refusal.NO_NODE_ANSWERING,
+        )
     return answering
 
 
@@ -100,8 +129,10 @@ def delivery_of(fleet, volumes, datasets) -> list[dict]:
             if fleet.delivery == FleetDelivery.SHARED_MOUNT:
                 entry["path"] = f"{root}/{record.project.slug}/{kind}s/{record.name}"
             else:
-                entry["uri"] = record.uri or (f"{settings.TUNEPLANE_PUBLIC_URL.rstrip('/')}"
-                                              f"/objects/{record.project.slug}/{kind}s/"
-                                              f"{record.name}")
+                entry["uri"] = record.uri or (
+                    f"{settings.TUNEPLANE_PUBLIC_URL.rstrip('/')}"
+                    f"/objects/{record.project.slug}/{kind}s/"
+                    f"{record.name}"
+                )
             reached.append(entry)
     return reached

@@ -11,53 +11,84 @@ from audit.services import Actor, audit_record
 from fleets.choices import FleetCapability, FleetKind, FleetState
 from fleets.models import Fleet
 from fleets.selectors import fleet_not_found
-from tuneplane.permissions import is_admin
 from tuneplane.errors import NotFound, PlacementRefused, ValidationFailed
 from tuneplane.models import Membership, Project
+from tuneplane.permissions import is_admin
 
 from .admission import Admitted, Need, admit_automatically, admit_deployment, admit_named
 from .choices import LIFECYCLE_CAPABILITY, DeploymentState, LifecycleKind, Refusal
 from .handover import handover_on_commit
-from .models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession, Revision,
-                     TrainingJob, Volume)
+from .models import (
+    Dataset,
+    Deployment,
+    Environment,
+    LifecycleJob,
+    PlaygroundSession,
+    Revision,
+    TrainingJob,
+    Volume,
+)
 
 
 def project_for(user, slug: str) -> Project:
     """The project a member submits to; another project reads as one that does not exist."""
     project = Project.objects.filter(slug=slug).first() if isinstance(slug, str) else None
-    if project is None or not (is_admin(user) or Membership.objects.filter(
-            project=project, user=user).exists()):
+    if project is None or not (
+        is_admin(user) or Membership.objects.filter(project=project, user=user).exists()
+    ):
         raise NotFound(f"Project '{str(slug)[:80]}' not found.")
     return project
 
 
 def _storage(project: Project, model, names, field: str) -> list:
     names = list(dict.fromkeys(names or []))
-    found = {record.name: record for record in model.objects.filter(project=project,
-                                                                    name__in=names)}
+    found = {
+        record.name: record for record in model.objects.filter(project=project, name__in=names)
+    }
     missing = [name for name in names if name not in found]
     if missing:
-        raise ValidationFailed(f"{field}: no {model._meta.verbose_name} '{missing[0]}' in "
-                               f"project '{project.slug}'.", field=field)
+        raise ValidationFailed(
+            f"{field}: no {model._meta.verbose_name} '{missing[0]}' in project '{project.slug}'.",
+            field=field,
+        )
     return [found[name] for name in names]
 
 
-def _record(model, *, actor: Actor, project: Project, admitted: Admitted, extra_after=None, **fields):
+def _record(
+    model, *, actor: Actor, project: Project, admitted: Admitted, extra_after=None, **fields
+):
     """Write the admitted workload against its locked Fleet, and audit it."""
     fleet = Fleet.objects.select_for_update(of=("self",)).filter(pk=admitted.fleet_id).first()
     if fleet is None:
         raise fleet_not_found(admitted.fleet_id)
     if fleet.state != FleetState.ACTIVE:  # changed since the gates ran
-        raise PlacementRefused(f"Fleet '{fleet.id}' is {fleet.state}: it takes no new work "
-                               "(rule D1).", reason=Refusal.STATE)
+        raise PlacementRefused(
+            f"Fleet '{fleet.id}' is {fleet.state}: it takes no new work (rule D1).",
+            reason=Refusal.STATE,
+        )
     record = model.objects.create(
-        project=project, fleet=fleet, admission=admitted.as_record(),
-        created_by=actor.user, **fields)
-    audit_record(actor=actor, action=f"{model._meta.model_name}.admitted", target=record, after={
-        "project": project.slug, "fleet": fleet.id, "gates": admitted.gates,
-        **{key: value for key, value in fields.items()
-           if isinstance(value, (str, int, dict)) and key != "script"},
-        **(extra_after or {})})
+        project=project,
+        fleet=fleet,
+        admission=admitted.as_record(),
+        created_by=actor.user,
+        **fields,
+    )
+    audit_record(
+        actor=actor,
+        action=f"{model._meta.model_name}.admitted",
+        target=record,
+        after={
+            "project": project.slug,
+            "fleet": fleet.id,
+            "gates": admitted.gates,
+            **{
+                key: value
+                for key, value in fields.items()
+                if isinstance(value, (str, int, dict)) and key != "script"
+            },
+            **(extra_after or {}),
+        },
+    )
     return record
 
 
@@ -67,8 +98,16 @@ def _job(model, *, actor: Actor, project_slug, need: Need, volumes, datasets, **
     datasets = _storage(project, Dataset, datasets, "datasets")
     admitted = admit_automatically(actor.user, need)
     with transaction.atomic():
-        job = _record(model, actor=actor, project=project, admitted=admitted,
-                      series=need.series, cards=need.cards, nodes=need.nodes, **fields)
+        job = _record(
+            model,
+            actor=actor,
+            project=project,
+            admitted=admitted,
+            series=need.series,
+            cards=need.cards,
+            nodes=need.nodes,
+            **fields,
+        )
         job.volumes.set(volumes)
         job.datasets.set(datasets)
         if job.fleet.kind != FleetKind.NODE and isinstance(job, TrainingJob):
@@ -76,84 +115,164 @@ def _job(model, *, actor: Actor, project_slug, need: Need, volumes, datasets, **
     return job
 
 
-def training_job_submit(*, actor: Actor, project: str, name: str, series: str = "", cards: int = 1,
-                        nodes: int = 1, volumes=(), datasets=(), script: str = "") -> TrainingJob:
+def training_job_submit(
+    *,
+    actor: Actor,
+    project: str,
+    name: str,
+    series: str = "",
+    cards: int = 1,
+    nodes: int = 1,
+    volumes=(),
+    datasets=(),
+    script: str = "",
+) -> TrainingJob:
     """P1: placed automatically among the visible Fleets that pass every gate. On a cluster
     Fleet, its script is then handed to the manager (placement.handover)."""
-    return _job(TrainingJob, actor=actor, project_slug=project, volumes=volumes,
-                datasets=datasets, need=Need(FleetCapability.TRAIN, series, cards, nodes), name=name,
-                script=script)
+    return _job(
+        TrainingJob,
+        actor=actor,
+        project_slug=project,
+        volumes=volumes,
+        datasets=datasets,
+        need=Need(FleetCapability.TRAIN, series, cards, nodes),
+        name=name,
+        script=script,
+    )
 
 
-def lifecycle_job_submit(*, actor: Actor, project: str, name: str, kind: str, series: str = "",
-                         cards: int = 1, nodes: int = 1, volumes=(),
-                         datasets=()) -> LifecycleJob:
+def lifecycle_job_submit(
+    *,
+    actor: Actor,
+    project: str,
+    name: str,
+    kind: str,
+    series: str = "",
+    cards: int = 1,
+    nodes: int = 1,
+    volumes=(),
+    datasets=(),
+) -> LifecycleJob:
     """The same placement on the same gates; eval needs eval, the others train."""
     if kind not in LifecycleKind.values:
-        raise ValidationFailed(f"kind must be one of {', '.join(LifecycleKind.values)}.",
-                               field="kind")
-    return _job(LifecycleJob, actor=actor, project_slug=project, volumes=volumes,
-                datasets=datasets, need=Need(LIFECYCLE_CAPABILITY[kind], series, cards, nodes),
-                name=name, kind=kind)
+        raise ValidationFailed(
+            f"kind must be one of {', '.join(LifecycleKind.values)}.", field="kind"
+        )
+    return _job(
+        LifecycleJob,
+        actor=actor,
+        project_slug=project,
+        volumes=volumes,
+        datasets=datasets,
+        need=Need(LIFECYCLE_CAPABILITY[kind], series, cards, nodes),
+        name=name,
+        kind=kind,
+    )
 
 
-def deployment_submit(*, actor: Actor, project: str, name: str, fleet: str | None = None,
-                      series: str = "", cards: int = 1) -> Deployment:
+def deployment_submit(
+    *,
+    actor: Actor,
+    project: str,
+    name: str,
+    fleet: str | None = None,
+    series: str = "",
+    cards: int = 1,
+) -> Deployment:
     """P2: the named Fleet, or the only visible serving one; its first revision on the node
     that fits best."""
     project = project_for(actor.user, project)
     admitted = admit_deployment(actor.user, fleet, Need(FleetCapability.SERVE, series, cards))
     with transaction.atomic():
-        deployment = _record(Deployment, actor=actor, project=project, admitted=admitted,
-                             name=name, series=series, cards=cards)
-        Revision.objects.create(deployment=deployment, number=1,
-                                node_id=admitted.nodes[0] if admitted.nodes else None)
+        deployment = _record(
+            Deployment,
+            actor=actor,
+            project=project,
+            admitted=admitted,
+            name=name,
+            series=series,
+            cards=cards,
+        )
+        Revision.objects.create(
+            deployment=deployment, number=1, node_id=admitted.nodes[0] if admitted.nodes else None
+        )
     return deployment
 
 
-def deployment_update(*, actor: Actor, deployment: Deployment, state: str | None = None,
-                      fleet: str | None = None) -> Deployment:
+def deployment_update(
+    *, actor: Actor, deployment: Deployment, state: str | None = None, fleet: str | None = None
+) -> Deployment:
     """A deployment never changes Fleet (P2); it may be stopped."""
     if fleet is not None and fleet != deployment.fleet_id:
-        raise ValidationFailed("fleet: a deployment never changes Fleet; create a new "
-                               "deployment on the other Fleet (rule P2).", field="fleet",
-                               rule="P2")
+        raise ValidationFailed(
+            "fleet: a deployment never changes Fleet; create a new "
+            "deployment on the other Fleet (rule P2).",
+            field="fleet",
+            rule="P2",
+        )
     if state is not None and state not in DeploymentState.values:
-        raise ValidationFailed(f"state must be one of {', '.join(DeploymentState.values)}.",
-                               field="state")
+        raise ValidationFailed(
+            f"state must be one of {', '.join(DeploymentState.values)}.", field="state"
+        )
     with transaction.atomic():
         deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
         if state is not None and state != deployment.state:
             before = {"state": deployment.state}
             deployment.state = state
             deployment.save(update_fields=["state"])
-            audit_record(actor=actor, action="deployment.state_changed", target=deployment,
-                         before=before, after={"state": state})
+            audit_record(
+                actor=actor,
+                action="deployment.state_changed",
+                target=deployment,
+                before=before,
+                after={"state": state},
+            )
     return deployment
 
 
-def playground_session_submit(*, actor: Actor, project: str, name: str, series: str = "",
-                              cards: int = 1) -> PlaygroundSession:
+def playground_session_submit(
+    *, actor: Actor, project: str, name: str, series: str = "", cards: int = 1
+) -> PlaygroundSession:
     """P4: among serving Fleets of kind node or kubernetes — never a slurm one."""
     project = project_for(actor.user, project)
-    admitted = admit_automatically(actor.user, Need(FleetCapability.SERVE, series, cards,
-                                               kinds=(FleetKind.NODE, FleetKind.KUBERNETES)))
+    admitted = admit_automatically(
+        actor.user,
+        Need(FleetCapability.SERVE, series, cards, kinds=(FleetKind.NODE, FleetKind.KUBERNETES)),
+    )
     with transaction.atomic():
-        return _record(PlaygroundSession, actor=actor, project=project, admitted=admitted,
-                       name=name, series=series, cards=cards)
+        return _record(
+            PlaygroundSession,
+            actor=actor,
+            project=project,
+            admitted=admitted,
+            name=name,
+            series=series,
+            cards=cards,
+        )
 
 
 def environment_submit(*, actor: Actor, project: str, name: str, manifest) -> Environment:
     """P5: the manifest names the Fleet, which must declare env."""
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("fleet"), str) \
-            or not manifest["fleet"]:
-        raise ValidationFailed("manifest.fleet must name the Fleet the environment runs on "
-                               "(rule P5).", field="manifest.fleet")
+    if (
+        not isinstance(manifest, dict)
+        or not isinstance(manifest.get("fleet"), str)
+        or not manifest["fleet"]
+    ):
+        raise ValidationFailed(
+            "manifest.fleet must name the Fleet the environment runs on (rule P5).",
+            field="manifest.fleet",
+        )
     project = project_for(actor.user, project)
     admitted = admit_named(actor.user, manifest["fleet"], Need(FleetCapability.ENV))
     with transaction.atomic():
-        return _record(Environment, actor=actor, project=project, admitted=admitted,
-                       name=name, manifest=manifest)
+        return _record(
+            Environment,
+            actor=actor,
+            project=project,
+            admitted=admitted,
+            name=name,
+            manifest=manifest,
+        )
 
 
 def storage_create(model, *, actor: Actor, project: str, name: str, uri: str = ""):
@@ -161,27 +280,37 @@ def storage_create(model, *, actor: Actor, project: str, name: str, uri: str = "
     project_record = project_for(actor.user, project)
     with transaction.atomic():
         if model.objects.filter(project=project_record, name=name).exists():
-            raise ValidationFailed(f"name: project '{project}' already has a "
-                                   f"{model._meta.verbose_name} '{name}'.", field="name")
+            raise ValidationFailed(
+                f"name: project '{project}' already has a {model._meta.verbose_name} '{name}'.",
+                field="name",
+            )
         record = model.objects.create(project=project_record, name=name, uri=uri)
-        audit_record(actor=actor, action=f"{model._meta.model_name}.created", target=record,
-                     after={"project": project, "name": name, "uri": uri})
+        audit_record(
+            actor=actor,
+            action=f"{model._meta.model_name}.created",
+            target=record,
+            after={"project": project, "name": name, "uri": uri},
+        )
     return record
 
 
 def live_deployments_blocking_deletion(fleet) -> list[str]:
     """F7's deployment half, registered from here so that fleets never imports placement."""
     count = Deployment.objects.filter(fleet=fleet, state=DeploymentState.LIVE).count()
-    return [f"{count} live deployment{'s' if count != 1 else ''} pinned to it; stop them "
-            "first"] if count else []
+    return (
+        [f"{count} live deployment{'s' if count != 1 else ''} pinned to it; stop them first"]
+        if count
+        else []
+    )
 
 
 def workload_records_blocking_deletion(fleet) -> list[str]:
     """Every admitted workload keeps the Fleet it was admitted against: its record would
     point at nothing."""
-    counted = [(model._meta.verbose_name_plural, model.objects.filter(fleet=fleet).count())
-               for model in (TrainingJob, LifecycleJob, PlaygroundSession, Environment)]
+    counted = [
+        (model._meta.verbose_name_plural, model.objects.filter(fleet=fleet).count())
+        for model in (TrainingJob, LifecycleJob, PlaygroundSession, Environment)
+    ]
     stopped = Deployment.objects.filter(fleet=fleet, state=DeploymentState.STOPPED).count()
     counted.append(("stopped deployments", stopped))
     return [f"{count} {name} recorded against it" for name, count in counted if count]
-

@@ -23,8 +23,15 @@ RELATIVE = "from . import "
 
 def generate(into: Path) -> list[Path]:
     with tempfile.TemporaryDirectory() as scratch:
-        code = protoc.main(["grpc_tools.protoc", f"-I{ROOT}", f"--python_out={scratch}",
-                            f"--grpc_python_out={scratch}", *SOURCES])
+        code = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{ROOT}",
+                f"--python_out={scratch}",
+                f"--grpc_python_out={scratch}",
+                *SOURCES,
+            ]
+        )
         if code != 0:
             raise SystemExit(f"protoc failed with {code}")
         written = []
@@ -37,8 +44,11 @@ def generate(into: Path) -> list[Path]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--check", action="store_true",
-                        help="Exit 1 if the committed modules differ from a fresh generation.")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="Exit 1 if the committed modules differ from a fresh generation.",
+    )
     args = parser.parse_args()
     if not args.check:
         OUT.mkdir(parents=True, exist_ok=True)
@@ -47,8 +57,11 @@ def main() -> int:
             print(f"wrote {path.relative_to(ROOT.parent)}")
         return 0
     with tempfile.TemporaryDirectory() as fresh:
-        stale = [path.name for path in generate(Path(fresh))
-                 if not filecmp.cmp(path, OUT / path.name, shallow=False)]
+        stale = [
+            path.name
+            for path in generate(Path(fresh))
+            if not filecmp.cmp(path, OUT / path.name, shallow=False)
+        ]
     if stale:
         print(f"out of date: {', '.join(stale)}; run `python proto/generate.py`", file=sys.stderr)
         return 1

@@ -26,10 +26,17 @@ def list_paths(schema: dict) -> set[str]:
     """Every path of the OpenAPI document whose GET answers a list, paginated or bare."""
     found = set()
     for path, operations in schema["paths"].items():
-        answer = (operations.get("get", {}).get("responses", {}).get("200", {})
-                  .get("content", {}).get("application/json", {}).get("schema", {}))
+        answer = (
+            operations.get("get", {})
+            .get("responses", {})
+            .get("200", {})
+            .get("content", {})
+            .get("application/json", {})
+            .get("schema", {})
+        )
         if answer.get("type") == "array" or answer.get("$ref", "").startswith(
-                "#/components/schemas/Paginated"):
+            "#/components/schemas/Paginated"
+        ):
             found.add(path)
     return found
 
@@ -70,12 +77,17 @@ class ListContract:
         assert len(several) == len(one), (
             f"GET {self.list_url()}: {len(one)} queries for {rows} row(s), {len(several)} for "
             f"{more_rows}; what only the longer list ran (a per-row query repeats):\n"
-            + "\n".join(per_row))
+            + "\n".join(per_row)
+        )
 
     @pytest.fixture(autouse=True)
     def _contract_fixtures(self, db, project, member, outsider, make_fleet):
         self.project, self.member, self.outsider, self.make_fleet = (
-            project, member, outsider, make_fleet)
+            project,
+            member,
+            outsider,
+            make_fleet,
+        )
 
 
 class ApiResourceContract(ListContract):
@@ -107,15 +119,20 @@ class ApiResourceContract(ListContract):
     # -- the contract -------------------------------------------------------------
     def _routes(self, target_id: str) -> list[tuple[str, str]]:
         detail = self.detail_path(target_id)
-        return [("GET", detail), ("PATCH", detail), ("DELETE", detail),
-                *self.nested_paths(target_id)]
+        return [
+            ("GET", detail),
+            ("PATCH", detail),
+            ("DELETE", detail),
+            *self.nested_paths(target_id),
+        ]
 
     def test_anonymous_is_401_everywhere(self, anon_api, make_fleet):
         target = self.make_visible()
         routes = [("GET", self.list_path), ("POST", self.list_path), *self._routes(target)]
         for method, path in routes:
-            response = anon_api.request(method, path, self.create_body()
-                                        if method == "POST" else None)
+            response = anon_api.request(
+                method, path, self.create_body() if method == "POST" else None
+            )
             assert response.status_code == 401, (method, path)
             assert response.json()["error"]["code"] == "not_authenticated", (method, path)
             assert response["WWW-Authenticate"] == "Bearer"
@@ -137,14 +154,16 @@ class ApiResourceContract(ListContract):
 
     def test_F8_invisible_reads_exactly_as_missing(self, member_api):
         hidden = self.make_invisible()
-        for (method, hidden_path), (_, missing_path) in zip(self._routes(hidden),
-                                                            self._routes(MISSING_ID)):
+        for (method, hidden_path), (_, missing_path) in zip(
+            self._routes(hidden), self._routes(MISSING_ID), strict=True
+        ):
             body = self.patch_body() if method in ("PATCH", "POST") else None
             seen = member_api.request(method, hidden_path, body)
             missing = member_api.request(method, missing_path, body)
             assert seen.status_code == missing.status_code == 404, (method, hidden_path)
-            assert (seen.content.decode().replace(hidden, "ID")
-                    == missing.content.decode().replace(MISSING_ID, "ID")), (method, hidden_path)
+            assert seen.content.decode().replace(hidden, "ID") == missing.content.decode().replace(
+                MISSING_ID, "ID"
+            ), (method, hidden_path)
         listed = member_api.get(self.list_path).json()["results"]
         assert hidden not in {item["id"] for item in listed}
 

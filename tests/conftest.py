@@ -51,10 +51,12 @@ class Api:
             self.client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
 
     def request(self, method: str, path: str, body=None, **extra):
-        data = None if body is None else body if isinstance(body, (str, bytes)) \
-            else json.dumps(body)
-        return self.client.generic(method, path, data=data or "",
-                                   content_type="application/json", **extra)
+        data = (
+            None if body is None else body if isinstance(body, (str, bytes)) else json.dumps(body)
+        )
+        return self.client.generic(
+            method, path, data=data or "", content_type="application/json", **extra
+        )
 
     def get(self, path, **extra):
         return self.client.get(path, **extra)
@@ -173,9 +175,14 @@ def make_csr(hostname="gpu-01"):
     return new_key_and_csr(hostname)
 
 
-H100_INVENTORY = {"cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}], "driver": "550.54",
-                  "container_runtime": "docker 28.2.2", "storage_root_visible": True,
-                  "cpu_budget": 64, "memory_budget_bytes": 512 * 2**30}
+H100_INVENTORY = {
+    "cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}],
+    "driver": "550.54",
+    "container_runtime": "docker 28.2.2",
+    "storage_root_visible": True,
+    "cpu_budget": 64,
+    "memory_budget_bytes": 512 * 2**30,
+}
 
 
 # --- The suite's own machinery: test settings, parallel workers, the e2e marker. ---
@@ -191,14 +198,23 @@ E2E_TESTS = {"tests/nodes/test_control.py::test_generated_protobuf_modules_are_u
 # runconsole, which builds the agent's wheels when they are missing, build them where
 # setuptools builds, in the source tree (nodes/agent/build): two builds at once break each
 # other.
-XDIST_GROUPS = {"tests/slurm/": "slurm", "tests/nodes/test_install_sh.py": "agent-wheels",
-                "tests/e2e/test_make_run.py": "agent-wheels",
-                "tests/e2e/test_postgres_restart.py": "agent-wheels"}
+XDIST_GROUPS = {
+    "tests/slurm/": "slurm",
+    "tests/nodes/test_install_sh.py": "agent-wheels",
+    "tests/e2e/test_make_run.py": "agent-wheels",
+    "tests/e2e/test_postgres_restart.py": "agent-wheels",
+}
 # What gives a test a database (pytest-django's fixtures, and a fresh one for a subprocess).
 # A test with none of them and no django_db mark is marked nodb: it is the same on any
 # database, and `make test-sqlite` leaves it to the PostgreSQL pass.
-DB_FIXTURES = {"db", "transactional_db", "live_server", "django_db_reset_sequences",
-               "django_db_serialized_rollback", "empty_database"}
+DB_FIXTURES = {
+    "db",
+    "transactional_db",
+    "live_server",
+    "django_db_reset_sequences",
+    "django_db_serialized_rollback",
+    "empty_database",
+}
 
 
 def _worker_redis_url(url: str, worker: str) -> str:
@@ -211,8 +227,10 @@ def _worker_redis_url(url: str, worker: str) -> str:
     parts = urlsplit(url)
     base = int(parts.path.strip("/") or 0)
     if base - index < 0:
-        raise pytest.UsageError(f"REDIS_URL {url!r} leaves no Redis database for xdist worker "
-                                f"{worker}: use a higher database number, e.g. /15")
+        raise pytest.UsageError(
+            f"REDIS_URL {url!r} leaves no Redis database for xdist worker "
+            f"{worker}: use a higher database number, e.g. /15"
+        )
     return urlunsplit(parts._replace(path=f"/{base - index}"))
 
 
@@ -235,8 +253,10 @@ def pytest_configure(config):
         # tests start read.
         os.environ["REDIS_URL"] = url
         settings.REDIS_URL = settings.CELERY_BROKER_URL = url
-        settings.CACHES = {**settings.CACHES,
-                           "default": {**settings.CACHES["default"], "LOCATION": url}}
+        settings.CACHES = {
+            **settings.CACHES,
+            "default": {**settings.CACHES["default"], "LOCATION": url},
+        }
         from tuneplane.celery import app
 
         if app.configured:
@@ -246,8 +266,10 @@ def pytest_configure(config):
         # Redis database: its joins, at the tests' rate (_join_rate), must not count against
         # a console's own (a runconsole at the product's 30 a minute answered 429 after tests
         # had joined from 127.0.0.1 in the same minute).
-        settings.CACHES = {**settings.CACHES,
-                           "default": {**settings.CACHES["default"], "KEY_PREFIX": "pytest"}}
+        settings.CACHES = {
+            **settings.CACHES,
+            "default": {**settings.CACHES["default"], "KEY_PREFIX": "pytest"},
+        }
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -257,8 +279,9 @@ def pytest_collection_modifyitems(config, items):
         folder = os.path.relpath(item.path, tests).split(os.sep)[0]
         if folder in E2E_FOLDERS or item.nodeid in E2E_TESTS:
             item.add_marker(pytest.mark.e2e)
-        if not item.get_closest_marker("django_db") and \
-                not DB_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if not item.get_closest_marker("django_db") and not DB_FIXTURES.intersection(
+            getattr(item, "fixturenames", ())
+        ):
             item.add_marker(pytest.mark.nodb)
 
 

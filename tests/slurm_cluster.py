@@ -31,8 +31,17 @@ MUNGE_RUN_DIR = Path("/run/munge")
 START_TIMEOUT = 30.0
 STOP_GRACE = 10.0
 LOG_TAIL_LINES = 30
-REQUIRED_PROGRAMS = ("munge", "unmunge", "mungekey", "munged", "slurmctld", "slurmd",
-                     "slurmrestd", "scontrol", "sinfo")
+REQUIRED_PROGRAMS = (
+    "munge",
+    "unmunge",
+    "mungekey",
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "slurmrestd",
+    "scontrol",
+    "sinfo",
+)
 # Daemons live in sbin, which a non-login PATH may lack.
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 
@@ -136,8 +145,9 @@ class SlurmCluster:
 
     def scontrol(self, *args: str) -> str:
         """Run scontrol against this cluster; its stdout, or an error carrying its stderr."""
-        result = subprocess.run([_program("scontrol"), *args], env=self.env,
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [_program("scontrol"), *args], env=self.env, capture_output=True, text=True
+        )
         if result.returncode:
             raise RuntimeError(f"scontrol {' '.join(args)} failed: {result.stderr.strip()}")
         return result.stdout
@@ -152,20 +162,31 @@ class SlurmCluster:
             (self.scratch / name).mkdir()
             (self.scratch / name).chmod(0o755)
         ctld_port, slurmd_port = _free_ports(2)
-        settings = {"node": self.node_name, "root": self.scratch, "partition": self.partition,
-                    "cpus": os.cpu_count(), "gpus": GPU_COUNT,
-                    "ctld_port": ctld_port, "slurmd_port": slurmd_port}
+        settings = {
+            "node": self.node_name,
+            "root": self.scratch,
+            "partition": self.partition,
+            "cpus": os.cpu_count(),
+            "gpus": GPU_COUNT,
+            "ctld_port": ctld_port,
+            "slurmd_port": slurmd_port,
+        }
         _write(self.scratch / "etc" / "slurm.conf", SLURM_CONF.format(**settings))
-        _write(self.scratch / "etc" / "gres.conf",
-               GRES_CONF.format(node=self.node_name, files=self._make_gpu_devices()))
+        _write(
+            self.scratch / "etc" / "gres.conf",
+            GRES_CONF.format(node=self.node_name, files=self._make_gpu_devices()),
+        )
         self._write_jwt_key()
 
     def _make_gpu_devices(self) -> str:
         """Device files for gres.conf: Slurm drops a GPU without one and the node goes INVAL."""
         try:
             for index in range(GPU_COUNT):
-                os.mknod(self.scratch / "dev" / f"nvidia{index}", 0o666 | stat.S_IFCHR,
-                         os.makedev(195, index))  # 195: NVIDIA's major number
+                os.mknod(
+                    self.scratch / "dev" / f"nvidia{index}",
+                    0o666 | stat.S_IFCHR,
+                    os.makedev(195, index),
+                )  # 195: NVIDIA's major number
         except OSError:
             return FALLBACK_GPU_FILES
         return f"{self.scratch}/dev/nvidia[0-{GPU_COUNT - 1}]"
@@ -197,18 +218,32 @@ class SlurmCluster:
     def _start_restd(self, port: int | None = None) -> None:
         port = port or _free_ports(1)[0]
         self.url = f"http://127.0.0.1:{port}"
-        self._spawn("slurmrestd", ["slurmrestd", "-u", RESTD_USER, "-s", OPENAPI_PLUGINS,
-                                   f"127.0.0.1:{port}"], env={**self.env, "SLURM_JWT": "daemon"})
+        self._spawn(
+            "slurmrestd",
+            ["slurmrestd", "-u", RESTD_USER, "-s", OPENAPI_PLUGINS, f"127.0.0.1:{port}"],
+            env={**self.env, "SLURM_JWT": "daemon"},
+        )
         self._wait_for("slurmrestd to answer ping", self._restd_answers, "slurmrestd")
 
-    def _spawn(self, name: str, argv: list[str], *, user: str | None = None,
-               env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         """Start a daemon in the foreground, its output in ``log/<name>.log``."""
         with open(self._log_path(name), "ab") as log:
             self._processes[name] = subprocess.Popen(
-                [_program(argv[0]), *argv[1:]], stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, cwd=self.scratch, env=env or self.env,
-                **(_as_user(user) if user else {}))
+                [_program(argv[0]), *argv[1:]],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.scratch,
+                env=env or self.env,
+                **(_as_user(user) if user else {}),
+            )
 
     def _wait_for(self, what: str, ready, *daemons: str) -> None:
         """Poll ``ready``; fail as soon as one of ``daemons`` dies, with their logs' tails."""
@@ -216,14 +251,21 @@ class SlurmCluster:
         while not ready():
             exited = [name for name in daemons if self._processes[name].poll() is not None]
             if exited or time.monotonic() > deadline:
-                problem = f"{', '.join(exited)} exited" if exited else \
-                    f"timed out after {START_TIMEOUT:.0f} s"
+                problem = (
+                    f"{', '.join(exited)} exited"
+                    if exited
+                    else f"timed out after {START_TIMEOUT:.0f} s"
+                )
                 raise SlurmStartupError(f"waiting for {what}: {problem}\n{self._tails(daemons)}")
             time.sleep(0.1)
 
     def _node_is_idle(self) -> bool:
-        result = subprocess.run([_program("sinfo"), "-h", "-N", "-o", "%T"], env=self.env,
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [_program("sinfo"), "-h", "-N", "-o", "%T"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+        )
         return result.stdout.strip() == "idle"
 
     def _mint_token(self) -> str:
@@ -231,8 +273,9 @@ class SlurmCluster:
         return output.strip().removeprefix("SLURM_JWT=")
 
     def _restd_answers(self) -> bool:
-        request = urllib.request.Request(f"{self.url}/slurm/{API_VERSION}/ping",
-                                         headers=self.headers)
+        request = urllib.request.Request(
+            f"{self.url}/slurm/{API_VERSION}/ping", headers=self.headers
+        )
         try:
             with urllib.request.urlopen(request, timeout=2) as response:
                 return response.status == 200
@@ -262,16 +305,23 @@ def _as_user(user: str) -> dict:
 def _munge_works() -> bool:
     """Whether a running munged signs a credential that it then verifies."""
     credential = subprocess.run([_program("munge"), "-n"], capture_output=True)
-    return credential.returncode == 0 and subprocess.run(
-        [_program("unmunge")], input=credential.stdout, capture_output=True).returncode == 0
+    return (
+        credential.returncode == 0
+        and subprocess.run(
+            [_program("unmunge")], input=credential.stdout, capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def _require_reachable(directory: Path) -> None:
     """slurmctld (user slurm) and slurmrestd (user nobody) read files under ``directory``."""
     for parent in directory.parents:
         if not parent.stat().st_mode & stat.S_IXOTH:
-            raise SlurmStartupError(f"{directory} is out of reach of the users slurm and nobody: "
-                                    f"{parent} is not searchable by others (o+x)")
+            raise SlurmStartupError(
+                f"{directory} is out of reach of the users slurm and nobody: "
+                f"{parent} is not searchable by others (o+x)"
+            )
 
 
 def _free_ports(count: int) -> list[int]:

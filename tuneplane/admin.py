@@ -3,6 +3,7 @@ from django.contrib import admin, messages
 from audit.services import Actor
 
 from . import services
+from .errors import ApplicationError
 from .models import ApiToken, Membership, Project
 
 
@@ -26,6 +27,15 @@ class StaffAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return self._is_staff(request)
+
+    def delete_each(self, request, queryset) -> None:
+        """The bulk delete action, one object at a time through this admin's delete_model (so
+        each goes through its service); one refused is said, the others still go."""
+        for obj in queryset:
+            try:
+                self.delete_model(request, obj)
+            except ApplicationError as error:
+                self.message_user(request, f"{obj}: {error.message}", messages.ERROR)
 
 
 class ReadOnlyAdmin(StaffAdmin):
@@ -70,8 +80,9 @@ class ProjectAdmin(StaffAdmin):
         if change:
             services.project_update(actor=actor, project=obj, name=form.cleaned_data["name"])
         else:
-            project = services.project_create(actor=actor, slug=form.cleaned_data["slug"],
-                                               name=form.cleaned_data["name"])
+            project = services.project_create(
+                actor=actor, slug=form.cleaned_data["slug"], name=form.cleaned_data["name"]
+            )
             obj.pk, obj.created_at = project.pk, project.created_at  # for the inline rows
 
     def save_formset(self, request, form, formset, change):
@@ -86,8 +97,7 @@ class ProjectAdmin(StaffAdmin):
         services.project_delete(actor=Actor.of_user(request.user), project=obj)
 
     def delete_queryset(self, request, queryset):
-        for project in queryset:
-            self.delete_model(request, project)
+        self.delete_each(request, queryset)
 
 
 @admin.register(ApiToken)

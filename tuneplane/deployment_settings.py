@@ -78,8 +78,12 @@ def _matching(pattern: re.Pattern, description: str):
 
 def _json_type(value) -> str:
     return {
-        bool: "a boolean", int: "a number", float: "a number", list: "a list",
-        dict: "an object", type(None): "null",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        list: "a list",
+        dict: "an object",
+        type(None): "null",
     }.get(type(value), "a string")
 
 
@@ -94,36 +98,76 @@ class DeploymentSetting:
 SETTINGS = {
     s.key: s
     for s in [
-        DeploymentSetting("storage_root", frozenset({"node"}), _absolute_path,
-                          "Shared storage root every node of the Fleet mounts."),
-        DeploymentSetting("slurm_rest_url", frozenset({"slurm"}), _http_url,
-                          "slurmrestd base URL."),
-        DeploymentSetting("slurm_api_version", frozenset({"slurm"}),
-                          _matching(_SLURM_API_VERSION, "a version such as v0.0.38"),
-                          "slurmrestd API version."),
-        DeploymentSetting("slurm_partition", frozenset({"slurm"}), _string,
-                          "Partition (or comma-separated partitions) that belong to the Fleet."),
-        DeploymentSetting("slurm_user", frozenset({"slurm"}), _string,
-                          "User name sent as X-SLURM-USER-NAME."),
-        DeploymentSetting("slurm_token_env", frozenset({"slurm"}), _token_env,
-                          "Environment variable (TUNEPLANE_TOKEN_*) holding the slurmrestd JWT."),
-        DeploymentSetting("slurm_token_file", frozenset({"slurm"}), _token_file,
-                          "File in TUNEPLANE_SECRETS_DIR holding the slurmrestd JWT."),
-        DeploymentSetting("slurm_workdir", frozenset({"slurm"}), _absolute_path,
-                          "Working directory of submitted jobs on the Slurm nodes (/tmp)."),
-        DeploymentSetting("kube_api_url", frozenset({"kubernetes"}), _http_url,
-                          "Kubernetes API server URL."),
-        DeploymentSetting("kube_context", frozenset({"kubernetes"}), _string,
-                          "kubeconfig context to use instead of an API URL."),
-        DeploymentSetting("kube_token_env", frozenset({"kubernetes"}), _token_env,
-                          "Environment variable (TUNEPLANE_TOKEN_*) holding a bearer token for "
-                          "kube_api_url."),
-        DeploymentSetting("kube_token_file", frozenset({"kubernetes"}), _token_file,
-                          "File in TUNEPLANE_SECRETS_DIR holding a bearer token for kube_api_url "
-                          "(a service account's)."),
-        DeploymentSetting("kuberay_namespace", frozenset({"kubernetes"}),
-                          _matching(_DNS_LABEL, "a Kubernetes namespace name"),
-                          "Namespace KubeRay clusters run in."),
+        DeploymentSetting(
+            "storage_root",
+            frozenset({"node"}),
+            _absolute_path,
+            "Shared storage root every node of the Fleet mounts.",
+        ),
+        DeploymentSetting(
+            "slurm_rest_url", frozenset({"slurm"}), _http_url, "slurmrestd base URL."
+        ),
+        DeploymentSetting(
+            "slurm_api_version",
+            frozenset({"slurm"}),
+            _matching(_SLURM_API_VERSION, "a version such as v0.0.38"),
+            "slurmrestd API version.",
+        ),
+        DeploymentSetting(
+            "slurm_partition",
+            frozenset({"slurm"}),
+            _string,
+            "Partition (or comma-separated partitions) that belong to the Fleet.",
+        ),
+        DeploymentSetting(
+            "slurm_user", frozenset({"slurm"}), _string, "User name sent as X-SLURM-USER-NAME."
+        ),
+        DeploymentSetting(
+            "slurm_token_env",
+            frozenset({"slurm"}),
+            _token_env,
+            "Environment variable (TUNEPLANE_TOKEN_*) holding the slurmrestd JWT.",
+        ),
+        DeploymentSetting(
+            "slurm_token_file",
+            frozenset({"slurm"}),
+            _token_file,
+            "File in TUNEPLANE_SECRETS_DIR holding the slurmrestd JWT.",
+        ),
+        DeploymentSetting(
+            "slurm_workdir",
+            frozenset({"slurm"}),
+            _absolute_path,
+            "Working directory of submitted jobs on the Slurm nodes (/tmp).",
+        ),
+        DeploymentSetting(
+            "kube_api_url", frozenset({"kubernetes"}), _http_url, "Kubernetes API server URL."
+        ),
+        DeploymentSetting(
+            "kube_context",
+            frozenset({"kubernetes"}),
+            _string,
+            "kubeconfig context to use instead of an API URL.",
+        ),
+        DeploymentSetting(
+            "kube_token_env",
+            frozenset({"kubernetes"}),
+            _token_env,
+            "Environment variable (TUNEPLANE_TOKEN_*) holding a bearer token for kube_api_url.",
+        ),
+        DeploymentSetting(
+            "kube_token_file",
+            frozenset({"kubernetes"}),
+            _token_file,
+            "File in TUNEPLANE_SECRETS_DIR holding a bearer token for kube_api_url "
+            "(a service account's).",
+        ),
+        DeploymentSetting(
+            "kuberay_namespace",
+            frozenset({"kubernetes"}),
+            _matching(_DNS_LABEL, "a Kubernetes namespace name"),
+            "Namespace KubeRay clusters run in.",
+        ),
     ]
 }
 
@@ -141,8 +185,9 @@ class ConfigWarning:
 def check_config(kind: str, config) -> dict:
     """Validate a Fleet config for ``kind``; return it unchanged or raise ValidationFailed."""
     if not isinstance(config, dict):
-        raise ValidationFailed(f"config must be a JSON object, not {_json_type(config)}.",
-                               field="config")
+        raise ValidationFailed(
+            f"config must be a JSON object, not {_json_type(config)}.", field="config"
+        )
     for key, value in config.items():
         setting = SETTINGS.get(key)
         if setting is None or kind not in setting.kinds:
@@ -162,12 +207,16 @@ def unread_keys(kind: str, config: dict) -> list[ConfigWarning]:
         if setting is None:
             close = difflib.get_close_matches(key, keys_for(kind), n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            message = (f"config key '{key}' is not read by any setting; it is saved but has "
-                       f"no effect.{hint} Known keys for {kind} Fleets: "
-                       f"{', '.join(keys_for(kind))}.")
+            message = (
+                f"config key '{key}' is not read by any setting; it is saved but has "
+                f"no effect.{hint} Known keys for {kind} Fleets: "
+                f"{', '.join(keys_for(kind))}."
+            )
         elif kind not in setting.kinds:
-            message = (f"config key '{key}' is read only for {', '.join(sorted(setting.kinds))} "
-                       f"Fleets; on a {kind} Fleet it is saved but has no effect.")
+            message = (
+                f"config key '{key}' is read only for {', '.join(sorted(setting.kinds))} "
+                f"Fleets; on a {kind} Fleet it is saved but has no effect."
+            )
         else:
             continue
         warnings.append(ConfigWarning("unknown_config_key", key, message))

@@ -8,8 +8,15 @@ class ApplicationError(Exception):
     status = 400
     code = "error"
 
-    def __init__(self, message: str, *, code: str | None = None, field: str | None = None,
-                 rule: str | None = None, **details):
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        field: str | None = None,
+        rule: str | None = None,
+        **details,
+    ):
         super().__init__(message)
         self.message = message
         if code is not None:

@@ -14,7 +14,8 @@ def grpc_handlers(server, gateway: Gateway):
     """Called by grpcserve inside its event loop, with a grpc.aio server and the replica that
     serves on it."""
     control_pb2_grpc.add_NodeControlServicer_to_server(
-        NodeControlService.as_servicer(gateway=gateway), server)
+        NodeControlService.as_servicer(gateway=gateway), server
+    )
     checker = health.aio.HealthServicer()
     for name in ["", *SERVICE_NAMES]:
         asyncio.ensure_future(checker.set(name, health_pb2.HealthCheckResponse.SERVING))

@@ -60,20 +60,34 @@ def _refusal(request) -> JsonResponse | None:
     except ValueError:
         length = 0
     if length > limit:
-        return JsonResponse(error_body(
-            "request_too_large", f"The request body is {length} bytes; the limit is {limit} "
-            "bytes."), status=413)
+        return JsonResponse(
+            error_body(
+                "request_too_large",
+                f"The request body is {length} bytes; the limit is {limit} bytes.",
+            ),
+            status=413,
+        )
     query = request.META.get("QUERY_STRING", "")
     if len(query) > MAX_QUERY_STRING:
-        return JsonResponse(error_body(
-            "uri_too_long", f"The query string is {len(query)} characters; the limit is "
-            f"{MAX_QUERY_STRING}."), status=414)
+        return JsonResponse(
+            error_body(
+                "uri_too_long",
+                f"The query string is {len(query)} characters; the limit is {MAX_QUERY_STRING}.",
+            ),
+            status=414,
+        )
     if "\x00" in request.path_info:
-        return JsonResponse(error_body("invalid", "The path contains a NUL character.",
-                                       field="path"), status=400)
+        return JsonResponse(
+            error_body("invalid", "The path contains a NUL character.", field="path"), status=400
+        )
     for name, values in request.GET.lists():
         if "\x00" in name or any("\x00" in value for value in values):
-            return JsonResponse(error_body(
-                "invalid", f"Query parameter {name!r} contains a NUL character.",
-                field=name.replace("\x00", "")), status=400)
+            return JsonResponse(
+                error_body(
+                    "invalid",
+                    f"Query parameter {name!r} contains a NUL character.",
+                    field=name.replace("\x00", ""),
+                ),
+                status=400,
+            )
     return None

@@ -23,8 +23,15 @@ def seed_schedule(**_) -> None:
 
     for name, (task, setting) in SCHEDULE.items():
         every = getattr(settings, setting)
-        interval, _ = IntervalSchedule.objects.get_or_create(every=every,
-                                                             period=IntervalSchedule.SECONDS)
-        PeriodicTask.objects.update_or_create(name=name, defaults={
-            "task": task, "interval": interval, "expire_seconds": every,
-            "description": f"Every {setting} seconds; expires after one interval."})
+        interval, _ = IntervalSchedule.objects.get_or_create(
+            every=every, period=IntervalSchedule.SECONDS
+        )
+        PeriodicTask.objects.update_or_create(
+            name=name,
+            defaults={
+                "task": task,
+                "interval": interval,
+                "expire_seconds": every,
+                "description": f"Every {setting} seconds; expires after one interval.",
+            },
+        )

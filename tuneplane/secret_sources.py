@@ -14,15 +14,16 @@ from pathlib import Path, PurePosixPath
 from django.conf import settings
 
 TOKEN_ENV_PREFIX = "TUNEPLANE_TOKEN_"
-_IN_PKI = ("is in the console's PKI directory (TUNEPLANE_PKI_DIR), which holds no cluster "
-           "credential")
+_IN_PKI = "is in the console's PKI directory (TUNEPLANE_PKI_DIR), which holds no cluster credential"
 
 
 def env_name_refusal(name: str) -> str:
     """Why ``name`` may not hold a cluster credential, or "" when it may."""
     if not name.startswith(TOKEN_ENV_PREFIX) or name == TOKEN_ENV_PREFIX:
-        return (f"must be an environment variable named {TOKEN_ENV_PREFIX}<something>: "
-                "only those may hold a cluster credential")
+        return (
+            f"must be an environment variable named {TOKEN_ENV_PREFIX}<something>: "
+            "only those may hold a cluster credential"
+        )
     return ""
 
 
@@ -35,8 +36,10 @@ def file_path_refusal(path: str) -> str:
     if not pure.is_absolute():
         return "must be an absolute path"
     if ".." in pure.parts or not _within(Path(pure), secrets_dir):
-        return (f"must be a file in TUNEPLANE_SECRETS_DIR ({secrets_dir}): only files there "
-                "may hold a cluster credential")
+        return (
+            f"must be a file in TUNEPLANE_SECRETS_DIR ({secrets_dir}): only files there "
+            "may hold a cluster credential"
+        )
     if _within(Path(pure), Path(settings.TUNEPLANE_PKI_DIR)):
         return _IN_PKI
     return ""

@@ -9,12 +9,15 @@ from .errors import Conflict
 from .models import ApiToken, Membership, Project, new_secret
 
 
-def api_token_create(*, actor: Actor, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
+def api_token_create(
+    *, actor: Actor, user: AbstractBaseUser, name: str = ""
+) -> tuple[ApiToken, str]:
     """Make a token for ``user``; the plaintext is returned here and nowhere else."""
     made = new_secret(ApiToken.PREFIX)
     with transaction.atomic():
-        token = ApiToken.objects.create(user=user, name=name, prefix=made.prefix,
-                                        digest=made.digest)
+        token = ApiToken.objects.create(
+            user=user, name=name, prefix=made.prefix, digest=made.digest
+        )
         audit_record(
             actor=actor,
             action="api_token.created",
@@ -45,8 +48,12 @@ def project_create(*, actor: Actor, slug: str, name: str) -> Project:
         project = Project(slug=slug, name=name)
         project.full_clean()
         project.save()
-        audit_record(actor=actor, action="project.created", target=project,
-                     after={"slug": slug, "name": name})
+        audit_record(
+            actor=actor,
+            action="project.created",
+            target=project,
+            after={"slug": slug, "name": name},
+        )
     return project
 
 
@@ -58,8 +65,13 @@ def project_update(*, actor: Actor, project: Project, name: str) -> Project:
             before, project.name = {"name": project.name}, name
             project.full_clean()
             project.save(update_fields=["name"])
-            audit_record(actor=actor, action="project.updated", target=project, before=before,
-                         after={"name": name})
+            audit_record(
+                actor=actor,
+                action="project.updated",
+                target=project,
+                before=before,
+                after={"name": name},
+            )
     return project
 
 
@@ -69,20 +81,31 @@ def membership_add(*, actor: Actor, project: Project, user: AbstractBaseUser) ->
     with transaction.atomic():
         membership, created = Membership.objects.get_or_create(project=project, user=user)
         if created:
-            audit_record(actor=actor, action="membership.added", target=membership,
-                         after={"project": project.slug, "user": user.get_username()})
+            audit_record(
+                actor=actor,
+                action="membership.added",
+                target=membership,
+                after={"project": project.slug, "user": user.get_username()},
+            )
     return membership
 
 
 def membership_remove(*, actor: Actor, membership: Membership) -> None:
     with transaction.atomic():
-        membership = Membership.objects.select_for_update().select_related(
-            "project", "user").filter(pk=membership.pk).first()
+        membership = (
+            Membership.objects.select_for_update()
+            .select_related("project", "user")
+            .filter(pk=membership.pk)
+            .first()
+        )
         if membership is None:
             return
-        audit_record(actor=actor, action="membership.removed", target=membership,
-                     before={"project": membership.project.slug,
-                             "user": membership.user.get_username()})
+        audit_record(
+            actor=actor,
+            action="membership.removed",
+            target=membership,
+            before={"project": membership.project.slug, "user": membership.user.get_username()},
+        )
         membership.delete()
 
 
@@ -93,11 +116,16 @@ def project_delete(*, actor: Actor, project: Project) -> None:
         if project is None:
             return
         members = sorted(project.memberships.values_list("user__username", flat=True))
-        audit_record(actor=actor, action="project.deleted", target=project,
-                     before={"slug": project.slug, "name": project.name, "members": members})
+        audit_record(
+            actor=actor,
+            action="project.deleted",
+            target=project,
+            before={"slug": project.slug, "name": project.name, "members": members},
+        )
         try:
             with transaction.atomic():
                 project.delete()
         except ProtectedError:
-            raise Conflict(f"Project '{project.slug}' still has workloads: it cannot be "
-                           "deleted.") from None
+            raise Conflict(
+                f"Project '{project.slug}' still has workloads: it cannot be deleted."
+            ) from None

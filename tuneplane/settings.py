@@ -178,8 +178,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "tuneplane.api.schema.document_request_refusals"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "tuneplane.api.schema.document_request_refusals",
+    ],
 }
 
 # Celery: Redis when REDIS_URL is set, otherwise a broker that needs no server.
@@ -202,7 +204,8 @@ CELERY_TASK_IGNORE_RESULT = True
 # Throttles (the join endpoint's) count in a cache every replica shares.
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
-    if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    if REDIS_URL
+    else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"

@@ -18,8 +18,9 @@ def healthz(request):
 
 def not_found(request, exception=None):
     if is_api_path(request.path_info):
-        return JsonResponse(error_body("not_found", f"No API path {request.path_info}."),
-                            status=404)
+        return JsonResponse(
+            error_body("not_found", f"No API path {request.path_info}."), status=404
+        )
     return page_not_found(request, exception)
 
 

@@ -9,8 +9,17 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = AuditEvent
-        fields = ["id", "at", "actor", "action", "target", "before", "after", "forced",
-                  "correlation_id"]
+        fields = [
+            "id",
+            "at",
+            "actor",
+            "action",
+            "target",
+            "before",
+            "after",
+            "forced",
+            "correlation_id",
+        ]
         read_only_fields = fields
 
     def get_actor(self, event) -> dict:

@@ -17,8 +17,18 @@ class FleetSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Fleet
-        fields = ["id", "kind", "delivery", "capabilities", "visibility", "project", "state",
-                  "config", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "kind",
+            "delivery",
+            "capabilities",
+            "visibility",
+            "project",
+            "state",
+            "config",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = fields
 
 
@@ -43,8 +53,9 @@ class FleetWriteResultSerializer(FleetSerializer):
 
 
 class _FleetFields(StrictSerializer):
-    capabilities = serializers.ListField(child=StrictChoiceField(FleetCapability.choices),
-                                         max_length=len(FleetCapability.values) * 2)
+    capabilities = serializers.ListField(
+        child=StrictChoiceField(FleetCapability.choices), max_length=len(FleetCapability.values) * 2
+    )
     visibility = StrictChoiceField(FleetVisibility.choices)
     project = StrictCharField(max_length=63, allow_null=True)
     state = StrictChoiceField(FleetState.choices)
@@ -54,8 +65,9 @@ class _FleetFields(StrictSerializer):
 class FleetCreateSerializer(_FleetFields):
     id = StrictCharField(max_length=63)
     kind = StrictChoiceField(FleetKind.choices)
-    delivery = StrictChoiceField(FleetDelivery.choices, required=False,
-                                 help_text="Follows the kind unless given (F2).")
+    delivery = StrictChoiceField(
+        FleetDelivery.choices, required=False, help_text="Follows the kind unless given (F2)."
+    )
 
     read_only_names = OUTPUT_ONLY
 

@@ -11,8 +11,12 @@ from tuneplane.selectors import project_by_slug
 from .. import rules, services
 from ..choices import FleetKind, FleetState, FleetVisibility
 from ..selectors import fleet_get_visible, fleets_visible_to
-from .serializers import (FleetCreateSerializer, FleetSerializer, FleetUpdateSerializer,
-                          FleetWriteResultSerializer)
+from .serializers import (
+    FleetCreateSerializer,
+    FleetSerializer,
+    FleetUpdateSerializer,
+    FleetWriteResultSerializer,
+)
 
 _LIST_FILTERS = {"kind": FleetKind, "state": FleetState, "visibility": FleetVisibility}
 
@@ -30,8 +34,9 @@ class FleetListView(GenericAPIView):
 
     @extend_schema(
         summary="List the Fleets you can see",
-        parameters=[OpenApiParameter(name, enum=choices.values) for name, choices in
-                    _LIST_FILTERS.items()]
+        parameters=[
+            OpenApiParameter(name, enum=choices.values) for name, choices in _LIST_FILTERS.items()
+        ]
         + [OpenApiParameter("project", description="Project slug")],
         responses={200: FleetSerializer(many=True), **errors(400, 401)},
     )
@@ -55,8 +60,9 @@ class FleetListView(GenericAPIView):
         require_admin(request, "register Fleets")
         serializer = FleetCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        fleet = services.fleet_create(actor=Actor.of_user(request.user),
-                                      **_service_arguments(serializer.validated_data))
+        fleet = services.fleet_create(
+            actor=Actor.of_user(request.user), **_service_arguments(serializer.validated_data)
+        )
         return Response(FleetWriteResultSerializer(fleet).data, status=status.HTTP_201_CREATED)
 
 

@@ -6,7 +6,7 @@ import os
 import signal
 import socket
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from cryptography import x509
 
@@ -19,7 +19,8 @@ def _join(args) -> int:
     if existing:
         raise enroll.JoinFailed(
             f"{directory} already holds node {existing['node_id']} of fleet {existing['fleet']}; "
-            "a machine that joins again is a new node: move that directory away first")
+            "a machine that joins again is a new node: move that directory away first"
+        )
     token = args.token or os.environ.get("TUNEPLANE_JOIN_TOKEN", "")
     if not token:
         raise enroll.JoinFailed("no join token: pass --token or set TUNEPLANE_JOIN_TOKEN")
@@ -31,27 +32,46 @@ def _join(args) -> int:
         except (OSError, ValueError) as error:
             raise enroll.JoinFailed(f"cannot read --inventory-file: {error}") from None
     else:
-        report, gpu_uuids = inventory.probe(storage_root=args.storage_root,
-                                            cpu_budget=args.cpu_budget,
-                                            memory_budget_bytes=args.memory_budget_bytes)
+        report, gpu_uuids = inventory.probe(
+            storage_root=args.storage_root,
+            cpu_budget=args.cpu_budget,
+            memory_budget_bytes=args.memory_budget_bytes,
+        )
     key_pem, csr = enroll.new_key_and_csr(hostname)
     answer = enroll.join(
-        server=server, fleet=args.fleet, token=token, csr=csr, inventory=report,
-        address=args.address or enroll.local_address(server), hostname=hostname,
+        server=server,
+        fleet=args.fleet,
+        token=token,
+        csr=csr,
+        inventory=report,
+        address=args.address or enroll.local_address(server),
+        hostname=hostname,
         fingerprint=inventory.fingerprint(
-            gpu_uuids, os.environ.get("TUNEPLANE_MACHINE_ID_FILE", "/etc/machine-id")),
-        ca_file=args.ca_file)
-    state.save_credential(directory, identity={
-        "node_id": answer["node_id"], "fleet": answer["fleet"], "server": server,
-        "gateway_target": answer["gateway_target"],
-        "credential_expires_at": answer["credential_expires_at"],
-        "credential_issued_at": datetime.now(timezone.utc).isoformat(),
-    }, key_pem=key_pem, certificate_pem=answer["certificate"], ca_bundle=answer["ca_bundle"])
+            gpu_uuids, os.environ.get("TUNEPLANE_MACHINE_ID_FILE", "/etc/machine-id")
+        ),
+        ca_file=args.ca_file,
+    )
+    state.save_credential(
+        directory,
+        identity={
+            "node_id": answer["node_id"],
+            "fleet": answer["fleet"],
+            "server": server,
+            "gateway_target": answer["gateway_target"],
+            "credential_expires_at": answer["credential_expires_at"],
+            "credential_issued_at": datetime.now(UTC).isoformat(),
+        },
+        key_pem=key_pem,
+        certificate_pem=answer["certificate"],
+        ca_bundle=answer["ca_bundle"],
+    )
     print(f"Joined fleet {answer['fleet']} as node {answer['node_id']}.")
     for warning in answer.get("warnings", []):
         print(f"warning: {warning['code']}: {warning['message']}")
-    print(f"Credential in {directory} (expires {answer['credential_expires_at']}); "
-          "it is not shown again.")
+    print(
+        f"Credential in {directory} (expires {answer['credential_expires_at']}); "
+        "it is not shown again."
+    )
     print(f"Next: tuneplane-node serve --target {answer['gateway_target']}")
     return 0
 
@@ -64,11 +84,16 @@ def _serve(args) -> int:
     if identity is None:
         raise enroll.JoinFailed(f"not joined: no identity in {directory}; run join first")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tuneplane-node %(message)s")
-    agent = Agent(directory=directory,
-                  target=args.target or os.environ.get("TUNEPLANE_GATEWAY_TARGET")
-                  or identity["gateway_target"],
-                  inventory_file=args.inventory_file, storage_root=args.storage_root,
-                  cpu_budget=args.cpu_budget, memory_budget_bytes=args.memory_budget_bytes)
+    agent = Agent(
+        directory=directory,
+        target=args.target
+        or os.environ.get("TUNEPLANE_GATEWAY_TARGET")
+        or identity["gateway_target"],
+        inventory_file=args.inventory_file,
+        storage_root=args.storage_root,
+        cpu_budget=args.cpu_budget,
+        memory_budget_bytes=args.memory_budget_bytes,
+    )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: agent.stop())
     return agent.run()
@@ -82,22 +107,26 @@ def _status(args) -> int:
         return 1
     cert = x509.load_pem_x509_certificate((directory / state.CERTIFICATE).read_bytes())
     expires = cert.not_valid_after_utc
-    left = expires - datetime.now(timezone.utc)
+    left = expires - datetime.now(UTC)
     print(f"node        {identity['node_id']}")
     print(f"fleet       {identity['fleet']}")
     print(f"console     {identity['server']}")
     print(f"gateway     {identity['gateway_target']}")
-    print(f"credential  expires {expires.isoformat()}"
-          f" ({'expired' if left.total_seconds() <= 0 else f'in {left}'.split('.')[0]})")
+    print(
+        f"credential  expires {expires.isoformat()}"
+        f" ({'expired' if left.total_seconds() <= 0 else f'in {left}'.split('.')[0]})"
+    )
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="tuneplane-node",
-                                   description="The Tuneplane node agent.")
+    root = argparse.ArgumentParser(prog="tuneplane-node", description="The Tuneplane node agent.")
     root.add_argument("--version", action="version", version=f"tuneplane-node {__version__}")
-    root.add_argument("--state-dir", help="Private state directory "
-                      f"(TUNEPLANE_NODE_STATE_DIR, default {state.DEFAULT_STATE_DIR}).")
+    root.add_argument(
+        "--state-dir",
+        help="Private state directory "
+        f"(TUNEPLANE_NODE_STATE_DIR, default {state.DEFAULT_STATE_DIR}).",
+    )
     commands = root.add_subparsers(dest="command", required=True)
 
     join = commands.add_parser("join", help="Join a node Fleet with a single-use join token.")
@@ -122,13 +151,23 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _budget_options(command) -> None:
-    command.add_argument("--storage-root", default=os.environ.get("TUNEPLANE_STORAGE_ROOT"),
-                         help="Shared storage root to check (TUNEPLANE_STORAGE_ROOT).")
-    command.add_argument("--cpu-budget", type=int, default=_env_int("TUNEPLANE_CPU_BUDGET"),
-                         help="CPUs work may use (TUNEPLANE_CPU_BUDGET; default all).")
-    command.add_argument("--memory-budget-bytes", type=int,
-                         default=_env_int("TUNEPLANE_MEMORY_BUDGET_BYTES"),
-                         help="Memory work may use (TUNEPLANE_MEMORY_BUDGET_BYTES; default all).")
+    command.add_argument(
+        "--storage-root",
+        default=os.environ.get("TUNEPLANE_STORAGE_ROOT"),
+        help="Shared storage root to check (TUNEPLANE_STORAGE_ROOT).",
+    )
+    command.add_argument(
+        "--cpu-budget",
+        type=int,
+        default=_env_int("TUNEPLANE_CPU_BUDGET"),
+        help="CPUs work may use (TUNEPLANE_CPU_BUDGET; default all).",
+    )
+    command.add_argument(
+        "--memory-budget-bytes",
+        type=int,
+        default=_env_int("TUNEPLANE_MEMORY_BUDGET_BYTES"),
+        help="Memory work may use (TUNEPLANE_MEMORY_BUDGET_BYTES; default all).",
+    )
 
 
 def _env_int(name: str) -> int | None:

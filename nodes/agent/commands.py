@@ -115,11 +115,15 @@ class Commands:
             command.state, command.exit_code = FAILED, VANISHED
             self._save(command)
             return command
-        log = open(self._path(command_id, ".log"), "ab")
+        log = open(self._path(command_id, ".log"), "ab")  # noqa: SIM115 -- the child's, closed below
         try:
             child = subprocess.Popen(
                 ["/bin/sh", "-c", WRAPPER, str(self._path(command_id, ".exit")), *argv],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         except OSError as error:
             logger.warning("command %s could not start: %s", command_id, error)
             command.state, command.exit_code = FAILED, VANISHED

@@ -24,12 +24,16 @@ class JoinFailed(Exception):
 
 def new_key_and_csr(hostname: str) -> tuple[bytes, str]:
     key = ec.generate_private_key(ec.SECP256R1())
-    csr = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
-                                                       hostname[:64] or "tuneplane-node")]))
-           .sign(key, hashes.SHA256()))
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname[:64] or "tuneplane-node")])
+        )
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return key_pem, csr.public_bytes(serialization.Encoding.PEM).decode()
 
 
@@ -48,8 +52,9 @@ def check_server(server: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise JoinFailed(f"--server must be an https:// URL, not {server!r}")
     if parts.scheme == "http" and not _is_loopback(parts.hostname):
-        raise JoinFailed(f"refusing to send a join token over plain http to {parts.hostname}; "
-                         "use https://")
+        raise JoinFailed(
+            f"refusing to send a join token over plain http to {parts.hostname}; use https://"
+        )
     return server.rstrip("/")
 
 
@@ -66,21 +71,44 @@ def local_address(server: str) -> str:
         return ""
 
 
-def join(*, server: str, fleet: str, token: str, csr: str, inventory: dict, address: str,
-         hostname: str, fingerprint: str, ca_file: str | None = None) -> dict:
-    body = json.dumps({"fleet": fleet, "token": token, "csr": csr, "inventory": inventory,
-                       "address": address, "hostname": hostname, "fingerprint": fingerprint,
-                       "agent_version": __version__}).encode()
-    request = urllib.request.Request(f"{server}/api/nodes/join", data=body, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              "User-Agent": f"tuneplane-node/{__version__}"})
+def join(
+    *,
+    server: str,
+    fleet: str,
+    token: str,
+    csr: str,
+    inventory: dict,
+    address: str,
+    hostname: str,
+    fingerprint: str,
+    ca_file: str | None = None,
+) -> dict:
+    body = json.dumps(
+        {
+            "fleet": fleet,
+            "token": token,
+            "csr": csr,
+            "inventory": inventory,
+            "address": address,
+            "hostname": hostname,
+            "fingerprint": fingerprint,
+            "agent_version": __version__,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{server}/api/nodes/join",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "User-Agent": f"tuneplane-node/{__version__}"},
+    )
     context = ssl.create_default_context(cafile=ca_file) if server.startswith("https") else None
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT, context=context) as response:
             return json.load(response)
     except urllib.error.HTTPError as error:
-        raise JoinFailed(f"the console refused the join ({error.code}): "
-                         f"{_error_message(error)}") from None
+        raise JoinFailed(
+            f"the console refused the join ({error.code}): {_error_message(error)}"
+        ) from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise JoinFailed(f"cannot reach the console at {server}: {reason}") from None

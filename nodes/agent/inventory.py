@@ -68,8 +68,9 @@ def storage_root_visible(root: str | None) -> bool:
     return bool(root) and os.path.isdir(root) and os.access(root, os.R_OK | os.X_OK)
 
 
-def probe(*, storage_root: str | None, cpu_budget: int | None,
-          memory_budget_bytes: int | None) -> tuple[dict, list[str]]:
+def probe(
+    *, storage_root: str | None, cpu_budget: int | None, memory_budget_bytes: int | None
+) -> tuple[dict, list[str]]:
     """The inventory, and the GPU UUIDs (which go only into the fingerprint)."""
     gpus = probe_gpus()
     return {

@@ -5,7 +5,7 @@ import queue
 import random
 import socket
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -30,6 +30,8 @@ def backoff_delay(attempt: int, lease_ttl: float) -> float:
     """Seconds before reconnect attempt ``attempt``: doubling, capped by the lease, jittered."""
     cap = min(BACKOFF_MAX, lease_ttl) if lease_ttl > 0 else BACKOFF_MAX
     return min(cap, BACKOFF_FIRST * 2 ** min(attempt, 16)) * random.uniform(0.5, 1.0)
+
+
 ROTATE_AT = 2 / 3  # of the credential's lifetime
 ROTATION_RETRY_SECONDS = 30
 
@@ -38,13 +40,21 @@ def channel_credentials(directory: Path) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(
         root_certificates=(directory / state.CA_BUNDLE).read_bytes(),
         private_key=(directory / state.KEY).read_bytes(),
-        certificate_chain=(directory / state.CERTIFICATE).read_bytes())
+        certificate_chain=(directory / state.CERTIFICATE).read_bytes(),
+    )
 
 
 class Agent:
-    def __init__(self, *, directory: Path, target: str, inventory_file: str | None,
-                 storage_root: str | None, cpu_budget: int | None,
-                 memory_budget_bytes: int | None):
+    def __init__(
+        self,
+        *,
+        directory: Path,
+        target: str,
+        inventory_file: str | None,
+        storage_root: str | None,
+        cpu_budget: int | None,
+        memory_budget_bytes: int | None,
+    ):
         self.directory = directory
         self.target = target
         state.settle_rotation(directory)  # a rotation a crash interrupted: finished or undone
@@ -97,10 +107,18 @@ class Agent:
         outgoing: queue.Queue = queue.Queue()
         known = self.commands.known()
         self.reported = {command.command_id: command.state for command in known}
-        outgoing.put(pb.NodeMessage(hello=pb.Hello(
-            node_id=self.identity["node_id"], agent_version=__version__,
-            commands=[command_state(command.command_id, command.state, command.exit_code)
-                      for command in known])))
+        outgoing.put(
+            pb.NodeMessage(
+                hello=pb.Hello(
+                    node_id=self.identity["node_id"],
+                    agent_version=__version__,
+                    commands=[
+                        command_state(command.command_id, command.state, command.exit_code)
+                        for command in known
+                    ],
+                )
+            )
+        )
 
         def requests():
             while True:
@@ -119,17 +137,20 @@ class Agent:
                     if kind == "welcome":
                         welcomed = True
                         self.lease_ttl = message.welcome.lease_ttl_seconds
-                        logger.info("connected to %s (session %s)", self.target,
-                                    message.welcome.session_id)
+                        logger.info(
+                            "connected to %s (session %s)", self.target, message.welcome.session_id
+                        )
                         # Reconciled by the console: finished ones need not be told again.
                         self.commands.forget_finished(self.reported)
                         self._send_inventory(outgoing)
                         threading.Thread(
-                            target=self._heartbeat, daemon=True,
-                            args=(outgoing, message.welcome.heartbeat_interval_seconds,
-                                  self.call)).start()
-                        threading.Thread(target=self._rotate_when_due, args=(stub,),
-                                         daemon=True).start()
+                            target=self._heartbeat,
+                            daemon=True,
+                            args=(outgoing, message.welcome.heartbeat_interval_seconds, self.call),
+                        ).start()
+                        threading.Thread(
+                            target=self._rotate_when_due, args=(stub,), daemon=True
+                        ).start()
                     elif kind == "command":
                         self._accept(message.command, outgoing)
                     elif kind == "close":
@@ -160,14 +181,20 @@ class Agent:
 
     def _tell(self, command: Command, outgoing: queue.Queue) -> None:
         self.reported[command.command_id] = command.state
-        outgoing.put(pb.NodeMessage(command_update=pb.CommandUpdate(
-            state=command_state(command.command_id, command.state, command.exit_code))))
+        outgoing.put(
+            pb.NodeMessage(
+                command_update=pb.CommandUpdate(
+                    state=command_state(command.command_id, command.state, command.exit_code)
+                )
+            )
+        )
 
     def _report_finished(self, outgoing: queue.Queue) -> None:
         for command in self.commands.known():
             if self.reported.get(command.command_id) not in (None, command.state):
-                logger.info("command %s %s (exit %s)", command.command_id, command.state,
-                            command.exit_code)
+                logger.info(
+                    "command %s %s (exit %s)", command.command_id, command.state, command.exit_code
+                )
                 self._tell(command, outgoing)
 
     def _heartbeat(self, outgoing: queue.Queue, interval: int, call) -> None:
@@ -179,9 +206,15 @@ class Agent:
         while not self.stopping.wait(interval) and call.is_active():
             sequence += 1
             self._send_inventory(outgoing, unless_unchanged=True)
-            outgoing.put(pb.NodeMessage(heartbeat=pb.Heartbeat(
-                sequence=sequence, storage_root_visible=self.storage_root_visible(),
-                inventory_digest=inventory_digest(self.last_inventory))))
+            outgoing.put(
+                pb.NodeMessage(
+                    heartbeat=pb.Heartbeat(
+                        sequence=sequence,
+                        storage_root_visible=self.storage_root_visible(),
+                        inventory_digest=inventory_digest(self.last_inventory),
+                    )
+                )
+            )
             self._report_finished(outgoing)
 
     def _seconds_until_rotation(self) -> float:
@@ -189,7 +222,7 @@ class Agent:
         issued = self.identity.get("credential_issued_at")
         start = datetime.fromisoformat(issued) if issued else cert.not_valid_before_utc
         due = start + (cert.not_valid_after_utc - start) * ROTATE_AT
-        return (due - datetime.now(timezone.utc)).total_seconds()
+        return (due - datetime.now(UTC)).total_seconds()
 
     def _rotate_when_due(self, stub) -> None:
         """J6: a new key and certificate at two thirds of the lifetime; the stream stays up."""
@@ -201,14 +234,23 @@ class Agent:
             try:
                 reply = stub.RotateCredential(pb.RotateCredentialRequest(csr=csr), timeout=30)
             except grpc.RpcError as error:
-                logger.info("rotation failed (%s); retrying in %ds", error.code().name,
-                            ROTATION_RETRY_SECONDS)
+                logger.info(
+                    "rotation failed (%s); retrying in %ds",
+                    error.code().name,
+                    ROTATION_RETRY_SECONDS,
+                )
                 if self.stopping.wait(ROTATION_RETRY_SECONDS):
                     return
                 continue
-            self.identity = {**self.identity,
-                             "credential_expires_at": reply.credential_expires_at,
-                             "credential_issued_at": datetime.now(timezone.utc).isoformat()}
-            state.save_rotated(self.directory, identity=self.identity, key_pem=key_pem,
-                               certificate_pem=reply.certificate)
+            self.identity = {
+                **self.identity,
+                "credential_expires_at": reply.credential_expires_at,
+                "credential_issued_at": datetime.now(UTC).isoformat(),
+            }
+            state.save_rotated(
+                self.directory,
+                identity=self.identity,
+                key_pem=key_pem,
+                certificate_pem=reply.certificate,
+            )
             logger.info("credential rotated; expires %s", reply.credential_expires_at)

@@ -56,8 +56,9 @@ def read_identity(directory: Path) -> dict | None:
         return None
 
 
-def save_credential(directory: Path, *, identity: dict, key_pem: bytes, certificate_pem: str,
-                    ca_bundle: str) -> None:
+def save_credential(
+    directory: Path, *, identity: dict, key_pem: bytes, certificate_pem: str, ca_bundle: str
+) -> None:
     """Key, certificate and CA first; the identity file last marks the join complete."""
     ensure_private_dir(directory)
     write_private(directory / KEY, key_pem)
@@ -72,8 +73,7 @@ STAGED = ".next"
 ROTATED = (KEY, CERTIFICATE, IDENTITY)  # the order they are put in place
 
 
-def save_rotated(directory: Path, *, identity: dict, key_pem: bytes,
-                 certificate_pem: str) -> None:
+def save_rotated(directory: Path, *, identity: dict, key_pem: bytes, certificate_pem: str) -> None:
     """A rotated credential: a crash at any point leaves the old pair or the new one, never
     a key with the other's certificate (read_identity finishes or undoes what it finds)."""
     write_private(directory / (KEY + STAGED), key_pem)

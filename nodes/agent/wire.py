@@ -13,10 +13,12 @@ def inventory_message(report: dict) -> pb.InventoryReport:
     """An inventory report (the ``--inventory-file`` format) as sent on the stream."""
     return pb.InventoryReport(
         cards=[pb.Card(name=c["name"], count=c["count"]) for c in report.get("cards", [])],
-        driver=report.get("driver") or "", container_runtime=report.get("container_runtime") or "",
+        driver=report.get("driver") or "",
+        container_runtime=report.get("container_runtime") or "",
         storage_root_visible=bool(report.get("storage_root_visible")),
         cpu_budget=report.get("cpu_budget") or 0,
-        memory_budget_bytes=report.get("memory_budget_bytes") or 0)
+        memory_budget_bytes=report.get("memory_budget_bytes") or 0,
+    )
 
 
 def inventory_report(message: pb.InventoryReport) -> dict:
@@ -42,8 +44,9 @@ def command_state(command_id: str, state: str, exit_code: int | None) -> pb.Comm
 
 def command_message(command_id: str, kind: str, payload) -> pb.ControlMessage:
     """A command as the gateway delivers it."""
-    return pb.ControlMessage(command=pb.Command(command_id=command_id, kind=kind,
-                                                payload_json=json.dumps(payload)))
+    return pb.ControlMessage(
+        command=pb.Command(command_id=command_id, kind=kind, payload_json=json.dumps(payload))
+    )
 
 
 def command_payload(message: pb.Command):

@@ -12,13 +12,23 @@ class JoinTokenSerializer(serializers.ModelSerializer):
 
     fleet = serializers.CharField(source="fleet_id", read_only=True)
     node = serializers.CharField(source="node_id", read_only=True, allow_null=True)
-    created_by = serializers.CharField(source="created_by.username", read_only=True,
-                                       allow_null=True, default=None)
+    created_by = serializers.CharField(
+        source="created_by.username", read_only=True, allow_null=True, default=None
+    )
 
     class Meta:
         model = JoinToken
-        fields = ["id", "fleet", "prefix", "created_by", "created_at", "expires_at", "used_at",
-                  "node", "revoked_at"]
+        fields = [
+            "id",
+            "fleet",
+            "prefix",
+            "created_by",
+            "created_at",
+            "expires_at",
+            "used_at",
+            "node",
+            "revoked_at",
+        ]
         read_only_fields = fields
 
 
@@ -75,10 +85,14 @@ class JoinResponseSerializer(serializers.Serializer):
 class NodeSerializer(serializers.ModelSerializer):
     """The three things the Fleet page shows apart: connection, scheduling, inventory (L7)."""
 
-    fleet = serializers.CharField(source="fleet_id", allow_null=True,
-                                  help_text="null once a removed node's Fleet is deleted (F7)")
+    fleet = serializers.CharField(
+        source="fleet_id",
+        allow_null=True,
+        help_text="null once a removed node's Fleet is deleted (F7)",
+    )
     former_fleet = serializers.CharField(
-        help_text="The deleted Fleet a removed node belonged to; empty while it has one.")
+        help_text="The deleted Fleet a removed node belonged to; empty while it has one."
+    )
     connection = serializers.SerializerMethodField()
     scheduling = serializers.SerializerMethodField()
     inventory = serializers.SerializerMethodField()
@@ -87,9 +101,20 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "fleet", "former_fleet", "address", "hostname", "connection",
-                  "scheduling", "inventory", "liveness", "address_shared", "agent_version",
-                  "created_at"]
+        fields = [
+            "id",
+            "fleet",
+            "former_fleet",
+            "address",
+            "hostname",
+            "connection",
+            "scheduling",
+            "inventory",
+            "liveness",
+            "address_shared",
+            "agent_version",
+            "created_at",
+        ]
         read_only_fields = fields
 
     @extend_schema_field(serializers.DictField())
@@ -97,13 +122,19 @@ class NodeSerializer(serializers.ModelSerializer):
         session = self.context.get("live_sessions", {}).get(node.id)
         if session is None:
             return {"state": "disconnected", "session": None, "last_heartbeat_at": None}
-        return {"state": "connected", "session": str(session.id),
-                "last_heartbeat_at": session.last_heartbeat_at, "gateway": session.gateway}
+        return {
+            "state": "connected",
+            "session": str(session.id),
+            "last_heartbeat_at": session.last_heartbeat_at,
+            "gateway": session.gateway,
+        }
 
     @extend_schema_field(serializers.DictField())
     def get_scheduling(self, node):
-        cordons = [{"source": c.source, "reason": c.reason, "at": c.created_at,
-                    "by": c.created_by} for c in node.cordons.all()]
+        cordons = [
+            {"source": c.source, "reason": c.reason, "at": c.created_at, "by": c.created_by}
+            for c in node.cordons.all()
+        ]
         return {"state": node.scheduling_shown(cordons), "cordons": cordons}
 
     @extend_schema_field(serializers.DictField())
@@ -111,8 +142,9 @@ class NodeSerializer(serializers.ModelSerializer):
         series = self.context.get("card_series", {})
         inventory = node.inventory
         return {
-            "cards": [{**card, "series": series.get(card["name"])}
-                      for card in inventory.get("cards", [])],
+            "cards": [
+                {**card, "series": series.get(card["name"])} for card in inventory.get("cards", [])
+            ],
             "driver": inventory.get("driver"),
             "container_runtime": inventory.get("container_runtime"),
             "storage_root_visible": inventory.get("storage_root_visible"),
@@ -150,6 +182,15 @@ class CommandSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = NodeCommand
-        fields = ["id", "node", "kind", "payload", "state", "exit_code", "created_by",
-                  "created_at", "updated_at"]
+        fields = [
+            "id",
+            "node",
+            "kind",
+            "payload",
+            "state",
+            "exit_code",
+            "created_by",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = fields

@@ -1,11 +1,21 @@
 from django.urls import path
 
-from .views import (FleetJoinTokensView, JoinTokenDetailView, NodeCommandsView, NodeCordonView,
-                    NodeDetailView, NodeDrainView, NodeJoinView, NodeListView, NodeUncordonView)
+from .views import (
+    FleetJoinTokensView,
+    JoinTokenDetailView,
+    NodeCommandsView,
+    NodeCordonView,
+    NodeDetailView,
+    NodeDrainView,
+    NodeJoinView,
+    NodeListView,
+    NodeUncordonView,
+)
 
 urlpatterns = [
-    path("fleets/<str:fleet_id>/join-tokens", FleetJoinTokensView.as_view(),
-         name="fleet-join-tokens"),
+    path(
+        "fleets/<str:fleet_id>/join-tokens", FleetJoinTokensView.as_view(), name="fleet-join-tokens"
+    ),
     path("join-tokens/<int:token_id>", JoinTokenDetailView.as_view(), name="join-token-detail"),
     path("nodes/join", NodeJoinView.as_view(), name="node-join"),
     path("nodes", NodeListView.as_view(), name="node-list"),

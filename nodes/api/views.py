@@ -16,37 +16,59 @@ from tuneplane.api.permissions import IsAdmin, require_admin
 from tuneplane.api.schema import errors
 from tuneplane.errors import NotFound, ValidationFailed
 
+from ..models import JoinToken
+from ..selectors import (
+    addresses_shared,
+    card_series,
+    join_tokens_of,
+    live_sessions_of,
+    nodes_visible_to,
+)
 from ..services import commands, join, scheduling
 from ..services.join import join_commands
-from ..models import JoinToken
-from ..selectors import (addresses_shared, card_series, join_tokens_of, live_sessions_of,
-                         nodes_visible_to)
-from .serializers import (CommandRequestSerializer, CommandSerializer, CordonRequestSerializer,
-                          JoinRequestSerializer, JoinResponseSerializer, JoinTokenSerializer,
-                          MintedJoinTokenSerializer, NodeSerializer)
+from .serializers import (
+    CommandRequestSerializer,
+    CommandSerializer,
+    CordonRequestSerializer,
+    JoinRequestSerializer,
+    JoinResponseSerializer,
+    JoinTokenSerializer,
+    MintedJoinTokenSerializer,
+    NodeSerializer,
+)
 
 logger = logging.getLogger("tuneplane.nodes")
+
 
 class FleetJoinTokensView(GenericAPIView):
     serializer_class = JoinTokenSerializer
 
-    @extend_schema(summary="List a Fleet's join tokens, without secrets (administrators)",
-                   responses={200: JoinTokenSerializer(many=True), **errors(401, 403, 404)})
+    @extend_schema(
+        summary="List a Fleet's join tokens, without secrets (administrators)",
+        responses={200: JoinTokenSerializer(many=True), **errors(401, 403, 404)},
+    )
     def get(self, request, fleet_id: str):
         fleet = fleet_get_visible(request.user, fleet_id)
         require_admin(request, "see join tokens")
         page = self.paginate_queryset(join_tokens_of(fleet))
         return self.get_paginated_response(JoinTokenSerializer(page, many=True).data)
 
-    @extend_schema(summary="Mint a join token; the token is shown in this response only",
-                   request=None,
-                   responses={201: MintedJoinTokenSerializer, **errors(401, 403, 404, 409)})
+    @extend_schema(
+        summary="Mint a join token; the token is shown in this response only",
+        request=None,
+        responses={201: MintedJoinTokenSerializer, **errors(401, 403, 404, 409)},
+    )
     def post(self, request, fleet_id: str):
         fleet = fleet_get_visible(request.user, fleet_id)
         require_admin(request, "mint join tokens")
         token, secret = join.join_token_mint(actor=Actor.of_user(request.user), fleet=fleet)
-        body = {"id": token.pk, "fleet": fleet.id, "token": secret,
-                "expires_at": token.expires_at, **join_commands(fleet.id, secret)}
+        body = {
+            "id": token.pk,
+            "fleet": fleet.id,
+            "token": secret,
+            "expires_at": token.expires_at,
+            **join_commands(fleet.id, secret),
+        }
         response = Response(MintedJoinTokenSerializer(body).data, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"
         return response
@@ -56,8 +78,10 @@ class JoinTokenDetailView(GenericAPIView):
     permission_classes = [IsAdmin]
     serializer_class = JoinTokenSerializer
 
-    @extend_schema(summary="Revoke a join token (administrators)",
-                   responses={200: JoinTokenSerializer, **errors(401, 403, 404)})
+    @extend_schema(
+        summary="Revoke a join token (administrators)",
+        responses={200: JoinTokenSerializer, **errors(401, 403, 404)},
+    )
     def delete(self, request, token_id: int):
         token = JoinToken.objects.filter(pk=token_id).first()
         if token is None:
@@ -86,8 +110,9 @@ class JoinThrottle(SimpleRateThrottle):
         try:
             count = _count_in_window(self.cache, key, self.duration)
         except redis.RedisError as error:
-            logger.warning("join throttle counts in this process while the cache is away (%s)",
-                           error)
+            logger.warning(
+                "join throttle counts in this process while the cache is away (%s)", error
+            )
             count = _count_in_window(self.local_cache, key, self.duration)
         return count <= self.num_requests
 
@@ -115,24 +140,34 @@ class NodeJoinView(GenericAPIView):
     throttle_classes = [JoinThrottle]
     serializer_class = JoinRequestSerializer
 
-    @extend_schema(summary="Join a node Fleet with a join token",
-                   request=JoinRequestSerializer,
-                   responses={201: JoinResponseSerializer, **errors(400, 403, 413, 429)})
+    @extend_schema(
+        summary="Join a node Fleet with a join token",
+        request=JoinRequestSerializer,
+        responses={201: JoinResponseSerializer, **errors(400, 403, 413, 429)},
+    )
     def post(self, request):
         serializer = JoinRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         result = join.node_join(
-            token=data["token"], fleet_id=data["fleet"], csr=data["csr"],
-            inventory=data["inventory"], address=data["address"], hostname=data["hostname"],
-            fingerprint=data["fingerprint"], agent_version=data["agent_version"],
+            token=data["token"],
+            fleet_id=data["fleet"],
+            csr=data["csr"],
+            inventory=data["inventory"],
+            address=data["address"],
+            hostname=data["hostname"],
+            fingerprint=data["fingerprint"],
+            agent_version=data["agent_version"],
             client_address=request.META.get("REMOTE_ADDR", ""),
         )
         body = {
-            "node_id": result.node.id, "fleet": result.node.fleet_id,
-            "certificate": result.certificate.pem, "ca_bundle": result.ca_bundle,
+            "node_id": result.node.id,
+            "fleet": result.node.fleet_id,
+            "certificate": result.certificate.pem,
+            "ca_bundle": result.ca_bundle,
             "credential_expires_at": result.certificate.not_after,
-            "gateway_target": settings.TUNEPLANE_GATEWAY_TARGET, "warnings": result.warnings,
+            "gateway_target": settings.TUNEPLANE_GATEWAY_TARGET,
+            "warnings": result.warnings,
         }
         response = Response(body, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"
@@ -140,16 +175,21 @@ class NodeJoinView(GenericAPIView):
 
 
 def _node_context(nodes) -> dict:
-    return {"card_series": card_series(name for node in nodes for name in node.card_names()),
-            "shared_addresses": addresses_shared(nodes), "live_sessions": live_sessions_of(nodes)}
+    return {
+        "card_series": card_series(name for node in nodes for name in node.card_names()),
+        "shared_addresses": addresses_shared(nodes),
+        "live_sessions": live_sessions_of(nodes),
+    }
 
 
 class NodeListView(GenericAPIView):
     permission_classes = [IsAdmin]
     serializer_class = NodeSerializer
 
-    @extend_schema(summary="List nodes (administrators)",
-                   responses={200: NodeSerializer(many=True), **errors(401, 403)})
+    @extend_schema(
+        summary="List nodes (administrators)",
+        responses={200: NodeSerializer(many=True), **errors(401, 403)},
+    )
     def get(self, request):
         nodes = nodes_visible_to(request.user).prefetch_related("cordons")
         fleet = request.query_params.get("fleet")
@@ -157,7 +197,8 @@ class NodeListView(GenericAPIView):
             nodes = nodes.filter(fleet_id=fleet)
         page = self.paginate_queryset(nodes)
         return self.get_paginated_response(
-            NodeSerializer(page, many=True, context=_node_context(page)).data)
+            NodeSerializer(page, many=True, context=_node_context(page)).data
+        )
 
 
 def _node(request, node_id: str):
@@ -183,18 +224,27 @@ class NodeDetailView(GenericAPIView):
     permission_classes = [IsAdmin]
     serializer_class = NodeSerializer
 
-    @extend_schema(summary="A node (administrators)",
-                   responses={200: NodeSerializer, **errors(401, 403, 404)})
+    @extend_schema(
+        summary="A node (administrators)", responses={200: NodeSerializer, **errors(401, 403, 404)}
+    )
     def get(self, request, node_id: str):
         return _shown(_node(request, node_id).pk, request.user)
 
-    @extend_schema(summary="Remove a drained node, or with force=true a gone one (D2, D3, D4)",
-                   parameters=[OpenApiParameter("force", bool, description=(
-                       "Remove a gone machine anyway; audited as forced."))],
-                   responses={200: NodeSerializer, **errors(400, 401, 403, 404, 409)})
+    @extend_schema(
+        summary="Remove a drained node, or with force=true a gone one (D2, D3, D4)",
+        parameters=[
+            OpenApiParameter(
+                "force", bool, description=("Remove a gone machine anyway; audited as forced.")
+            )
+        ],
+        responses={200: NodeSerializer, **errors(400, 401, 403, 404, 409)},
+    )
     def delete(self, request, node_id: str):
-        node = scheduling.node_remove(actor=Actor.of_user(request.user), node=_node(request, node_id),
-                                      force=_flag(request, "force"))
+        node = scheduling.node_remove(
+            actor=Actor.of_user(request.user),
+            node=_node(request, node_id),
+            force=_flag(request, "force"),
+        )
         return _shown(node.pk, request.user)
 
 
@@ -202,15 +252,18 @@ class NodeCordonView(GenericAPIView):
     permission_classes = [IsAdmin]
     serializer_class = CordonRequestSerializer
 
-    @extend_schema(summary="Cordon a node: no new work, nothing stopped (D1)",
-                   request=CordonRequestSerializer,
-                   responses={200: NodeSerializer, **errors(400, 401, 403, 404, 409)})
+    @extend_schema(
+        summary="Cordon a node: no new work, nothing stopped (D1)",
+        request=CordonRequestSerializer,
+        responses={200: NodeSerializer, **errors(400, 401, 403, 404, 409)},
+    )
     def post(self, request, node_id: str):
         node = _node(request, node_id)
         serializer = CordonRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        scheduling.node_cordon(actor=Actor.of_user(request.user), node=node,
-                               reason=serializer.validated_data["reason"])
+        scheduling.node_cordon(
+            actor=Actor.of_user(request.user), node=node, reason=serializer.validated_data["reason"]
+        )
         return _shown(node.pk, request.user)
 
 
@@ -218,10 +271,15 @@ class NodeUncordonView(GenericAPIView):
     permission_classes = [IsAdmin]
     serializer_class = NodeSerializer
 
-    @extend_schema(summary="Lift the operator's cordon (a storage cordon stays, L6)",
-                   request=None, responses={200: NodeSerializer, **errors(401, 403, 404, 409)})
+    @extend_schema(
+        summary="Lift the operator's cordon (a storage cordon stays, L6)",
+        request=None,
+        responses={200: NodeSerializer, **errors(401, 403, 404, 409)},
+    )
     def post(self, request, node_id: str):
-        node = scheduling.node_uncordon(actor=Actor.of_user(request.user), node=_node(request, node_id))
+        node = scheduling.node_uncordon(
+            actor=Actor.of_user(request.user), node=_node(request, node_id)
+        )
         return _shown(node.pk, request.user)
 
 
@@ -229,10 +287,15 @@ class NodeDrainView(GenericAPIView):
     permission_classes = [IsAdmin]
     serializer_class = NodeSerializer
 
-    @extend_schema(summary="Drain a node: no new work; drained once nothing runs (D1)",
-                   request=None, responses={200: NodeSerializer, **errors(401, 403, 404, 409)})
+    @extend_schema(
+        summary="Drain a node: no new work; drained once nothing runs (D1)",
+        request=None,
+        responses={200: NodeSerializer, **errors(401, 403, 404, 409)},
+    )
     def post(self, request, node_id: str):
-        node = scheduling.node_drain(actor=Actor.of_user(request.user), node=_node(request, node_id))
+        node = scheduling.node_drain(
+            actor=Actor.of_user(request.user), node=_node(request, node_id)
+        )
         return _shown(node.pk, request.user)
 
 
@@ -240,20 +303,25 @@ class NodeCommandsView(GenericAPIView):
     permission_classes = [IsAdmin]
     serializer_class = CommandSerializer
 
-    @extend_schema(summary="A node's commands, newest first (administrators)",
-                   responses={200: CommandSerializer(many=True), **errors(401, 403, 404)})
+    @extend_schema(
+        summary="A node's commands, newest first (administrators)",
+        responses={200: CommandSerializer(many=True), **errors(401, 403, 404)},
+    )
     def get(self, request, node_id: str):
         node = _node(request, node_id)
         page = self.paginate_queryset(node.commands.all())
         return self.get_paginated_response(CommandSerializer(page, many=True).data)
 
-    @extend_schema(summary="Send a command to a node, delivered over its control stream",
-                   request=CommandRequestSerializer,
-                   responses={201: CommandSerializer, **errors(400, 401, 403, 404, 409)})
+    @extend_schema(
+        summary="Send a command to a node, delivered over its control stream",
+        request=CommandRequestSerializer,
+        responses={201: CommandSerializer, **errors(400, 401, 403, 404, 409)},
+    )
     def post(self, request, node_id: str):
         node = _node(request, node_id)
         serializer = CommandRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        command = commands.node_command_create(actor=Actor.of_user(request.user), node=node,
-                                               **serializer.validated_data)
+        command = commands.node_command_create(
+            actor=Actor.of_user(request.user), node=node, **serializer.validated_data
+        )
         return Response(CommandSerializer(command).data, status=status.HTTP_201_CREATED)

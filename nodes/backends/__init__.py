@@ -14,8 +14,10 @@ from .base import Backend, BackendError, JobSpec, Machine, OutcomeUnknown, job_s
 
 # Each cluster kind's backend, imported when first used: a console without a Kubernetes
 # Fleet never loads the Kubernetes client.
-BACKENDS = {FleetKind.SLURM: ".slurm.SlurmBackend",
-            FleetKind.KUBERNETES: ".kubernetes.KubernetesBackend"}
+BACKENDS = {
+    FleetKind.SLURM: ".slurm.SlurmBackend",
+    FleetKind.KUBERNETES: ".kubernetes.KubernetesBackend",
+}
 
 
 def backend_for(fleet) -> Backend:
@@ -26,5 +28,12 @@ def backend_for(fleet) -> Backend:
     return getattr(importlib.import_module(module, __name__), name).from_config(fleet.config)
 
 
-__all__ = ["Backend", "BackendError", "JobSpec", "Machine", "OutcomeUnknown", "backend_for",
-           "job_state_is_final"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "JobSpec",
+    "Machine",
+    "OutcomeUnknown",
+    "backend_for",
+    "job_state_is_final",
+]

@@ -5,11 +5,22 @@ from typing import Protocol
 
 from ..choices import SchedulingState
 
-
 # A job in one of these, in its manager's words (Slurm's, KubeRay's), is not read again.
-FINAL_JOB_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-                              "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
-                              "SUCCEEDED", "STOPPED"})
+FINAL_JOB_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "SUCCEEDED",
+        "STOPPED",
+    }
+)
 
 
 def job_state_is_final(state: str) -> bool:

@@ -22,8 +22,9 @@ def read_token(*, env_key: str, env_name: str, file_key: str, file_path: str) ->
             raise BackendError(f"config.{env_key} {env_name} {refusal}")
         token = os.environ.get(env_name, "").strip()
         if not token:
-            raise BackendError(f"environment variable {env_name} (config.{env_key}) is empty "
-                               "or not set")
+            raise BackendError(
+                f"environment variable {env_name} (config.{env_key}) is empty or not set"
+            )
         return token
     if file_path:
         refusal = file_path_refusal(file_path) or resolved_path_refusal(Path(file_path))
@@ -33,8 +34,7 @@ def read_token(*, env_key: str, env_name: str, file_key: str, file_path: str) ->
             token = _read_small_regular_file(Path(file_path).resolve())
         except (OSError, UnicodeDecodeError, ValueError) as error:
             reason = getattr(error, "strerror", None) or str(error) or "not text"
-            raise BackendError(f"config.{file_key} {file_path} cannot be read: {reason}") \
-                from None
+            raise BackendError(f"config.{file_key} {file_path} cannot be read: {reason}") from None
         if not token:
             raise BackendError(f"config.{file_key} {file_path} is empty")
         return token

@@ -50,18 +50,23 @@ class KubernetesBackend:
             raise BackendError("config.kube_api_url or config.kube_context must be set")
         if api_url and context:
             raise BackendError("set config.kube_api_url or config.kube_context, not both")
-        return cls(api_url=api_url.rstrip("/"), context=context,
-                   namespace=config.get("kuberay_namespace", ""),
-                   token_env=config.get("kube_token_env", ""),
-                   token_file=config.get("kube_token_file", ""))
+        return cls(
+            api_url=api_url.rstrip("/"),
+            context=context,
+            namespace=config.get("kuberay_namespace", ""),
+            token_env=config.get("kube_token_env", ""),
+            token_file=config.get("kube_token_file", ""),
+        )
 
     def read(self) -> list[Machine]:
         with self._client() as client:
             try:
                 nodes = CoreV1Api(client).list_node(_request_timeout=self.timeout)
             except ValueError as error:  # the client checks required fields as it decodes
-                raise BackendError(f"Kubernetes API at {client.configuration.host} sent a node "
-                                   f"list the client cannot read: {error}") from error
+                raise BackendError(
+                    f"Kubernetes API at {client.configuration.host} sent a node "
+                    f"list the client cannot read: {error}"
+                ) from error
         return [machine_from_node(node) for node in nodes.items]
 
     def submit(self, job: JobSpec) -> str:
@@ -71,8 +76,13 @@ class KubernetesBackend:
         with self._client() as client:
             try:
                 created = CustomObjectsApi(client).create_namespaced_custom_object(
-                    RAY_GROUP, RAY_VERSION, self.namespace, RAYJOB_PLURAL, manifest,
-                    _request_timeout=self.timeout)
+                    RAY_GROUP,
+                    RAY_VERSION,
+                    self.namespace,
+                    RAYJOB_PLURAL,
+                    manifest,
+                    _request_timeout=self.timeout,
+                )
             except ApiException as error:
                 name = manifest["metadata"].get("name")
                 if error.status == 409 and name:  # AlreadyExists: this key's, handed over
@@ -91,8 +101,13 @@ class KubernetesBackend:
             raise BackendError(f"{job_id!r} is not a RayJob id of the form <namespace>/<name>")
         with self._client() as client:
             rayjob = CustomObjectsApi(client).get_namespaced_custom_object(
-                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name,
-                _request_timeout=self.timeout)
+                RAY_GROUP,
+                RAY_VERSION,
+                namespace,
+                RAYJOB_PLURAL,
+                name,
+                _request_timeout=self.timeout,
+            )
         status = rayjob.get("status") or {}
         return status.get("jobStatus") or status.get("jobDeploymentStatus") or "PENDING"
 
@@ -132,25 +147,36 @@ class KubernetesBackend:
         try:
             # KUBECONFIG is read here because the client reads it once, at import.
             # persist_config=False: refreshing a token must not rewrite the operator's file.
-            return new_client_from_config(config_file=os.environ.get("KUBECONFIG"),
-                                          context=self.context, persist_config=False,
-                                          client_configuration=configuration)
+            return new_client_from_config(
+                config_file=os.environ.get("KUBECONFIG"),
+                context=self.context,
+                persist_config=False,
+                client_configuration=configuration,
+            )
         except ConfigException as error:
             raise BackendError(
-                f"kubeconfig context {self.context!r} cannot be used: {error}") from error
+                f"kubeconfig context {self.context!r} cannot be used: {error}"
+            ) from error
 
     def _token(self) -> str:
         """The bearer token, read now so a rotated token is used at the next call."""
-        return read_token(env_key="kube_token_env", env_name=self.token_env,
-                          file_key="kube_token_file", file_path=self.token_file)
+        return read_token(
+            env_key="kube_token_env",
+            env_name=self.token_env,
+            file_key="kube_token_file",
+            file_path=self.token_file,
+        )
 
     def _refusal(self, host: str, error: ApiException) -> str:
         if not error.status:  # the client's own failure before any answer, e.g. TLS
             return f"Kubernetes API at {host} did not answer: {error.reason}"
         said = f"Kubernetes API at {host} answered {error.status} {error.reason}"
         if error.status == 401:
-            check = (f"the credentials of kubeconfig context {self.context!r}" if self.context
-                     else "config.kube_token_env or config.kube_token_file")
+            check = (
+                f"the credentials of kubeconfig context {self.context!r}"
+                if self.context
+                else "config.kube_token_env or config.kube_token_file"
+            )
             return f"{said}: authentication failed; check {check}"
         return f"{said}: {api_message(error)}"
 
@@ -172,8 +198,13 @@ def machine_from_node(node) -> Machine:
     name = (node.metadata.labels or {}).get(GPU_PRODUCT_LABEL, GPU_RESOURCE)
     cards = [{"name": name, "count": count}] if count else []
     state, reason = _scheduling(node)
-    return Machine(name=node.metadata.name, cards=cards, state=state, reason=reason,
-                   detail={"gpu_capacity": capacity or 0, "gpu_allocatable": allocatable or 0})
+    return Machine(
+        name=node.metadata.name,
+        cards=cards,
+        state=state,
+        reason=reason,
+        detail={"gpu_capacity": capacity or 0, "gpu_allocatable": allocatable or 0},
+    )
 
 
 def _gpu_count(resources: dict | None) -> int | None:
@@ -197,7 +228,7 @@ def rayjob_name_prefix(job_name: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", job_name.lower()).strip("-")
     if not slug[:1].isalpha():
         slug = f"job-{slug}"
-    return slug[:RAYJOB_PREFIX_MAX - 1].rstrip("-") + "-"
+    return slug[: RAYJOB_PREFIX_MAX - 1].rstrip("-") + "-"
 
 
 def rayjob_naming(job: JobSpec) -> dict:
@@ -206,24 +237,27 @@ def rayjob_naming(job: JobSpec) -> dict:
     if not job.key:
         return {"generateName": rayjob_name_prefix(job.name)}
     key = re.sub(r"[^a-z0-9-]+", "-", job.key.lower()).strip("-")
-    prefix = rayjob_name_prefix(job.name)[:RAYJOB_NAME_MAX - len(key) - 1].rstrip("-")
+    prefix = rayjob_name_prefix(job.name)[: RAYJOB_NAME_MAX - len(key) - 1].rstrip("-")
     return {"name": f"{prefix}-{key}"}
 
 
 def rayjob_manifest(job: JobSpec) -> dict:
     """A RayJob whose cluster has one worker per node, each with the job's cards."""
-    worker_pod = {"containers": [{
-        "name": "ray-worker",
-        "image": f"rayproject/ray:{RAY_IMAGE_TAG}-gpu",
-        "resources": {"limits": {GPU_RESOURCE: job.cards}},
-    }]}
+    worker_pod = {
+        "containers": [
+            {
+                "name": "ray-worker",
+                "image": f"rayproject/ray:{RAY_IMAGE_TAG}-gpu",
+                "resources": {"limits": {GPU_RESOURCE: job.cards}},
+            }
+        ]
+    }
     if job.series:
         worker_pod["nodeSelector"] = {GPU_PRODUCT_LABEL: job.series}
     return {
         "apiVersion": f"{RAY_GROUP}/{RAY_VERSION}",
         "kind": "RayJob",
-        "metadata": {**rayjob_naming(job),
-                     "labels": {"app.kubernetes.io/managed-by": "tuneplane"}},
+        "metadata": {**rayjob_naming(job), "labels": {"app.kubernetes.io/managed-by": "tuneplane"}},
         "spec": {
             "entrypoint": job.script,
             "shutdownAfterJobFinishes": True,  # the cluster's GPUs go back when the job ends
@@ -231,15 +265,24 @@ def rayjob_manifest(job: JobSpec) -> dict:
                 "rayVersion": RAY_IMAGE_TAG,
                 "headGroupSpec": {
                     "rayStartParams": {},  # required by KubeRay before 1.1
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-head", "image": f"rayproject/ray:{RAY_IMAGE_TAG}"}]}},
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {"name": "ray-head", "image": f"rayproject/ray:{RAY_IMAGE_TAG}"}
+                            ]
+                        }
+                    },
                 },
-                "workerGroupSpecs": [{
-                    "groupName": "gpu",
-                    "replicas": job.nodes, "minReplicas": job.nodes, "maxReplicas": job.nodes,
-                    "rayStartParams": {},
-                    "template": {"spec": worker_pod},
-                }],
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "gpu",
+                        "replicas": job.nodes,
+                        "minReplicas": job.nodes,
+                        "maxReplicas": job.nodes,
+                        "rayStartParams": {},
+                        "template": {"spec": worker_pod},
+                    }
+                ],
             },
         },
     }

@@ -50,14 +50,18 @@ class SlurmBackend:
             missing.append("slurm_token_env or slurm_token_file")
         if missing:
             raise BackendError(f"config is missing {', '.join(missing)}")
-        partitions = tuple(p.strip() for p in config.get("slurm_partition", "").split(",")
-                           if p.strip())
-        return cls(url=config["slurm_rest_url"].rstrip("/"),
-                   api_version=config.get("slurm_api_version") or DEFAULT_API_VERSION,
-                   partitions=partitions, user=config["slurm_user"],
-                   token_env=config.get("slurm_token_env", ""),
-                   token_file=config.get("slurm_token_file", ""),
-                   workdir=config.get("slurm_workdir") or "/tmp")
+        partitions = tuple(
+            p.strip() for p in config.get("slurm_partition", "").split(",") if p.strip()
+        )
+        return cls(
+            url=config["slurm_rest_url"].rstrip("/"),
+            api_version=config.get("slurm_api_version") or DEFAULT_API_VERSION,
+            partitions=partitions,
+            user=config["slurm_user"],
+            token_env=config.get("slurm_token_env", ""),
+            token_file=config.get("slurm_token_file", ""),
+            workdir=config.get("slurm_workdir") or "/tmp",
+        )
 
     # -- the interface --------------------------------------------------------------------
 
@@ -67,9 +71,13 @@ class SlurmBackend:
 
     def submit(self, job: JobSpec) -> str:
         gres = f"gpu:{job.series}:{job.cards}" if job.series else f"gpu:{job.cards}"
-        spec = {"name": job.name[:200], "nodes": job.nodes, "current_working_directory":
-                self.workdir, "environment": {"PATH": "/bin:/usr/bin:/usr/local/bin"},
-                "standard_output": f"{self.workdir}/tuneplane-%j.out"}
+        spec = {
+            "name": job.name[:200],
+            "nodes": job.nodes,
+            "current_working_directory": self.workdir,
+            "environment": {"PATH": "/bin:/usr/bin:/usr/local/bin"},
+            "standard_output": f"{self.workdir}/tuneplane-%j.out",
+        }
         if job.key:
             spec["comment"] = job.key  # what resume() finds it by
         if job.cards:
@@ -103,18 +111,29 @@ class SlurmBackend:
         used = sum(gres_cards(node.get("gres_used")).values())
         state, reason = scheduling_state_of(node)
         return Machine(
-            name=node["name"], cards=[{"name": n, "count": c} for n, c in sorted(cards.items())],
-            cards_used=used, state=state, reason=reason,
-            detail={"slurm_state": node.get("state", ""),
-                    "state_flags": node.get("state_flags") or [],
-                    "partitions": node.get("partitions") or [], "gres": node.get("gres", ""),
-                    "gres_used": node.get("gres_used", "")})
+            name=node["name"],
+            cards=[{"name": n, "count": c} for n, c in sorted(cards.items())],
+            cards_used=used,
+            state=state,
+            reason=reason,
+            detail={
+                "slurm_state": node.get("state", ""),
+                "state_flags": node.get("state_flags") or [],
+                "partitions": node.get("partitions") or [],
+                "gres": node.get("gres", ""),
+                "gres_used": node.get("gres_used", ""),
+            },
+        )
 
     # -- the HTTP conversation --------------------------------------------------------------
 
     def _token(self) -> str:
-        token = read_token(env_key="slurm_token_env", env_name=self.token_env,
-                           file_key="slurm_token_file", file_path=self.token_file)
+        token = read_token(
+            env_key="slurm_token_env",
+            env_name=self.token_env,
+            file_key="slurm_token_file",
+            file_path=self.token_file,
+        )
         return token.removeprefix("SLURM_JWT=").strip()  # as `scontrol token` prints it
 
     def _call(self, method: str, path: str, **kwargs) -> dict:
@@ -123,19 +142,25 @@ class SlurmBackend:
         try:
             response = httpx.request(method, url, headers=headers, timeout=TIMEOUT, **kwargs)
         except httpx.ConnectError as exc:  # never sent: nothing can have been taken
-            raise BackendError(f"slurmrestd at {self.url} did not answer: "
-                               f"{type(exc).__name__}") from None
+            raise BackendError(
+                f"slurmrestd at {self.url} did not answer: {type(exc).__name__}"
+            ) from None
         except httpx.HTTPError as exc:
-            raise OutcomeUnknown(f"slurmrestd at {self.url} did not answer: "
-                                 f"{type(exc).__name__}") from None
+            raise OutcomeUnknown(
+                f"slurmrestd at {self.url} did not answer: {type(exc).__name__}"
+            ) from None
         body = _json(response)
         errors = [e for e in (body.get("errors") or []) if isinstance(e, dict)]
         if response.status_code == 401:
-            raise BackendError("slurmrestd refused the credentials (401): check slurm_user and "
-                               "the token in slurm_token_env / slurm_token_file")
+            raise BackendError(
+                "slurmrestd refused the credentials (401): check slurm_user and "
+                "the token in slurm_token_env / slurm_token_file"
+            )
         if response.status_code >= 400 or errors:
-            raise BackendError(f"slurmrestd answered {response.status_code}: "
-                               f"{_describe(errors) or response.text[:200]}")
+            raise BackendError(
+                f"slurmrestd answered {response.status_code}: "
+                f"{_describe(errors) or response.text[:200]}"
+            )
         return body
 
 

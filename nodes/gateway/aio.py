@@ -31,22 +31,27 @@ class AsyncService(Service):
                 if method is None:
                     return not_implemented
                 if inspect.isasyncgenfunction(method):
+
                     async def handler(request, context):
-                        await grpc_request_started.asend(sender=handler, request=request,
-                                                         context=context)
+                        await grpc_request_started.asend(
+                            sender=handler, request=request, context=context
+                        )
                         try:
                             async for reply in bind(action, request, context)(request, context):
                                 yield reply
                         finally:
                             await grpc_request_finished.asend(sender=handler)
                 else:
+
                     async def handler(request, context):
-                        await grpc_request_started.asend(sender=handler, request=request,
-                                                         context=context)
+                        await grpc_request_started.asend(
+                            sender=handler, request=request, context=context
+                        )
                         try:
                             return await bind(action, request, context)(request, context)
                         finally:
                             await grpc_request_finished.asend(sender=handler)
+
                 update_wrapper(handler, method)
                 return handler
 

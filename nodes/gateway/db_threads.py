@@ -27,20 +27,28 @@ class DatabaseThreads:
 
     ``pool`` and ``control_pool`` are for tests that need threads of their own."""
 
-    def __init__(self, threads: int | None = None, *, pool: ThreadPoolExecutor | None = None,
-                 control_pool: ThreadPoolExecutor | None = None):
+    def __init__(
+        self,
+        threads: int | None = None,
+        *,
+        pool: ThreadPoolExecutor | None = None,
+        control_pool: ThreadPoolExecutor | None = None,
+    ):
         sqlite = connection.vendor == "sqlite"
         self.pool = pool or ThreadPoolExecutor(
             1 if sqlite else threads or settings.TUNEPLANE_GATEWAY_DB_THREADS,
-            thread_name_prefix="gateway-db")
+            thread_name_prefix="gateway-db",
+        )
         self.control_pool = control_pool or (
-            self.pool if sqlite else ThreadPoolExecutor(1, thread_name_prefix="gateway-control"))
+            self.pool if sqlite else ThreadPoolExecutor(1, thread_name_prefix="gateway-control")
+        )
 
     async def run(self, function, /, *args, control: bool = False, **kwargs):
         """Run a control service on a database thread (``control``: the liveness thread)."""
         executor = self.control_pool if control else self.pool
         return await asyncio.get_running_loop().run_in_executor(
-            executor, partial(_call, function, *args, **kwargs))
+            executor, partial(_call, function, *args, **kwargs)
+        )
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True)

@@ -27,8 +27,11 @@ async def deliver_pending(gateway: Gateway, /, **which) -> int:
     by_node: dict[str, list] = {}
     for command in pending:
         by_node.setdefault(command.node_id, []).append(command)
-    return sum(stream.deliver(by_node[node_id]) for node_id, stream in
-               list(gateway.streams.by_node.items()) if node_id in by_node)
+    return sum(
+        stream.deliver(by_node[node_id])
+        for node_id, stream in list(gateway.streams.by_node.items())
+        if node_id in by_node
+    )
 
 
 async def on_event(gateway: Gateway, event: dict) -> None:
@@ -37,8 +40,9 @@ async def on_event(gateway: Gateway, event: dict) -> None:
     if event["type"] == bus.COMMANDS:
         await deliver_pending(gateway, node_id=event["node"])
     elif event["type"] == bus.CLOSE:
-        gateway.streams.close(event["node"],
-                              str(event.get("reason") or "closed by the console")[:200])
+        gateway.streams.close(
+            event["node"], str(event.get("reason") or "closed by the console")[:200]
+        )
 
 
 async def listen(gateway: Gateway) -> None:
@@ -48,8 +52,10 @@ async def listen(gateway: Gateway) -> None:
     delay = 1
     while True:
         try:
-            async with redis.asyncio.Redis.from_url(settings.REDIS_URL) as client, \
-                    client.pubsub() as pubsub:
+            async with (
+                redis.asyncio.Redis.from_url(settings.REDIS_URL) as client,
+                client.pubsub() as pubsub,
+            ):
                 await pubsub.subscribe(bus.CHANNEL)
                 logger.info("listening for node-control events")
                 delay = 1
@@ -71,12 +77,18 @@ async def announce(gateway: Gateway) -> None:
     while True:
         try:
             if started is None:
-                started = (await gateway.database.run(
-                    control.gateway_started, name=gateway.name,
-                    serving_since=gateway.serving_since, control=True)).started_at
+                started = (
+                    await gateway.database.run(
+                        control.gateway_started,
+                        name=gateway.name,
+                        serving_since=gateway.serving_since,
+                        control=True,
+                    )
+                ).started_at
             else:
-                await gateway.database.run(control.gateway_alive, name=gateway.name,
-                                           started_at=started, control=True)
+                await gateway.database.run(
+                    control.gateway_alive, name=gateway.name, started_at=started, control=True
+                )
         except Exception:  # the database is away: the sweep holds its judgement meanwhile
             logger.exception("announcing this gateway replica failed")
         await asyncio.sleep(max(settings.TUNEPLANE_HEARTBEAT_INTERVAL / 2, 1))

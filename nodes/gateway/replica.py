@@ -31,8 +31,13 @@ class Gateway:
 
     def background(self) -> list:
         """What a replica runs beside its streams."""
-        return [self.batcher.run(), loops.listen(self), loops.poll(self), loops.expire(self),
-                loops.announce(self)]
+        return [
+            self.batcher.run(),
+            loops.listen(self),
+            loops.poll(self),
+            loops.expire(self),
+            loops.announce(self),
+        ]
 
     async def stopped(self) -> None:
         """Once the server has stopped: its streams' last beats renew their leases."""

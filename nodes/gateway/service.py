@@ -30,8 +30,12 @@ logger = logging.getLogger("tuneplane.gateway")
 HELLO_TIMEOUT_SECONDS = 10
 # Messages of one stream waiting for the database; beyond this, the stream is closed.
 STORE_QUEUE = 256
-_STATUS = {403: grpc.StatusCode.PERMISSION_DENIED, 400: grpc.StatusCode.INVALID_ARGUMENT,
-           404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION}
+_STATUS = {
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+}
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,11 @@ def peer_of(context) -> Peer | None:
     cert = x509.load_pem_x509_certificate(pem)
     try:
         uris = cert.extensions.get_extension_for_class(
-            x509.SubjectAlternativeName).value.get_values_for_type(x509.UniformResourceIdentifier)
+            x509.SubjectAlternativeName
+        ).value.get_values_for_type(x509.UniformResourceIdentifier)
     except x509.ExtensionNotFound:
         return None
-    ids = [uri[len(NODE_URI_PREFIX):] for uri in uris if uri.startswith(NODE_URI_PREFIX)]
+    ids = [uri[len(NODE_URI_PREFIX) :] for uri in uris if uri.startswith(NODE_URI_PREFIX)]
     return Peer(node_id=ids[0], serial=format(cert.serial_number, "x")) if len(ids) == 1 else None
 
 
@@ -64,26 +69,34 @@ class NodeControlService(AsyncService):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a node certificate is required")
         try:
             first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_SECONDS)
-        except (asyncio.TimeoutError, StopAsyncIteration):
+        except (TimeoutError, StopAsyncIteration):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stream opens with Hello")
         if first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stream opens with Hello")
         hello = first.hello
         if hello.node_id != peer.node_id:
-            logger.warning("node %s sent a Hello naming %s; refused", peer.node_id,
-                           hello.node_id[:64])
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                "Hello names a node other than the certificate's")
+            logger.warning(
+                "node %s sent a Hello naming %s; refused", peer.node_id, hello.node_id[:64]
+            )
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, "Hello names a node other than the certificate's"
+            )
         try:
-            reported = [commands.Reported.of(c.command_id, c.state, c.exit_code)
-                        for c in hello.commands]
+            reported = [
+                commands.Reported.of(c.command_id, c.state, c.exit_code) for c in hello.commands
+            ]
             session = await self.gateway.database.run(
-                control.session_open, node_id=peer.node_id, serial=peer.serial,
-                gateway=self.gateway.name, agent_version=hello.agent_version)
+                control.session_open,
+                node_id=peer.node_id,
+                serial=peer.serial,
+                gateway=self.gateway.name,
+                agent_version=hello.agent_version,
+            )
         except ApplicationError as error:
             logger.warning("node %s refused: %s", peer.node_id, error.message)
-            await context.abort(_STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED),
-                                error.message)
+            await context.abort(
+                _STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED), error.message
+            )
         stream = Stream(peer.node_id, str(session.id))
         # L5: what the node already knows is never sent on this stream, even by a poll or a
         # nudge that read the command as pending before the reconcile below settled it.
@@ -93,16 +106,20 @@ class NodeControlService(AsyncService):
         reason = "stream ended"
         try:
             pending = await self.gateway.database.run(
-                commands.node_commands_reconcile, node_id=peer.node_id, reported=reported)
+                commands.node_commands_reconcile, node_id=peer.node_id, reported=reported
+            )
             # Reading starts before the Welcome is written: a write the transport completes
             # late must not leave the node's first heartbeats unread.
             stream.welcomed, stream.last_beat = True, time.monotonic()
             reader = asyncio.create_task(self._read(request_iterator, stream))
             stream.deliver(pending)
-            yield pb.ControlMessage(welcome=pb.Welcome(
-                session_id=stream.session_id,
-                heartbeat_interval_seconds=settings.TUNEPLANE_HEARTBEAT_INTERVAL,
-                lease_ttl_seconds=settings.TUNEPLANE_LEASE_TTL))
+            yield pb.ControlMessage(
+                welcome=pb.Welcome(
+                    session_id=stream.session_id,
+                    heartbeat_interval_seconds=settings.TUNEPLANE_HEARTBEAT_INTERVAL,
+                    lease_ttl_seconds=settings.TUNEPLANE_LEASE_TTL,
+                )
+            )
             while (message := await stream.outbox.get()) is not None:
                 if message.WhichOneof("body") == "close":
                     reason = message.close.reason
@@ -113,8 +130,11 @@ class NodeControlService(AsyncService):
             self.gateway.streams.release(stream)
             # Shielded: when the peer has gone, grpc cancels this handler, and a close still
             # queued for the database thread would otherwise be dropped with it.
-            await asyncio.shield(self.gateway.database.run(
-                control.session_close, session_id=session.id, reason=reason))
+            await asyncio.shield(
+                self.gateway.database.run(
+                    control.session_close, session_id=session.id, reason=reason
+                )
+            )
 
     async def _read(self, request_iterator, stream: Stream) -> None:
         """Takes the node's messages as they arrive. A heartbeat is taken here and now (its
@@ -133,15 +153,23 @@ class NodeControlService(AsyncService):
                 if kind == "heartbeat":
                     beat = message.heartbeat
                     if beat.sequence <= last_sequence:
-                        logger.warning("node %s: heartbeat %d after %d ignored", node_id,
-                                       beat.sequence, last_sequence)
+                        logger.warning(
+                            "node %s: heartbeat %d after %d ignored",
+                            node_id,
+                            beat.sequence,
+                            last_sequence,
+                        )
                         continue
                     last_sequence = beat.sequence
                     stream.last_beat = time.monotonic()
-                    self.gateway.batcher.touch(stream, inventory_unchanged=bool(beat.inventory_digest)
-                                       and beat.inventory_digest == stream.inventory_digest)
-                    stream.outbox.put_nowait(pb.ControlMessage(
-                        heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence)))
+                    self.gateway.batcher.touch(
+                        stream,
+                        inventory_unchanged=bool(beat.inventory_digest)
+                        and beat.inventory_digest == stream.inventory_digest,
+                    )
+                    stream.outbox.put_nowait(
+                        pb.ControlMessage(heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence))
+                    )
                     if beat.storage_root_visible != storage_visible:
                         storage_visible = beat.storage_root_visible
                         work.put_nowait(message)
@@ -151,10 +179,16 @@ class NodeControlService(AsyncService):
                     if work.qsize() >= STORE_QUEUE:
                         # Reading on would grow the queue without bound; waiting would leave
                         # heartbeats unread. The node is told, and tells it all again.
-                        logger.warning("node %s: %d reports waiting for the database; "
-                                       "closing its stream", node_id, work.qsize())
-                        self.gateway.streams.close(node_id, "too many reports waiting for the "
-                                           "database", session_id=stream.session_id)
+                        logger.warning(
+                            "node %s: %d reports waiting for the database; closing its stream",
+                            node_id,
+                            work.qsize(),
+                        )
+                        self.gateway.streams.close(
+                            node_id,
+                            "too many reports waiting for the database",
+                            session_id=stream.session_id,
+                        )
                         break
                     work.put_nowait(message)
                 else:  # a second Hello, or nothing at all: the stream already has both
@@ -175,28 +209,35 @@ class NodeControlService(AsyncService):
             try:
                 if kind == "heartbeat":
                     await self.gateway.database.run(
-                        scheduling.node_observe_storage_root, node_id=node_id,
-                        visible=message.heartbeat.storage_root_visible)
+                        scheduling.node_observe_storage_root,
+                        node_id=node_id,
+                        visible=message.heartbeat.storage_root_visible,
+                    )
                 elif kind == "inventory":
                     await self.gateway.database.run(
-                        control.node_report_inventory, node_id=node_id,
-                        inventory=wire.inventory_report(message.inventory))
+                        control.node_report_inventory,
+                        node_id=node_id,
+                        inventory=wire.inventory_report(message.inventory),
+                    )
                     stream.inventory_digest = wire.inventory_digest(message.inventory)
                 else:
                     state = message.command_update.state
                     await self.gateway.database.run(
-                        commands.node_command_report, node_id=node_id,
-                        reported=commands.Reported.of(state.command_id, state.state,
-                                                      state.exit_code))
+                        commands.node_command_report,
+                        node_id=node_id,
+                        reported=commands.Reported.of(
+                            state.command_id, state.state, state.exit_code
+                        ),
+                    )
             except ValidationFailed as error:
                 logger.warning("node %s: %s refused: %s", node_id, kind, error.message)
             except Exception:
                 # The database is away, say. Nothing is dropped quietly: the stream ends, and
                 # the node's reconnect reports its commands and inventory again (L5).
-                logger.exception("node %s: storing a %s failed; closing its stream", node_id,
-                                 kind)
-                self.gateway.streams.close(node_id, f"the console could not store a {kind}",
-                                   session_id=stream.session_id)
+                logger.exception("node %s: storing a %s failed; closing its stream", node_id, kind)
+                self.gateway.streams.close(
+                    node_id, f"the console could not store a {kind}", session_id=stream.session_id
+                )
                 return
 
     async def RotateCredential(self, request, context):
@@ -205,11 +246,13 @@ class NodeControlService(AsyncService):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a node certificate is required")
         try:
             issued = await self.gateway.database.run(
-                control.credential_rotate, node_id=peer.node_id, serial=peer.serial,
-                csr=request.csr)
+                control.credential_rotate, node_id=peer.node_id, serial=peer.serial, csr=request.csr
+            )
         except ApplicationError as error:
             logger.warning("node %s: rotation refused: %s", peer.node_id, error.message)
-            await context.abort(_STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED),
-                                error.message)
-        return pb.RotateCredentialResponse(certificate=issued.pem,
-                                           credential_expires_at=issued.not_after.isoformat())
+            await context.abort(
+                _STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED), error.message
+            )
+        return pb.RotateCredentialResponse(
+            certificate=issued.pem, credential_expires_at=issued.not_after.isoformat()
+        )

@@ -40,8 +40,7 @@ class Stream:
         fresh = [command for command in commands if command.id not in self.sent]
         for command in fresh:
             self.sent.add(command.id)
-            self.outbox.put_nowait(wire.command_message(command.id, command.kind,
-                                                        command.payload))
+            self.outbox.put_nowait(wire.command_message(command.id, command.kind, command.payload))
         return len(fresh)
 
     def close(self, reason: str) -> None:
@@ -94,13 +93,17 @@ class LeaseBatcher:
         if not batch:
             return
         renewed = await self.database.run(
-            control.leases_renew, {sid: at for sid, (_, at) in batch.items()},
-            inventory_fresh=fresh, control=True)
+            control.leases_renew,
+            {sid: at for sid, (_, at) in batch.items()},
+            inventory_fresh=fresh,
+            control=True,
+        )
         for session_id in batch.keys() - renewed:
             # Closed by the console meanwhile: its node was removed (D4), or it reconnected
             # elsewhere. Either way this stream no longer speaks for the node.
-            self.streams.close(batch[session_id][0], "session closed by the console",
-                               session_id=session_id)
+            self.streams.close(
+                batch[session_id][0], "session closed by the console", session_id=session_id
+            )
 
     async def run(self) -> None:
         while True:
@@ -117,8 +120,7 @@ def expire_pass(streams: Streams, *, now: float, late: float = 0.0) -> list[Stre
     nothing: this replica's own loop was behind, so a heartbeat may be waiting unread (the
     node's lease in the database is judged by the liveness sweep meanwhile, L1)."""
     if late > LATE_PASS_SECONDS:
-        logger.warning("gateway loop ran %.1f s late; no stream judged silent on this pass",
-                       late)
+        logger.warning("gateway loop ran %.1f s late; no stream judged silent on this pass", late)
         return []
     silent_since = now - settings.TUNEPLANE_LEASE_TTL
     silent = [s for s in streams.by_node.values() if s.welcomed and s.last_beat < silent_since]

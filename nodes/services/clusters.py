@@ -41,15 +41,22 @@ def cluster_refresh(fleet: Fleet) -> ClusterSnapshot:
         else:
             snapshot.machines, snapshot.observed_at = machines, now
             snapshot.error, snapshot.error_since = "", None
-            card_names_remember((card["name"] for machine in machines
-                                 for card in machine["cards"]), now)
+            card_names_remember(
+                (card["name"] for machine in machines for card in machine["cards"]), now
+            )
         snapshot.save()
         if bool(error) != was_failing:
-            audit_record(actor=Actor.system("clusters"), target=fleet,
-                         action="fleet.cluster_unreachable" if error else "fleet.cluster_reachable",
-                         before={"reachable": not was_failing, "error": error_before},
-                         after={"reachable": not error, "error": error,
-                                **({} if error else {"machines": len(machines)})})
+            audit_record(
+                actor=Actor.system("clusters"),
+                target=fleet,
+                action="fleet.cluster_unreachable" if error else "fleet.cluster_reachable",
+                before={"reachable": not was_failing, "error": error_before},
+                after={
+                    "reachable": not error,
+                    "error": error,
+                    **({} if error else {"machines": len(machines)}),
+                },
+            )
     if error:
         logger.warning("cluster Fleet %s: %s", fleet.id, error)
     return snapshot

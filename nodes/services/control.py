@@ -21,9 +21,9 @@ from .. import pki
 from ..choices import SchedulingState
 from ..inventory import normalize_inventory
 from ..models import ControlSession, GatewayReplica, Node, NodeCredential
-from .scheduling import node_observe_storage_root
 from ..selectors import cards_summary
 from .hardware import card_names_remember
+from .scheduling import node_observe_storage_root
 
 logger = logging.getLogger("tuneplane.gateway")
 
@@ -54,25 +54,35 @@ def _authenticated_node(node_id: str, serial: str, now: datetime) -> Node:
     return node
 
 
-def session_open(*, node_id: str, serial: str, gateway: str,
-                 agent_version: str = "") -> ControlSession:
+def session_open(
+    *, node_id: str, serial: str, gateway: str, agent_version: str = ""
+) -> ControlSession:
     """Open a node's session; a newer stream replaces an older one (its session is closed)."""
     now = timezone.now()
     with transaction.atomic():
         node = _authenticated_node(node_id, serial, now)
-        for old in ControlSession.objects.select_for_update().filter(node=node,
-                                                                     closed_at__isnull=True):
+        for old in ControlSession.objects.select_for_update().filter(
+            node=node, closed_at__isnull=True
+        ):
             _close(old, "replaced by a newer stream", now)
         session = ControlSession.objects.create(
-            node=node, gateway=gateway, agent_version=agent_version[:64], opened_at=now,
-            last_heartbeat_at=now, lease_expires_at=_lease_until(now))
+            node=node,
+            gateway=gateway,
+            agent_version=agent_version[:64],
+            opened_at=now,
+            last_heartbeat_at=now,
+            lease_expires_at=_lease_until(now),
+        )
         node.last_seen_at = now
         node.agent_version = agent_version[:64]
         node.lease_expires_at = session.lease_expires_at
         node.save(update_fields=["last_seen_at", "agent_version", "lease_expires_at"])
-        audit_record(actor=Actor.of_node(node_id), action="control_session.opened",
-                     target=session, after={"node": node_id, "gateway": gateway,
-                                            "credential_serial": serial})
+        audit_record(
+            actor=Actor.of_node(node_id),
+            action="control_session.opened",
+            target=session,
+            after={"node": node_id, "gateway": gateway, "credential_serial": serial},
+        )
     logger.info("node %s connected to %s (session %s)", node_id, gateway, session.id)
     return session
 
@@ -82,9 +92,13 @@ def _close(session: ControlSession, reason: str, now: datetime) -> None:
     session.close_reason = reason[:200]
     session.save(update_fields=["closed_at", "close_reason"])
     Node.objects.filter(pk=session.node_id).update(lease_expires_at=None)  # its only open one
-    audit_record(actor=Actor.system("gateway"), action="control_session.closed",
-                 target=session, before={"open": True},
-                 after={"open": False, "node": session.node_id, "reason": session.close_reason})
+    audit_record(
+        actor=Actor.system("gateway"),
+        action="control_session.closed",
+        target=session,
+        before={"open": True},
+        after={"open": False, "node": session.node_id, "reason": session.close_reason},
+    )
 
 
 def session_close(*, session_id, reason: str) -> None:
@@ -92,21 +106,24 @@ def session_close(*, session_id, reason: str) -> None:
 
     Locks in the one order every writer here keeps — the node, then its sessions — so a
     close racing a reconnect or a removal waits instead of deadlocking."""
-    node_id = (ControlSession.objects.filter(pk=session_id).values_list("node_id", flat=True)
-               .first())
+    node_id = ControlSession.objects.filter(pk=session_id).values_list("node_id", flat=True).first()
     if node_id is None:
         return
     with transaction.atomic():
         Node.objects.select_for_update().filter(pk=node_id).first()
-        session = (ControlSession.objects.select_for_update()
-                   .filter(pk=session_id, closed_at__isnull=True).first())
+        session = (
+            ControlSession.objects.select_for_update()
+            .filter(pk=session_id, closed_at__isnull=True)
+            .first()
+        )
         if session is not None:
             _close(session, reason, timezone.now())
             logger.info("node %s disconnected: %s", session.node_id, reason)
 
 
-def leases_renew(heartbeats: dict[str, datetime],
-                 inventory_fresh: set[str] = frozenset()) -> set[str]:
+def leases_renew(
+    heartbeats: dict[str, datetime], inventory_fresh: set[str] = frozenset()
+) -> set[str]:
     """Renew many leases at once: two statements, whatever the number of sessions.
 
     ``inventory_fresh`` names the sessions whose beat said the inventory is unchanged:
@@ -127,12 +144,16 @@ def leases_renew(heartbeats: dict[str, datetime],
             # waits instead of deadlocking.
             cursor.execute(
                 "SELECT n.id FROM nodes_node n JOIN nodes_controlsession s ON s.node_id = n.id "
-                "WHERE s.id = ANY(%s::uuid[]) ORDER BY n.id FOR UPDATE OF n", [ids])
+                "WHERE s.id = ANY(%s::uuid[]) ORDER BY n.id FOR UPDATE OF n",
+                [ids],
+            )
             cursor.execute(
                 "UPDATE nodes_controlsession AS s SET last_heartbeat_at = v.seen, "
                 "lease_expires_at = v.lease FROM unnest(%s::uuid[], %s::timestamptz[], "
                 "%s::timestamptz[]) AS v(id, seen, lease) "
-                "WHERE s.id = v.id AND s.closed_at IS NULL RETURNING s.id", [ids, seen, leases])
+                "WHERE s.id = v.id AND s.closed_at IS NULL RETURNING s.id",
+                [ids, seen, leases],
+            )
             renewed = {str(row[0]) for row in cursor.fetchall()}
             cursor.execute(
                 "UPDATE nodes_node AS n SET last_seen_at = v.seen, lease_expires_at = v.lease, "
@@ -140,17 +161,23 @@ def leases_renew(heartbeats: dict[str, datetime],
                 "ELSE n.inventory_observed_at END FROM unnest(%s::uuid[], %s::timestamptz[], "
                 "%s::timestamptz[], %s::boolean[]) AS v(id, seen, lease, fresh), "
                 "nodes_controlsession AS s WHERE s.id = v.id AND n.id = s.node_id "
-                "AND s.closed_at IS NULL", [ids, seen, leases, fresh])
+                "AND s.closed_at IS NULL",
+                [ids, seen, leases, fresh],
+            )
             return renewed
         # Elsewhere (SQLite, the embedded default): the same, as set-based bulk updates.
-        sessions = list(ControlSession.objects.filter(pk__in=ids, closed_at__isnull=True)
-                        .only("id", "node_id"))
+        sessions = list(
+            ControlSession.objects.filter(pk__in=ids, closed_at__isnull=True).only("id", "node_id")
+        )
         for session in sessions:
             session.last_heartbeat_at = heartbeats[str(session.id)]
             session.lease_expires_at = _lease_until(session.last_heartbeat_at)
         ControlSession.objects.bulk_update(sessions, ["last_heartbeat_at", "lease_expires_at"])
-        nodes = list(Node.objects.filter(pk__in=[s.node_id for s in sessions])
-                     .only("id", "inventory_observed_at"))
+        nodes = list(
+            Node.objects.filter(pk__in=[s.node_id for s in sessions]).only(
+                "id", "inventory_observed_at"
+            )
+        )
         beats = {s.node_id: s for s in sessions}
         for node in nodes:
             session = beats[node.id]
@@ -158,8 +185,9 @@ def leases_renew(heartbeats: dict[str, datetime],
             node.lease_expires_at = session.lease_expires_at
             if str(session.id) in inventory_fresh:
                 node.inventory_observed_at = session.last_heartbeat_at
-        Node.objects.bulk_update(nodes, ["last_seen_at", "lease_expires_at",
-                                         "inventory_observed_at"])
+        Node.objects.bulk_update(
+            nodes, ["last_seen_at", "lease_expires_at", "inventory_observed_at"]
+        )
         return {str(session.id) for session in sessions}
 
 
@@ -173,15 +201,23 @@ def credential_rotate(*, node_id: str, serial: str, csr: str) -> pki.IssuedCerti
     now = timezone.now()
     with transaction.atomic():
         node = _authenticated_node(node_id, serial, now)
-        issued = pki.sign_node_csr(parsed, node.id, timedelta(
-            seconds=settings.TUNEPLANE_NODE_CREDENTIAL_TTL))
-        NodeCredential.objects.create(node=node, serial=issued.serial,
-                                      fingerprint_sha256=issued.fingerprint_sha256,
-                                      not_before=issued.not_before, not_after=issued.not_after)
-        audit_record(actor=Actor.of_node(node_id), action="node.credential_rotated", target=node,
-                     before={"credential_serial": serial},
-                     after={"credential_serial": issued.serial,
-                            "expires_at": issued.not_after.isoformat()})
+        issued = pki.sign_node_csr(
+            parsed, node.id, timedelta(seconds=settings.TUNEPLANE_NODE_CREDENTIAL_TTL)
+        )
+        NodeCredential.objects.create(
+            node=node,
+            serial=issued.serial,
+            fingerprint_sha256=issued.fingerprint_sha256,
+            not_before=issued.not_before,
+            not_after=issued.not_after,
+        )
+        audit_record(
+            actor=Actor.of_node(node_id),
+            action="node.credential_rotated",
+            target=node,
+            before={"credential_serial": serial},
+            after={"credential_serial": issued.serial, "expires_at": issued.not_after.isoformat()},
+        )
     logger.info("node %s rotated its credential to %s", node_id, issued.serial)
     return issued
 
@@ -207,12 +243,24 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
         # inventory (L1); a cordon, a separate record, is not touched.
         if node.scheduling_state in (SchedulingState.ENROLLED, SchedulingState.GONE) and live:
             node.scheduling_state = SchedulingState.SCHEDULABLE
-        node.save(update_fields=["inventory", "inventory_observed_at", "scheduling_state",
-                                 "series_cards", "card_count"])
+        node.save(
+            update_fields=[
+                "inventory",
+                "inventory_observed_at",
+                "scheduling_state",
+                "series_cards",
+                "card_count",
+            ]
+        )
         after = {"inventory": node.inventory, "scheduling_state": node.scheduling_state}
         if after != before:
-            audit_record(actor=Actor.of_node(node_id), action="node.inventory_reported",
-                         target=node, before=before, after=after)
+            audit_record(
+                actor=Actor.of_node(node_id),
+                action="node.inventory_reported",
+                target=node,
+                before=before,
+                after=after,
+            )
         node_observe_storage_root(node_id=node_id, visible=inventory["storage_root_visible"])
     return node
 
@@ -228,21 +276,32 @@ def gateway_started(*, name: str, serving_since: datetime | None = None) -> Gate
     left_open = ControlSession.objects.filter(gateway=name, opened_at__lt=serving_since or now)
     closed = _sessions_close(left_open, "gateway replica restarted", now)
     if closed:
-        logger.info("gateway %s started: closed %d sessions its previous process left open",
-                    name, closed)
+        logger.info(
+            "gateway %s started: closed %d sessions its previous process left open", name, closed
+        )
     with transaction.atomic():
         earlier = GatewayReplica.objects.select_for_update().filter(name=name).first()
         replica, _ = GatewayReplica.objects.update_or_create(
-            name=name, defaults={"started_at": now, "seen_at": now})
-        audit_record(actor=Actor.system("gateway"), action="gateway.started", target=replica,
-                     before={"started_at": earlier.started_at.isoformat(),
-                             "seen_at": earlier.seen_at.isoformat()} if earlier else None,
-                     after={"name": name, "started_at": now.isoformat()})
+            name=name, defaults={"started_at": now, "seen_at": now}
+        )
+        audit_record(
+            actor=Actor.system("gateway"),
+            action="gateway.started",
+            target=replica,
+            before={
+                "started_at": earlier.started_at.isoformat(),
+                "seen_at": earlier.seen_at.isoformat(),
+            }
+            if earlier
+            else None,
+            after={"name": name, "started_at": now.isoformat()},
+        )
     return replica
 
 
-def sessions_of_silent_replicas_close(*, listening_since: datetime | None,
-                                      now: datetime | None = None) -> int:
+def sessions_of_silent_replicas_close(
+    *, listening_since: datetime | None, now: datetime | None = None
+) -> int:
     """Close the sessions of gateway replicas silent for replica_gone_after(), whose lease
     has run out: a replica that was killed and not started again closed none of its
     sessions. Bookkeeping only (liveness reads the leases, long expired by then), so judged
@@ -255,9 +314,11 @@ def sessions_of_silent_replicas_close(*, listening_since: datetime | None,
     if listening_since is None or listening_since > now - gone_after:
         return 0
     silent = GatewayReplica.objects.filter(seen_at__lt=now - gone_after).values("name")
-    return _sessions_close(ControlSession.objects.filter(gateway__in=silent,
-                                                         lease_expires_at__lt=now),
-                           "gateway replica silent", now)
+    return _sessions_close(
+        ControlSession.objects.filter(gateway__in=silent, lease_expires_at__lt=now),
+        "gateway replica silent",
+        now,
+    )
 
 
 def replica_gone_after() -> timedelta:
@@ -270,15 +331,21 @@ def _sessions_close(sessions, reason: str, now: datetime, batch: int = 200) -> i
     locked first, in id order (the one lock order: node, then its sessions)."""
     closed = 0
     while True:
-        node_ids = sorted(set(sessions.filter(closed_at__isnull=True)
-                              .values_list("node_id", flat=True)[:batch]))
+        node_ids = sorted(
+            set(sessions.filter(closed_at__isnull=True).values_list("node_id", flat=True)[:batch])
+        )
         if not node_ids:
             return closed
         with transaction.atomic():
-            list(Node.objects.select_for_update().filter(pk__in=node_ids).order_by("pk")
-                 .values_list("pk", flat=True))
-            for session in (sessions.select_for_update()
-                            .filter(closed_at__isnull=True, node_id__in=node_ids)):
+            list(
+                Node.objects.select_for_update()
+                .filter(pk__in=node_ids)
+                .order_by("pk")
+                .values_list("pk", flat=True)
+            )
+            for session in sessions.select_for_update().filter(
+                closed_at__isnull=True, node_id__in=node_ids
+            ):
                 _close(session, reason, now)
                 closed += 1
 
@@ -290,7 +357,8 @@ def gateway_alive(*, name: str, started_at: datetime) -> None:
     now = timezone.now()
     gap = now - timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
     updated = GatewayReplica.objects.filter(name=name).update(
-        seen_at=now, started_at=Case(When(seen_at__lt=gap, then=Value(now)),
-                                     default=F("started_at")))
+        seen_at=now,
+        started_at=Case(When(seen_at__lt=gap, then=Value(now)), default=F("started_at")),
+    )
     if not updated:  # its row was removed meanwhile
         GatewayReplica.objects.create(name=name, started_at=now, seen_at=now)

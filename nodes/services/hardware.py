@@ -15,8 +15,10 @@ def card_names_remember(names, now) -> None:
     """Card names no one has seen yet become unmapped registry entries for an admin to map
     (J4): from a join, an inventory report over the stream, or a cluster's snapshot. An
     observation, not audited: the mapping an admin makes of it is."""
-    CardAlias.objects.bulk_create([CardAlias(name=name, first_seen_at=now) for name in
-                                   sorted(set(names))], ignore_conflicts=True)
+    CardAlias.objects.bulk_create(
+        [CardAlias(name=name, first_seen_at=now) for name in sorted(set(names))],
+        ignore_conflicts=True,
+    )
 
 
 def card_alias_map(*, actor: Actor, alias: CardAlias, series: HardwareSeries | None) -> CardAlias:
@@ -27,15 +29,25 @@ def card_alias_map(*, actor: Actor, alias: CardAlias, series: HardwareSeries | N
         alias.series = series
         alias.save(update_fields=["series"])
         followed = _nodes_follow_mapping(alias.name)
-        audit_record(actor=actor, action="card_alias.mapped", target=alias, before=before,
-                     after={"series": series.slug if series else None, "nodes": followed})
+        audit_record(
+            actor=actor,
+            action="card_alias.mapped",
+            target=alias,
+            before=before,
+            after={"series": series.slug if series else None, "nodes": followed},
+        )
     return alias
 
 
 def _nodes_follow_mapping(name: str) -> int:
     """The nodes reporting a card name take its new mapping into their card summary."""
-    nodes = [node for node in Node.objects.exclude(scheduling_state=SchedulingState.REMOVED)
-             .only("id", "inventory") if name in node.card_names()]
+    nodes = [
+        node
+        for node in Node.objects.exclude(scheduling_state=SchedulingState.REMOVED).only(
+            "id", "inventory"
+        )
+        if name in node.card_names()
+    ]
     series = card_series(card for node in nodes for card in node.card_names())
     for node in nodes:
         for attribute, value in cards_summary(node.inventory, series).items():
@@ -49,13 +61,18 @@ def series_create(*, actor: Actor, slug: str, name: str, vendor: str = "") -> Ha
         series = HardwareSeries(slug=slug, name=name, vendor=vendor)
         series.full_clean()
         series.save()
-        audit_record(actor=actor, action="hardware_series.created", target=series,
-                     after={"slug": slug, "name": name, "vendor": vendor})
+        audit_record(
+            actor=actor,
+            action="hardware_series.created",
+            target=series,
+            after={"slug": slug, "name": name, "vendor": vendor},
+        )
     return series
 
 
-def series_update(*, actor: Actor, series: HardwareSeries, name: str,
-                  vendor: str) -> HardwareSeries:
+def series_update(
+    *, actor: Actor, series: HardwareSeries, name: str, vendor: str
+) -> HardwareSeries:
     """Jobs pin a series by its slug and nodes' card summaries are kept under it: only its
     name and vendor change."""
     with transaction.atomic():
@@ -66,8 +83,13 @@ def series_update(*, actor: Actor, series: HardwareSeries, name: str,
             series.name, series.vendor = name, vendor
             series.full_clean()
             series.save(update_fields=["name", "vendor"])
-            audit_record(actor=actor, action="hardware_series.updated", target=series,
-                         before=before, after=after)
+            audit_record(
+                actor=actor,
+                action="hardware_series.updated",
+                target=series,
+                before=before,
+                after=after,
+            )
     return series
 
 
@@ -78,8 +100,12 @@ def card_alias_add(*, actor: Actor, name: str, series: HardwareSeries | None = N
         alias = CardAlias(name=name)
         alias.full_clean()
         alias.save()
-        audit_record(actor=actor, action="card_alias.added", target=alias,
-                     after={"name": name, "series": None})
+        audit_record(
+            actor=actor,
+            action="card_alias.added",
+            target=alias,
+            after={"name": name, "series": None},
+        )
         if series is not None:
             alias = card_alias_map(actor=actor, alias=alias, series=series)
     return alias
@@ -92,10 +118,15 @@ def card_alias_delete(*, actor: Actor, alias: CardAlias) -> None:
         if alias is None:
             return
         if alias.series_id is not None:
-            raise Conflict(f"Card name '{alias.name}' is mapped to a series: unmap it first.",
-                           rule="J4")
-        audit_record(actor=actor, action="card_alias.deleted", target=alias,
-                     before={"name": alias.name, "series": None})
+            raise Conflict(
+                f"Card name '{alias.name}' is mapped to a series: unmap it first.", rule="J4"
+            )
+        audit_record(
+            actor=actor,
+            action="card_alias.deleted",
+            target=alias,
+            before={"name": alias.name, "series": None},
+        )
         alias.delete()
 
 
@@ -107,8 +138,14 @@ def series_delete(*, actor: Actor, series: HardwareSeries) -> None:
         if series is None:
             return
         if series.aliases.exists():
-            raise Conflict(f"Series '{series.slug}' has card names mapped to it: map them "
-                           "elsewhere first.", rule="J4")
-        audit_record(actor=actor, action="hardware_series.deleted", target=series,
-                     before={"slug": series.slug, "name": series.name, "vendor": series.vendor})
+            raise Conflict(
+                f"Series '{series.slug}' has card names mapped to it: map them elsewhere first.",
+                rule="J4",
+            )
+        audit_record(
+            actor=actor,
+            action="hardware_series.deleted",
+            target=series,
+            before={"slug": series.slug, "name": series.name, "vendor": series.vendor},
+        )
         series.delete()

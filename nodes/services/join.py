@@ -19,14 +19,19 @@ from .. import pki
 from ..inventory import normalize_inventory
 from ..models import JoinToken, Node, NodeCredential, new_node_id
 from ..selectors import (
-    cards_summary, nodes_answering_at, nodes_with_fingerprint, unknown_cards,
+    cards_summary,
+    nodes_answering_at,
+    nodes_with_fingerprint,
+    unknown_cards,
 )
 from .hardware import card_names_remember
 
 logger = logging.getLogger("tuneplane.nodes")
 
-JOIN_REFUSED = ("Join refused: this token cannot join this Fleet. It may be unknown, already "
-                "used, expired or revoked; ask an administrator for a new one.")
+JOIN_REFUSED = (
+    "Join refused: this token cannot join this Fleet. It may be unknown, already "
+    "used, expired or revoked; ask an administrator for a new one."
+)
 
 
 class JoinRefused(ApplicationError):
@@ -44,18 +49,30 @@ def join_token_mint(*, actor: Actor, fleet: Fleet) -> tuple[JoinToken, str]:
     if fleet.kind != FleetKind.NODE:
         raise Conflict(
             f"Fleet '{fleet.id}' is a {fleet.kind} Fleet: its machines come from the cluster "
-            "manager, not from join tokens (rule J1).", rule="J1", code="not_a_node_fleet")
+            "manager, not from join tokens (rule J1).",
+            rule="J1",
+            code="not_a_node_fleet",
+        )
     made = new_secret(JoinToken.PREFIX)
     now = timezone.now()
     with transaction.atomic():
         token = JoinToken.objects.create(
-            fleet=fleet, prefix=made.prefix, digest=made.digest,
+            fleet=fleet,
+            prefix=made.prefix,
+            digest=made.digest,
             created_by=actor.user,
             expires_at=now + timedelta(seconds=settings.TUNEPLANE_JOIN_TOKEN_TTL),
         )
-        audit_record(actor=actor, action="join_token.minted", target=token,
-                     after={"fleet": fleet.id, "prefix": token.prefix,
-                            "expires_at": token.expires_at.isoformat()})
+        audit_record(
+            actor=actor,
+            action="join_token.minted",
+            target=token,
+            after={
+                "fleet": fleet.id,
+                "prefix": token.prefix,
+                "expires_at": token.expires_at.isoformat(),
+            },
+        )
     return token, made.secret
 
 
@@ -63,9 +80,9 @@ def join_commands(fleet_id: str, secret: str) -> dict:
     server = settings.TUNEPLANE_PUBLIC_URL.rstrip("/")
     return {
         "install_command": f"curl -fsSL {server}/install.sh | TUNEPLANE_FLEET={fleet_id} "
-                           f"TUNEPLANE_JOIN_TOKEN={secret} sh",
+        f"TUNEPLANE_JOIN_TOKEN={secret} sh",
         "join_command": f"tuneplane-node join --server {server} --fleet {fleet_id} "
-                        f"--token {secret}",
+        f"--token {secret}",
     }
 
 
@@ -75,9 +92,13 @@ def join_token_revoke(*, actor: Actor, token: JoinToken) -> JoinToken:
         if token.revoked_at is None and token.used_at is None:
             token.revoked_at = timezone.now()
             token.save(update_fields=["revoked_at"])
-            audit_record(actor=actor, action="join_token.revoked", target=token,
-                         before={"revoked_at": None},
-                         after={"revoked_at": token.revoked_at.isoformat()})
+            audit_record(
+                actor=actor,
+                action="join_token.revoked",
+                target=token,
+                before={"revoked_at": None},
+                after={"revoked_at": token.revoked_at.isoformat()},
+            )
     return token
 
 
@@ -108,40 +129,69 @@ def _refuse(digest: str, fleet_id: str, client_address: str, now) -> JoinRefused
     reason, token = _refusal_reason(digest, fleet_id, now)
     target = token if token is not None else ("nodes.jointoken", f"sha256:{digest[:12]}")
     with transaction.atomic():
-        audit_record(actor=Actor.system("join"), action="node.join_refused", target=target,
-                     after={"reason": reason, "fleet": fleet_id, "client": client_address})
-    logger.warning("join refused: %s (fleet %s, token %s, from %s)", reason, fleet_id[:63],
-                   token.pk if token else f"sha256:{digest[:12]}", client_address)
+        audit_record(
+            actor=Actor.system("join"),
+            action="node.join_refused",
+            target=target,
+            after={"reason": reason, "fleet": fleet_id, "client": client_address},
+        )
+    logger.warning(
+        "join refused: %s (fleet %s, token %s, from %s)",
+        reason,
+        fleet_id[:63],
+        token.pk if token else f"sha256:{digest[:12]}",
+        client_address,
+    )
     return JoinRefused()
 
 
 def _join_warnings(node: Node, inventory: dict, now) -> list[dict]:
     warnings = []
-    for other in nodes_answering_at(node.address, now=now, exclude_id=node.id)[:5] \
-            if node.address else []:
-        warnings.append({
-            "code": "address_in_use", "node": other.id, "address": node.address,
-            "message": f"Another node ({other.id}) answers at {node.address}. If this machine "
-                       "re-joined, remove the old record, or the console counts its cards twice.",
-        })
+    for other in (
+        nodes_answering_at(node.address, now=now, exclude_id=node.id)[:5] if node.address else []
+    ):
+        warnings.append(
+            {
+                "code": "address_in_use",
+                "node": other.id,
+                "address": node.address,
+                "message": f"Another node ({other.id}) answers at {node.address}. If this machine "
+                "re-joined, remove the old record, or the console counts its cards twice.",
+            }
+        )
     for other in nodes_with_fingerprint(node.fingerprint, exclude_id=node.id)[:5]:
-        warnings.append({
-            "code": "same_machine", "node": other.id,
-            "message": f"This machine's fingerprint matches node {other.id}, which still exists. "
-                       "If it is this machine's old record, remove it.",
-        })
+        warnings.append(
+            {
+                "code": "same_machine",
+                "node": other.id,
+                "message": f"This machine's fingerprint matches node {other.id}, which still "
+                "exists. If it is this machine's old record, remove it.",
+            }
+        )
     for name in unknown_cards(inventory):
-        warnings.append({
-            "code": "unknown_card", "card": name,
-            "message": f"Card '{name}' is not in the hardware registry. Jobs that pin a series "
-                       "are not placed here until an administrator maps it.",
-        })
+        warnings.append(
+            {
+                "code": "unknown_card",
+                "card": name,
+                "message": f"Card '{name}' is not in the hardware registry. Jobs that pin a series "
+                "are not placed here until an administrator maps it.",
+            }
+        )
     return warnings
 
 
-def node_join(*, token: str, fleet_id: str, csr: str, inventory, address: str = "",
-              hostname: str = "", fingerprint: str = "", agent_version: str = "",
-              client_address: str = "") -> JoinResult:
+def node_join(
+    *,
+    token: str,
+    fleet_id: str,
+    csr: str,
+    inventory,
+    address: str = "",
+    hostname: str = "",
+    fingerprint: str = "",
+    agent_version: str = "",
+    client_address: str = "",
+) -> JoinResult:
     """Redeem a join token: exactly one caller wins it, and gets an identity once (J2, J3).
 
     The body's shape (CSR, inventory) is checked before the token is looked at, so
@@ -164,34 +214,60 @@ def node_join(*, token: str, fleet_id: str, csr: str, inventory, address: str = 
         # The Fleet first, as a deletion takes it: a join racing a deletion then waits for
         # it (and finds its token gone) instead of deadlocking with it (F7).
         held = isinstance(fleet_id, str) and fleet_hold(fleet_id)
-        won = JoinToken.objects.filter(
-            digest=digest, fleet_id=fleet_id, used_at__isnull=True, revoked_at__isnull=True,
-            expires_at__gt=now,
-        ).update(used_at=now) if held else 0
+        won = (
+            JoinToken.objects.filter(
+                digest=digest,
+                fleet_id=fleet_id,
+                used_at__isnull=True,
+                revoked_at__isnull=True,
+                expires_at__gt=now,
+            ).update(used_at=now)
+            if held
+            else 0
+        )
         if won == 1:
             join_token = JoinToken.objects.select_related("fleet").get(digest=digest)
             node = Node.objects.create(
-                id=new_node_id(), fleet=join_token.fleet, hostname=hostname[:253],
-                address=address[:300], fingerprint=fingerprint[:64],
-                agent_version=agent_version[:64], inventory=inventory,
-                inventory_observed_at=now, last_seen_at=now, **cards_summary(inventory),
+                id=new_node_id(),
+                fleet=join_token.fleet,
+                hostname=hostname[:253],
+                address=address[:300],
+                fingerprint=fingerprint[:64],
+                agent_version=agent_version[:64],
+                inventory=inventory,
+                inventory_observed_at=now,
+                last_seen_at=now,
+                **cards_summary(inventory),
             )
             certificate = pki.sign_node_csr(parsed_csr, node.id, lifetime)
             NodeCredential.objects.create(
-                node=node, serial=certificate.serial,
+                node=node,
+                serial=certificate.serial,
                 fingerprint_sha256=certificate.fingerprint_sha256,
-                not_before=certificate.not_before, not_after=certificate.not_after)
+                not_before=certificate.not_before,
+                not_after=certificate.not_after,
+            )
             join_token.node = node
             join_token.save(update_fields=["node"])
             card_names_remember((card["name"] for card in inventory["cards"]), now)
             warnings = _join_warnings(node, inventory, now)
-            audit_record(actor=Actor.of_node(node.id), action="node.joined", target=node, after={
-                "fleet": node.fleet_id, "hostname": node.hostname, "address": node.address,
-                "token": join_token.prefix, "credential_serial": certificate.serial,
-                "inventory": inventory, "warnings": [w["code"] for w in warnings],
-            })
+            audit_record(
+                actor=Actor.of_node(node.id),
+                action="node.joined",
+                target=node,
+                after={
+                    "fleet": node.fleet_id,
+                    "hostname": node.hostname,
+                    "address": node.address,
+                    "token": join_token.prefix,
+                    "credential_serial": certificate.serial,
+                    "inventory": inventory,
+                    "warnings": [w["code"] for w in warnings],
+                },
+            )
     if won != 1:
         raise _refuse(digest, str(fleet_id), client_address, now)
     logger.info("node %s joined fleet %s from %s", node.id, node.fleet_id, client_address)
-    return JoinResult(node=node, certificate=certificate, ca_bundle=pki.load_ca().pem,
-                      warnings=warnings)
+    return JoinResult(
+        node=node, certificate=certificate, ca_bundle=pki.load_ca().pem, warnings=warnings
+    )

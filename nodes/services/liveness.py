@@ -11,7 +11,7 @@ no longer matches.
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone as tz
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -23,18 +23,22 @@ from fleets.choices import FleetCapability
 from fleets.models import Fleet
 
 from ..choices import LIVENESS_CAPABILITIES, SchedulingState
-from .control import sessions_of_silent_replicas_close
 from ..models import GatewayReplica, Node, quiet_threshold
+from .control import sessions_of_silent_replicas_close
 
 logger = logging.getLogger("tuneplane.liveness")
 
 # Eval work is batch work: it goes quiet on train's threshold.
-THRESHOLD_OF = {FleetCapability.TRAIN: "train", FleetCapability.EVAL: "train",
-                FleetCapability.SERVE: "serve", FleetCapability.ENV: "env"}
+THRESHOLD_OF = {
+    FleetCapability.TRAIN: "train",
+    FleetCapability.EVAL: "train",
+    FleetCapability.SERVE: "serve",
+    FleetCapability.ENV: "env",
+}
 # What "gone" may replace: a drained machine that goes quiet is simply switched off.
 GONE_FROM = (SchedulingState.ENROLLED, SchedulingState.SCHEDULABLE, SchedulingState.DRAINING)
 ACTOR = Actor.system("liveness")
-EPOCH = datetime(1970, 1, 1, tzinfo=tz.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def gone_threshold(capabilities) -> str:
@@ -43,8 +47,9 @@ def gone_threshold(capabilities) -> str:
     return max(names, key=quiet_threshold)
 
 
-def _transition(guarded: QuerySet, change: dict, action: str, before: dict | None,
-                after: dict) -> int:
+def _transition(
+    guarded: QuerySet, change: dict, action: str, before: dict | None, after: dict
+) -> int:
     """Lock what the guard matches, change it, audit it: three statements, any row count.
     ``before`` is what every matched row was; None: its scheduling state, row by row."""
     rows = list(guarded.select_for_update().values_list("id", "scheduling_state"))
@@ -52,8 +57,14 @@ def _transition(guarded: QuerySet, change: dict, action: str, before: dict | Non
         return 0
     ids = [node_id for node_id, _ in rows]
     guarded.filter(pk__in=ids).update(**change)
-    audit_record_many(actor=ACTOR, action=action, target_type="nodes.node", changes=[
-        (node_id, before or {"scheduling_state": state}, after) for node_id, state in rows])
+    audit_record_many(
+        actor=ACTOR,
+        action=action,
+        target_type="nodes.node",
+        changes=[
+            (node_id, before or {"scheduling_state": state}, after) for node_id, state in rows
+        ],
+    )
     return len(rows)
 
 
@@ -66,24 +77,41 @@ def _sweep_with_the_orm(hearing: "Hearing", capabilities_of: dict) -> dict[str, 
         cutoff = hearing.until - quiet_threshold(capability)
         declaring = [fleet for fleet, caps in capabilities_of.items() if capability in caps]
         changed[f"{capability}_quiet"] = _transition(
-            live.filter(fleet_id__in=declaring if hearing.judges(capability) else [],
-                        last_seen_at__lt=cutoff, **{flag: False}),
-            {flag: True}, "node.quiet", {"capability": capability, "liveness": "ok"},
-            {"capability": capability, "liveness": "quiet"})
+            live.filter(
+                fleet_id__in=declaring if hearing.judges(capability) else [],
+                last_seen_at__lt=cutoff,
+                **{flag: False},
+            ),
+            {flag: True},
+            "node.quiet",
+            {"capability": capability, "liveness": "ok"},
+            {"capability": capability, "liveness": "quiet"},
+        )
         changed[f"{capability}_ok"] = _transition(
-            live.filter(**{flag: True}).exclude(fleet_id__in=declaring,
-                                                 last_seen_at__lt=cutoff),
-            {flag: False}, "node.answering", {"capability": capability, "liveness": "quiet"},
-            {"capability": capability, "liveness": "ok"})
+            live.filter(**{flag: True}).exclude(fleet_id__in=declaring, last_seen_at__lt=cutoff),
+            {flag: False},
+            "node.answering",
+            {"capability": capability, "liveness": "quiet"},
+            {"capability": capability, "liveness": "ok"},
+        )
     by_threshold: dict[str, list[str]] = {}
     for fleet, caps in capabilities_of.items():
         by_threshold.setdefault(gone_threshold(caps), []).append(fleet)
     changed["gone"] = sum(
-        _transition(live.filter(fleet_id__in=fleets, scheduling_state__in=GONE_FROM,
-                                last_seen_at__lt=hearing.until - quiet_threshold(threshold)),
-                    {"scheduling_state": SchedulingState.GONE}, "node.gone", None,
-                    {"scheduling_state": SchedulingState.GONE, "threshold": threshold})
-        for threshold, fleets in by_threshold.items() if hearing.judges(threshold))
+        _transition(
+            live.filter(
+                fleet_id__in=fleets,
+                scheduling_state__in=GONE_FROM,
+                last_seen_at__lt=hearing.until - quiet_threshold(threshold),
+            ),
+            {"scheduling_state": SchedulingState.GONE},
+            "node.gone",
+            None,
+            {"scheduling_state": SchedulingState.GONE, "threshold": threshold},
+        )
+        for threshold, fleets in by_threshold.items()
+        if hearing.judges(threshold)
+    )
     return changed
 
 
@@ -142,29 +170,36 @@ SELECT id, action, before::text, after::text FROM written
 _KEY = {"node.quiet": "{}_quiet", "node.answering": "{}_ok", "node.gone": "gone"}
 
 
-def _sweep_in_one_statement(hearing: "Hearing",
-                            capabilities_of: dict) -> dict[str, int]:
+def _sweep_in_one_statement(hearing: "Hearing", capabilities_of: dict) -> dict[str, int]:
     fleets = list(capabilities_of)
     gone_by = [gone_threshold(capabilities_of[fleet]) for fleet in fleets]
-    thresholds = {capability: quiet_threshold(capability)
-                  for capability in LIVENESS_CAPABILITIES}
+    thresholds = {capability: quiet_threshold(capability) for capability in LIVENESS_CAPABILITIES}
     params = {
-        "fleets": fleets, "gone_by": gone_by,
+        "fleets": fleets,
+        "gone_by": gone_by,
         # A Fleet whose gone threshold the console has not listened for: no one is older.
-        "gone_cut": [hearing.until - quiet_threshold(name) if hearing.judges(name) else EPOCH
-                     for name in gone_by],
-        "recent_cut": hearing.until - min(thresholds.values()), "gone_from": list(GONE_FROM),
+        "gone_cut": [
+            hearing.until - quiet_threshold(name) if hearing.judges(name) else EPOCH
+            for name in gone_by
+        ],
+        "recent_cut": hearing.until - min(thresholds.values()),
+        "gone_from": list(GONE_FROM),
     }
     for capability, threshold in thresholds.items():
         params[f"f_{capability}"] = [f for f in fleets if capability in capabilities_of[f]]
         params[f"t_{capability}"] = hearing.until - threshold
         params[f"j_{capability}"] = hearing.judges(capability)
-    changed = {key: 0 for capability in LIVENESS_CAPABILITIES
-               for key in (f"{capability}_quiet", f"{capability}_ok")} | {"gone": 0}
+    changed = {
+        key: 0
+        for capability in LIVENESS_CAPABILITIES
+        for key in (f"{capability}_quiet", f"{capability}_ok")
+    } | {"gone": 0}
     with connection.cursor() as cursor:
         cursor.execute(SWEEP_SQL, params)
-        events = [(action, node_id, json.loads(before), json.loads(after))
-                  for node_id, action, before, after in cursor.fetchall()]
+        events = [
+            (action, node_id, json.loads(before), json.loads(after))
+            for node_id, action, before, after in cursor.fetchall()
+        ]
     audit_record_each(actor=ACTOR, target_type="nodes.node", events=events)
     for action, _, _, after in events:
         changed[_KEY[action].format(after.get("capability"))] += 1
@@ -185,8 +220,9 @@ class Hearing:
 
     def judges(self, threshold: str) -> bool:
         lease = timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
-        return self.since is not None and \
-            self.until - self.since >= max(lease, quiet_threshold(threshold))
+        return self.since is not None and self.until - self.since >= max(
+            lease, quiet_threshold(threshold)
+        )
 
 
 def console_hearing(now: datetime) -> Hearing:
@@ -194,7 +230,8 @@ def console_hearing(now: datetime) -> Hearing:
     among them is when the console's present listening began."""
     lease = timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
     heard = GatewayReplica.objects.filter(seen_at__gte=now - lease).aggregate(
-        since=Min("started_at"), until=Max("seen_at"))
+        since=Min("started_at"), until=Max("seen_at")
+    )
     if heard["since"] is None:
         return Hearing(None, now)
     return Hearing(heard["since"], min(now, heard["until"]))

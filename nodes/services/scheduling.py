@@ -34,18 +34,28 @@ def _cordon_view(cordon: NodeCordon) -> dict:
 
 
 def _add_cordon(node: Node, source: str, reason: str, actor: Actor) -> NodeCordon:
-    cordon = NodeCordon.objects.create(node=node, source=source, reason=reason,
-                                       created_at=timezone.now(),
-                                       created_by=actor.label)
-    audit_record(actor=actor, action="node.cordoned", target=node, before={"cordon": None},
-                 after={"cordon": _cordon_view(cordon)})
+    cordon = NodeCordon.objects.create(
+        node=node, source=source, reason=reason, created_at=timezone.now(), created_by=actor.label
+    )
+    audit_record(
+        actor=actor,
+        action="node.cordoned",
+        target=node,
+        before={"cordon": None},
+        after={"cordon": _cordon_view(cordon)},
+    )
     return cordon
 
 
 def _lift_cordon(node: Node, cordon: NodeCordon, actor: Actor) -> None:
     cordon.delete()
-    audit_record(actor=actor, action="node.uncordoned", target=node,
-                 before={"cordon": _cordon_view(cordon)}, after={"cordon": None})
+    audit_record(
+        actor=actor,
+        action="node.uncordoned",
+        target=node,
+        before={"cordon": _cordon_view(cordon)},
+        after={"cordon": None},
+    )
 
 
 def node_observe_storage_root(*, node_id: str, visible: bool) -> bool:
@@ -54,8 +64,10 @@ def node_observe_storage_root(*, node_id: str, visible: bool) -> bool:
     anything changed."""
     with transaction.atomic():
         node = _locked(node_id)
-        if node.scheduling_state == SchedulingState.REMOVED \
-                or node.fleet.delivery != FleetDelivery.SHARED_MOUNT:  # no Fleet once removed
+        if (
+            node.scheduling_state == SchedulingState.REMOVED
+            or node.fleet.delivery != FleetDelivery.SHARED_MOUNT
+        ):  # no Fleet once removed
             return False
         if node.inventory.get("storage_root_visible") != visible:
             # The observation is kept with the inventory, where the cordon sweep reads it.
@@ -76,16 +88,20 @@ def node_observe_storage_root(*, node_id: str, visible: bool) -> bool:
 
 def _not_removed(node: Node, verb: str) -> None:
     if node.scheduling_state == SchedulingState.REMOVED:
-        raise Conflict(f"Node '{node.id}' is removed; it cannot be {verb}.", code="node_removed",
-                       rule="D4")
+        raise Conflict(
+            f"Node '{node.id}' is removed; it cannot be {verb}.", code="node_removed", rule="D4"
+        )
 
 
 def node_cordon(*, actor: Actor, node: Node, reason: str) -> Node:
     """An operator's cordon: new work stops, nothing running stops (D1). A reason is required."""
     reason = reason.strip() if isinstance(reason, str) else ""
     if not reason or len(reason) > MAX_REASON:
-        raise ValidationFailed(f"reason is required (at most {MAX_REASON} characters): say why "
-                               "the machine is cordoned.", field="reason")
+        raise ValidationFailed(
+            f"reason is required (at most {MAX_REASON} characters): say why "
+            "the machine is cordoned.",
+            field="reason",
+        )
     with transaction.atomic():
         node = _locked(node.pk)
         _not_removed(node, "cordoned")
@@ -97,8 +113,13 @@ def node_cordon(*, actor: Actor, node: Node, reason: str) -> Node:
             existing.reason, existing.created_by = reason, actor.label
             existing.created_at = timezone.now()
             existing.save(update_fields=["reason", "created_by", "created_at"])
-            audit_record(actor=actor, action="node.cordoned", target=node,
-                         before={"cordon": before}, after={"cordon": _cordon_view(existing)})
+            audit_record(
+                actor=actor,
+                action="node.cordoned",
+                target=node,
+                before={"cordon": before},
+                after={"cordon": _cordon_view(existing)},
+            )
     return node
 
 
@@ -117,9 +138,14 @@ def _set_state(node: Node, state: str, actor: Actor, *, forced: bool = False, **
     before = node.scheduling_state
     node.scheduling_state = state
     node.save(update_fields=["scheduling_state", "removed_at", "lease_expires_at"])
-    audit_record(actor=actor, action=f"node.{state}", target=node,
-                 before={"scheduling_state": before},
-                 after={"scheduling_state": state, **after}, forced=forced)
+    audit_record(
+        actor=actor,
+        action=f"node.{state}",
+        target=node,
+        before={"scheduling_state": before},
+        after={"scheduling_state": state, **after},
+        forced=forced,
+    )
 
 
 def node_drain(*, actor: Actor, node: Node) -> Node:
@@ -130,8 +156,12 @@ def node_drain(*, actor: Actor, node: Node) -> Node:
         if node.scheduling_state in (SchedulingState.DRAINING, SchedulingState.DRAINED):
             return node
         active = commands_active_on(node)
-        _set_state(node, SchedulingState.DRAINING if active else SchedulingState.DRAINED, actor,
-                   commands_running=active)
+        _set_state(
+            node,
+            SchedulingState.DRAINING if active else SchedulingState.DRAINED,
+            actor,
+            commands_running=active,
+        )
     return node
 
 
@@ -155,20 +185,35 @@ def node_remove(*, actor: Actor, node: Node, force: bool = False) -> Node:
             raise Conflict(
                 f"Node '{node.id}' is gone. Removing it leaves behind what nothing can reconcile "
                 f"({len(left_behind)} command(s) recorded as running); pass force=true to remove "
-                "it anyway (rule D3).", rule="D3", code="node_gone", left_behind=left_behind)
+                "it anyway (rule D3).",
+                rule="D3",
+                code="node_gone",
+                left_behind=left_behind,
+            )
         if node.scheduling_state not in (SchedulingState.DRAINED, SchedulingState.GONE):
             raise Conflict(
                 f"Node '{node.id}' is {node.scheduling_state}: drain first, and remove it once "
-                "it is drained (rule D2).", rule="D2", code="node_not_drained")
+                "it is drained (rule D2).",
+                rule="D2",
+                code="node_not_drained",
+            )
         now = timezone.now()
-        revoked = NodeCredential.objects.filter(node=node, revoked_at__isnull=True) \
-            .update(revoked_at=now)
-        ControlSession.objects.filter(node=node, closed_at__isnull=True) \
-            .update(closed_at=now, close_reason="node removed")
+        revoked = NodeCredential.objects.filter(node=node, revoked_at__isnull=True).update(
+            revoked_at=now
+        )
+        ControlSession.objects.filter(node=node, closed_at__isnull=True).update(
+            closed_at=now, close_reason="node removed"
+        )
         node.removed_at = now
         node.lease_expires_at = None
-        _set_state(node, SchedulingState.REMOVED, actor, forced=force,
-                   left_behind=left_behind, credentials_revoked=revoked)
+        _set_state(
+            node,
+            SchedulingState.REMOVED,
+            actor,
+            forced=force,
+            left_behind=left_behind,
+            credentials_revoked=revoked,
+        )
         bus.publish_on_commit(bus.CLOSE, node.id, reason="node removed")
     logger.info("node %s removed%s", node.id, " (forced)" if force else "")
     return node
@@ -186,12 +231,16 @@ def removed_nodes_detach(*, actor: Actor, fleet) -> dict:
         if not ids:
             return {}
         Node.objects.filter(pk__in=ids).update(fleet=None, former_fleet=fleet.pk)
-        audit_record_many(actor=actor, action="node.detached", target_type="nodes.node",
-                          changes=[(node_id, {"fleet": fleet.pk},
-                                    {"fleet": None, "former_fleet": fleet.pk})
-                                   for node_id in ids])
-    logger.info("fleet %s: %d removed node(s) detached, kept for the audit log", fleet.pk,
-                len(ids))
+        audit_record_many(
+            actor=actor,
+            action="node.detached",
+            target_type="nodes.node",
+            changes=[
+                (node_id, {"fleet": fleet.pk}, {"fleet": None, "former_fleet": fleet.pk})
+                for node_id in ids
+            ],
+        )
+    logger.info("fleet %s: %d removed node(s) detached, kept for the audit log", fleet.pk, len(ids))
     return {"nodes_detached": ids}
 
 
@@ -204,29 +253,50 @@ def storage_cordon_sweep() -> dict[str, int]:
     cordons exist, so each change is made, and audited, once.
     """
     actor = Actor.system("storage")
-    shared = (Node.objects.filter(fleet__delivery=FleetDelivery.SHARED_MOUNT)
-              .exclude(scheduling_state=SchedulingState.REMOVED)
-              .select_for_update(of=("self",)).order_by("pk"))
+    shared = (
+        Node.objects.filter(fleet__delivery=FleetDelivery.SHARED_MOUNT)
+        .exclude(scheduling_state=SchedulingState.REMOVED)
+        .select_for_update(of=("self",))
+        .order_by("pk")
+    )
     storage = NodeCordon.objects.filter(source=CordonSource.STORAGE)
     cordon = {"source": CordonSource.STORAGE, "reason": STORAGE_LOST, "by": actor.label}
     with transaction.atomic():
-        lost = list(shared.filter(inventory__storage_root_visible=False)
-                    .values_list("id", flat=True))
-        missing = sorted(set(lost) - set(storage.filter(node_id__in=lost)
-                                         .values_list("node_id", flat=True)))
-        NodeCordon.objects.bulk_create([
-            NodeCordon(node_id=node_id, source=CordonSource.STORAGE, reason=STORAGE_LOST,
-                       created_at=timezone.now(), created_by=actor.label)
-            for node_id in missing])
-        back = list(shared.filter(inventory__storage_root_visible=True,
-                                  cordons__source=CordonSource.STORAGE)
-                    .values_list("id", flat=True))
+        lost = list(
+            shared.filter(inventory__storage_root_visible=False).values_list("id", flat=True)
+        )
+        missing = sorted(
+            set(lost) - set(storage.filter(node_id__in=lost).values_list("node_id", flat=True))
+        )
+        NodeCordon.objects.bulk_create(
+            [
+                NodeCordon(
+                    node_id=node_id,
+                    source=CordonSource.STORAGE,
+                    reason=STORAGE_LOST,
+                    created_at=timezone.now(),
+                    created_by=actor.label,
+                )
+                for node_id in missing
+            ]
+        )
+        back = list(
+            shared.filter(
+                inventory__storage_root_visible=True, cordons__source=CordonSource.STORAGE
+            ).values_list("id", flat=True)
+        )
         lifted = sorted(storage.filter(node_id__in=back).values_list("node_id", flat=True))
         storage.filter(node_id__in=lifted).delete()
-        audit_record_many(actor=actor, action="node.cordoned", target_type="nodes.node",
-                          changes=[(node_id, {"cordon": None}, {"cordon": cordon})
-                                   for node_id in missing])
-        audit_record_many(actor=actor, action="node.uncordoned", target_type="nodes.node",
-                          changes=[(node_id, {"cordon": cordon}, {"cordon": None})
-                                   for node_id in lifted])
+        audit_record_many(
+            actor=actor,
+            action="node.cordoned",
+            target_type="nodes.node",
+            changes=[(node_id, {"cordon": None}, {"cordon": cordon}) for node_id in missing],
+        )
+        audit_record_many(
+            actor=actor,
+            action="node.uncordoned",
+            target_type="nodes.node",
+            changes=[(node_id, {"cordon": cordon}, {"cordon": None}) for node_id in lifted],
+        )
     return {"cordoned": len(missing), "uncordoned": len(lifted)}

@@ -17,11 +17,15 @@ RefusalBody = inline_serializer(
                 "reason": serializers.ChoiceField(choices=Refusal.choices),
                 "message": serializers.CharField(),
                 "best_offer": serializers.CharField(
-                    required=False, help_text="With `inventory_fit`: the largest fit that does "
-                    "exist among the Fleets you can see."),
+                    required=False,
+                    help_text="With `inventory_fit`: the largest fit that does "
+                    "exist among the Fleets you can see.",
+                ),
                 "candidates": serializers.ListField(
-                    child=serializers.CharField(), required=False,
-                    help_text="With `fleet_not_named`: the serving Fleets you can see."),
+                    child=serializers.CharField(),
+                    required=False,
+                    help_text="With `fleet_not_named`: the serving Fleets you can see.",
+                ),
             },
         )
     },
@@ -32,6 +36,8 @@ def refusals(*statuses: int) -> dict:
     """errors(), with a 422 that is a placement refusal."""
     responses = errors(*(status for status in statuses if status != 422))
     if 422 in statuses:
-        responses[422] = OpenApiResponse(RefusalBody, description="Placement refused at "
-                                         "admission; `reason` says which gate, at once (P6).")
+        responses[422] = OpenApiResponse(
+            RefusalBody,
+            description="Placement refused at admission; `reason` says which gate, at once (P6).",
+        )
     return responses

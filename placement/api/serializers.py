@@ -4,8 +4,16 @@ from rest_framework import serializers
 from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
 
 from ..choices import DeploymentState, DeploymentStatus, LifecycleKind
-from ..models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession,
-                      Revision, TrainingJob, Volume)
+from ..models import (
+    Dataset,
+    Deployment,
+    Environment,
+    LifecycleJob,
+    PlaygroundSession,
+    Revision,
+    TrainingJob,
+    Volume,
+)
 from ..selectors import delivery_of
 
 MAX_CARDS = 1024
@@ -17,8 +25,9 @@ def _name():
 
 
 def _names():
-    return serializers.ListField(child=StrictCharField(max_length=63), required=False,
-                                 default=list, max_length=64)
+    return serializers.ListField(
+        child=StrictCharField(max_length=63), required=False, default=list, max_length=64
+    )
 
 
 class CardsRequest(StrictSerializer):
@@ -38,9 +47,14 @@ class JobRequest(CardsRequest):
 
 
 class TrainingJobRequest(JobRequest):
-    script = StrictCharField(max_length=100_000, required=False, allow_blank=True, default="",
-                             help_text="What a cluster Fleet's manager runs: a batch script "
-                             "for Slurm, an entrypoint for a RayJob.")
+    script = StrictCharField(
+        max_length=100_000,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="What a cluster Fleet's manager runs: a batch script "
+        "for Slurm, an entrypoint for a RayJob.",
+    )
 
     class Meta:
         ref_name = "TrainingJobRequest"
@@ -94,12 +108,21 @@ class StorageRequest(StrictSerializer):
 class WorkloadSerializer(serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug")
     fleet = serializers.CharField(source="fleet_id")
-    created_by = serializers.CharField(source="created_by.username", allow_null=True,
-                                       default=None)
+    created_by = serializers.CharField(source="created_by.username", allow_null=True, default=None)
 
     class Meta:
-        fields = ["id", "project", "name", "fleet", "series", "cards", "nodes", "admission",
-                  "created_by", "created_at"]
+        fields = [
+            "id",
+            "project",
+            "name",
+            "fleet",
+            "series",
+            "cards",
+            "nodes",
+            "admission",
+            "created_by",
+            "created_at",
+        ]
         read_only_fields = fields
 
 
@@ -120,8 +143,12 @@ class JobSerializer(WorkloadSerializer):
 
 class TrainingJobSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
-        fields = JobSerializer.Meta.fields + ["script", "backend_job_id", "backend_state",
-                                              "backend_error"]
+        fields = JobSerializer.Meta.fields + [
+            "script",
+            "backend_job_id",
+            "backend_state",
+            "backend_error",
+        ]
         read_only_fields = fields
 
 
@@ -149,8 +176,10 @@ class DeploymentSerializer(WorkloadSerializer):
     # Status and readiness come computed for the whole list by
     # placement.selectors.workloads_shown_to, the selector the admin uses too.
     status = serializers.ChoiceField(
-        choices=DeploymentStatus.choices, read_only=True,
-        help_text="L2: degraded while any revision's node is quiet for serve.")
+        choices=DeploymentStatus.choices,
+        read_only=True,
+        help_text="L2: degraded while any revision's node is quiet for serve.",
+    )
     revisions = RevisionSerializer(many=True, read_only=True)
 
     class Meta(WorkloadSerializer.Meta):

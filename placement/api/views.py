@@ -10,8 +10,15 @@ from tuneplane.api.schema import errors
 from tuneplane.errors import NotFound
 
 from .. import services
-from ..models import (Dataset, Deployment, Environment, LifecycleJob, PlaygroundSession,
-                      TrainingJob, Volume)
+from ..models import (
+    Dataset,
+    Deployment,
+    Environment,
+    LifecycleJob,
+    PlaygroundSession,
+    TrainingJob,
+    Volume,
+)
 from ..selectors import environment_resolve, workloads_shown_to, workloads_visible_to
 from . import serializers as s
 from .schema import refusals
@@ -43,10 +50,17 @@ class WorkloadListView(GenericAPIView):
 
 def documented(noun: str, request, response, *, refused=(404, 422)):
     return lambda view: extend_schema(
-        methods=["GET"], summary=f"List {noun}s of your projects",
-        responses={200: response(many=True), **errors(401)})(extend_schema(
-            methods=["POST"], summary=f"Submit a {noun}: admitted to a Fleet, or refused",
-            request=request, responses={201: response, **refusals(400, 401, *refused)})(view))
+        methods=["GET"],
+        summary=f"List {noun}s of your projects",
+        responses={200: response(many=True), **errors(401)},
+    )(
+        extend_schema(
+            methods=["POST"],
+            summary=f"Submit a {noun}: admitted to a Fleet, or refused",
+            request=request,
+            responses={201: response, **refusals(400, 401, *refused)},
+        )(view)
+    )
 
 
 @documented("training job", s.TrainingJobRequest, s.TrainingJobSerializer)
@@ -85,20 +99,25 @@ class DeploymentDetailView(GenericAPIView):
             raise NotFound(f"Deployment {deployment_id} not found.")
         return found
 
-    @extend_schema(summary="A deployment, with its revisions and whether each is Ready",
-                   responses={200: s.DeploymentSerializer, **errors(401, 404)})
+    @extend_schema(
+        summary="A deployment, with its revisions and whether each is Ready",
+        responses={200: s.DeploymentSerializer, **errors(401, 404)},
+    )
     def get(self, request, deployment_id: int):
         return Response(s.DeploymentSerializer(self._deployment(request, deployment_id)).data)
 
-    @extend_schema(summary="Stop a deployment; its Fleet never changes (P2)",
-                   request=s.DeploymentUpdateRequest,
-                   responses={200: s.DeploymentSerializer, **errors(400, 401, 404)})
+    @extend_schema(
+        summary="Stop a deployment; its Fleet never changes (P2)",
+        request=s.DeploymentUpdateRequest,
+        responses={200: s.DeploymentSerializer, **errors(400, 401, 404)},
+    )
     def patch(self, request, deployment_id: int):
         deployment = self._deployment(request, deployment_id)
         incoming = s.DeploymentUpdateRequest(data=request.data)
         incoming.is_valid(raise_exception=True)
-        services.deployment_update(actor=Actor.of_user(request.user), deployment=deployment,
-                                   **incoming.validated_data)
+        services.deployment_update(
+            actor=Actor.of_user(request.user), deployment=deployment, **incoming.validated_data
+        )
         return Response(s.DeploymentSerializer(self._deployment(request, deployment_id)).data)
 
 
@@ -123,17 +142,27 @@ class EnvironmentsView(WorkloadListView):
 class EnvironmentResolveView(GenericAPIView):
     serializer_class = s.EnvironmentSerializer
 
-    @extend_schema(summary="The address of a node of the environment's Fleet answering now "
-                   "(P5, L3); never cached", request=None,
-                   responses={200: dict, **refusals(401, 404, 422)})
+    @extend_schema(
+        summary="The address of a node of the environment's Fleet answering now "
+        "(P5, L3); never cached",
+        request=None,
+        responses={200: dict, **refusals(401, 404, 422)},
+    )
     def post(self, request, environment_id: int):
-        environment = workloads_visible_to(request.user, Environment).filter(
-            pk=environment_id).first()
+        environment = (
+            workloads_visible_to(request.user, Environment).filter(pk=environment_id).first()
+        )
         if environment is None:
             raise NotFound(f"Environment {environment_id} not found.")
         node = environment_resolve(environment)
-        return Response({"environment": environment.pk, "fleet": environment.fleet_id,
-                         "node": node.id, "address": node.address})
+        return Response(
+            {
+                "environment": environment.pk,
+                "fleet": environment.fleet_id,
+                "node": node.id,
+                "address": node.address,
+            }
+        )
 
 
 @documented("volume", s.StorageRequest, s.StorageSerializer, refused=(404,))

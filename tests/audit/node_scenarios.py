@@ -6,10 +6,18 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from nodes.choices import CordonSource, SchedulingState
 from audit.services import Actor
-from nodes.models import (CardAlias, ClusterSnapshot, ControlSession, GatewayReplica,
-                          HardwareSeries, Node, NodeCordon, quiet_threshold)
+from nodes.choices import CordonSource, SchedulingState
+from nodes.models import (
+    CardAlias,
+    ClusterSnapshot,
+    ControlSession,
+    GatewayReplica,
+    HardwareSeries,
+    Node,
+    NodeCordon,
+    quiet_threshold,
+)
 from nodes.services import clusters as node_clusters
 from nodes.services import commands, control, hardware, join, liveness, scheduling
 from nodes.services.commands import Reported
@@ -31,8 +39,9 @@ def join_token_revoke(w):
 def node_join(w, token: str = ""):
     fleet = w.fleet()
     token = token or w.mint(fleet)[1]
-    return lambda: join.node_join(token=token, fleet_id=fleet.id, csr=make_csr()[1],
-                                   inventory=H100_INVENTORY)
+    return lambda: join.node_join(
+        token=token, fleet_id=fleet.id, csr=make_csr()[1], inventory=H100_INVENTORY
+    )
 
 
 def node_join_refused(w):
@@ -41,6 +50,7 @@ def node_join_refused(w):
     def call():
         with pytest.raises(join.JoinRefused):
             refused_join()
+
     return call
 
 
@@ -51,14 +61,16 @@ def card_alias_map(w):
 
 
 def series_create(w):
-    return lambda: hardware.series_create(actor=Actor.of_user(w.admin), slug="ascend-910c",
-                                          name="Huawei Ascend 910C", vendor="huawei")
+    return lambda: hardware.series_create(
+        actor=Actor.of_user(w.admin), slug="ascend-910c", name="Huawei Ascend 910C", vendor="huawei"
+    )
 
 
 def series_update(w):
     series = HardwareSeries.objects.get(slug="h100")
-    return lambda: hardware.series_update(actor=Actor.of_user(w.admin), series=series,
-                                          name="NVIDIA H100 (all)", vendor=series.vendor)
+    return lambda: hardware.series_update(
+        actor=Actor.of_user(w.admin), series=series, name="NVIDIA H100 (all)", vendor=series.vendor
+    )
 
 
 def series_delete(w):
@@ -68,8 +80,9 @@ def series_delete(w):
 
 def card_alias_add(w, series: str = ""):
     mapped = HardwareSeries.objects.get(slug=series) if series else None
-    return lambda: hardware.card_alias_add(actor=Actor.of_user(w.admin), name="Mystery X2",
-                                           series=mapped)
+    return lambda: hardware.card_alias_add(
+        actor=Actor.of_user(w.admin), name="Mystery X2", series=mapped
+    )
 
 
 def card_alias_add_mapped(w):
@@ -83,15 +96,15 @@ def card_alias_delete(w):
 
 def session_open(w):
     result = w.joined()
-    return lambda: control.session_open(node_id=result.node.id,
-                                        serial=result.certificate.serial, gateway="gw-1")
+    return lambda: control.session_open(
+        node_id=result.node.id, serial=result.certificate.serial, gateway="gw-1"
+    )
 
 
 def session_open_replacing(w):
     session = w.live()
     serial = session.node.credentials.get().serial
-    return lambda: control.session_open(node_id=session.node_id, serial=serial,
-                                        gateway="gw-2")
+    return lambda: control.session_open(node_id=session.node_id, serial=serial, gateway="gw-2")
 
 
 def session_close(w):
@@ -101,15 +114,14 @@ def session_close(w):
 
 def credential_rotate(w):
     result = w.joined()
-    return lambda: control.credential_rotate(node_id=result.node.id,
-                                             serial=result.certificate.serial,
-                                             csr=make_csr()[1])
+    return lambda: control.credential_rotate(
+        node_id=result.node.id, serial=result.certificate.serial, csr=make_csr()[1]
+    )
 
 
 def node_report_inventory(w):
     session = w.live()
-    return lambda: control.node_report_inventory(node_id=session.node_id,
-                                                 inventory=H100_INVENTORY)
+    return lambda: control.node_report_inventory(node_id=session.node_id, inventory=H100_INVENTORY)
 
 
 def node_report_inventory_unchanged(w):
@@ -129,8 +141,9 @@ def gateway_started_again(w):
 
 def gateway_started_with_sessions_left_open(w):
     session = w.live()  # on gw-1, whose process was then killed
-    return lambda: control.gateway_started(name="gw-1",
-                                           serving_since=session.opened_at + timedelta(1))
+    return lambda: control.gateway_started(
+        name="gw-1", serving_since=session.opened_at + timedelta(1)
+    )
 
 
 def sessions_of_silent_replicas_close(w):
@@ -157,15 +170,17 @@ def leases_renew(w):
 
 def node_command_create(w):
     node = w.node()
-    return lambda: commands.node_command_create(actor=Actor.of_user(w.admin), node=node, kind="run",
-                                                payload=RUN)
+    return lambda: commands.node_command_create(
+        actor=Actor.of_user(w.admin), node=node, kind="run", payload=RUN
+    )
 
 
 def node_command_report(w, command_id: str = "", reported: Reported | None = None):
     node = w.node()
     command = w.command(node)
     return lambda: commands.node_command_report(
-        node_id=node.id, reported=reported or Reported(command_id or command.id, "running"))
+        node_id=node.id, reported=reported or Reported(command_id or command.id, "running")
+    )
 
 
 def node_command_report_stray(w):
@@ -175,31 +190,40 @@ def node_command_report_stray(w):
 def node_command_report_stray_again(w):
     node = w.node()
     commands.node_command_report(node_id=node.id, reported=Reported("c-stray", "running"))
-    return lambda: commands.node_command_report(node_id=node.id,
-                                                reported=Reported("c-stray", "failed", 3))
+    return lambda: commands.node_command_report(
+        node_id=node.id, reported=Reported("c-stray", "failed", 3)
+    )
 
 
 def node_command_report_last_of_a_drain(w):
     node = w.node("draining")
     command = w.command(node, "running")
-    return lambda: commands.node_command_report(node_id=node.id,
-                                                reported=Reported(command.id, "succeeded", 0))
+    return lambda: commands.node_command_report(
+        node_id=node.id, reported=Reported(command.id, "succeeded", 0)
+    )
 
 
 def node_commands_reconcile(w):
     """Finished offline, forgotten by the node, still running (no change), and a stray."""
     node = w.node()
     finished, forgotten, running = (w.command(node, "running") for _ in range(3))
-    report = [Reported(finished.id, "failed", 3), Reported(running.id, "running"),
-              Reported("c-stray", "running")]
+    report = [
+        Reported(finished.id, "failed", 3),
+        Reported(running.id, "running"),
+        Reported("c-stray", "running"),
+    ]
     return lambda: commands.node_commands_reconcile(node_id=node.id, reported=report)
 
 
 def node_observe_storage_root(w, visible: bool = False):
     node = w.node()
     if visible:
-        NodeCordon.objects.create(node=node, source=CordonSource.STORAGE, created_at=timezone.now(),
-                                  reason=scheduling.STORAGE_LOST)
+        NodeCordon.objects.create(
+            node=node,
+            source=CordonSource.STORAGE,
+            created_at=timezone.now(),
+            reason=scheduling.STORAGE_LOST,
+        )
     return lambda: scheduling.node_observe_storage_root(node_id=node.id, visible=visible)
 
 
@@ -209,13 +233,17 @@ def node_observe_storage_root_back(w):
 
 def node_cordon(w):
     node = w.node()
-    return lambda: scheduling.node_cordon(actor=Actor.of_user(w.admin), node=node, reason="fan noise")
+    return lambda: scheduling.node_cordon(
+        actor=Actor.of_user(w.admin), node=node, reason="fan noise"
+    )
 
 
 def node_cordon_new_reason(w):
     node = w.node()
     scheduling.node_cordon(actor=Actor.of_user(w.admin), node=node, reason="fan noise")
-    return lambda: scheduling.node_cordon(actor=Actor.of_user(w.admin), node=node, reason="fan replaced")
+    return lambda: scheduling.node_cordon(
+        actor=Actor.of_user(w.admin), node=node, reason="fan replaced"
+    )
 
 
 def node_uncordon(w):
@@ -254,10 +282,15 @@ def removed_nodes_detach(w):
 def storage_cordon_sweep(w):
     """One node lost its storage root unseen by the gateway; another's came back."""
     lost, back = w.node(), w.node()
-    Node.objects.filter(pk=lost.pk).update(inventory={**H100_INVENTORY,
-                                                      "storage_root_visible": False})
-    NodeCordon.objects.create(node=back, source=CordonSource.STORAGE, created_at=timezone.now(),
-                              reason=scheduling.STORAGE_LOST)
+    Node.objects.filter(pk=lost.pk).update(
+        inventory={**H100_INVENTORY, "storage_root_visible": False}
+    )
+    NodeCordon.objects.create(
+        node=back,
+        source=CordonSource.STORAGE,
+        created_at=timezone.now(),
+        reason=scheduling.STORAGE_LOST,
+    )
     return scheduling.storage_cordon_sweep
 
 
@@ -265,14 +298,26 @@ def liveness_sweep(w):
     """A gateway listening all day; one node silent past every threshold (quiet for train
     and serve, then gone), one back after it was quiet for serve (answering again)."""
     now = timezone.now()
-    GatewayReplica.objects.create(name="gw-1", started_at=now - timedelta(days=1),
-                                  seen_at=now + timedelta(days=1))
+    GatewayReplica.objects.create(
+        name="gw-1", started_at=now - timedelta(days=1), seen_at=now + timedelta(days=1)
+    )
     fleet = w.make_fleet("sweep-lab", kind="node", capabilities=["train", "serve"])
     silent = now - quiet_threshold("train") - timedelta(minutes=1)
-    Node.objects.create(fleet=fleet, scheduling_state=SchedulingState.SCHEDULABLE, inventory=H100_INVENTORY,
-                        last_seen_at=silent, inventory_observed_at=silent)
-    Node.objects.create(fleet=fleet, scheduling_state=SchedulingState.SCHEDULABLE, inventory=H100_INVENTORY,
-                        last_seen_at=now, inventory_observed_at=now, quiet_serve=True)
+    Node.objects.create(
+        fleet=fleet,
+        scheduling_state=SchedulingState.SCHEDULABLE,
+        inventory=H100_INVENTORY,
+        last_seen_at=silent,
+        inventory_observed_at=silent,
+    )
+    Node.objects.create(
+        fleet=fleet,
+        scheduling_state=SchedulingState.SCHEDULABLE,
+        inventory=H100_INVENTORY,
+        last_seen_at=now,
+        inventory_observed_at=now,
+        quiet_serve=True,
+    )
     return lambda: liveness.liveness_sweep(now=now)
 
 
@@ -289,8 +334,7 @@ def cluster_refresh_unreachable(w):
 
 def cluster_refresh_reachable_again(w):
     fleet, _ = w.kube()
-    ClusterSnapshot.objects.filter(fleet=fleet).update(error="HTTP 500",
-                                                       error_since=timezone.now())
+    ClusterSnapshot.objects.filter(fleet=fleet).update(error="HTTP 500", error_since=timezone.now())
     return lambda: node_clusters.cluster_refresh(fleet)
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from django.test import TestCase
 
-from fleets.choices import FleetState
 from audit.services import Actor
 from fleets import services as fleets
+from fleets.choices import FleetState
 from nodes.models import Node, NodeCommand
 from nodes.services import clusters as node_clusters
 from nodes.services import commands, control, join, scheduling
@@ -72,14 +72,19 @@ class World:
     def fleet(self):
         """A node Fleet (shared-mount, by F2) that can take every kind of work."""
         if self._fleet is None:
-            self._fleet = self.make_fleet("gpu-lab", kind="node",
-                                          capabilities=["train", "eval", "serve", "env"])
+            self._fleet = self.make_fleet(
+                "gpu-lab", kind="node", capabilities=["train", "eval", "serve", "env"]
+            )
         return self._fleet
 
     def joined(self) -> join.JoinResult:
         fleet = self.fleet()
-        return join.node_join(token=self.mint(fleet)[1], fleet_id=fleet.id,
-                               csr=make_csr()[1], inventory=H100_INVENTORY)
+        return join.node_join(
+            token=self.mint(fleet)[1],
+            fleet_id=fleet.id,
+            csr=make_csr()[1],
+            inventory=H100_INVENTORY,
+        )
 
     def node(self, state: str = "schedulable") -> Node:
         node = self.joined().node
@@ -89,13 +94,13 @@ class World:
     def live(self):
         """An enrolled node with an open control session."""
         result = self.joined()
-        return control.session_open(node_id=result.node.id, serial=result.certificate.serial,
-                                    gateway="gw-1")
+        return control.session_open(
+            node_id=result.node.id, serial=result.certificate.serial, gateway="gw-1"
+        )
 
     def placeable(self) -> Node:
         """A node that may take work now: a live lease, inventory observed just now (L1)."""
-        return control.node_report_inventory(node_id=self.live().node_id,
-                                             inventory=H100_INVENTORY)
+        return control.node_report_inventory(node_id=self.live().node_id, inventory=H100_INVENTORY)
 
     def command(self, node: Node, state: str = "pending") -> NodeCommand:
         made = commands.node_command_create(actor=SYSTEM, node=node, kind="run", payload=RUN)
@@ -109,9 +114,16 @@ class World:
         self.monkeypatch.setenv(KUBE_TOKEN_ENV, "replay-token")
         replay = self.stack.enter_context(KubeReplay())
         replay.serve("GET", "/api/v1/nodes", "nodes.json")
-        fleet = self.make_fleet("k8s-lab", kind="kubernetes", capabilities=["train"], config={
-            "kube_api_url": replay.url, "kube_token_env": KUBE_TOKEN_ENV,
-            "kuberay_namespace": "ml-jobs"})
+        fleet = self.make_fleet(
+            "k8s-lab",
+            kind="kubernetes",
+            capabilities=["train"],
+            config={
+                "kube_api_url": replay.url,
+                "kube_token_env": KUBE_TOKEN_ENV,
+                "kuberay_namespace": "ml-jobs",
+            },
+        )
         node_clusters.cluster_refresh(fleet)
         return fleet, replay
 
@@ -119,8 +131,9 @@ class World:
         """A training job admitted to the kubernetes Fleet and not handed over yet."""
         _, replay = self.kube()
         replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
-        job = placement.training_job_submit(actor=Actor.of_user(self.member), project="ml", name="sft",
-                                            cards=1, script=script)
+        job = placement.training_job_submit(
+            actor=Actor.of_user(self.member), project="ml", name="sft", cards=1, script=script
+        )
         return job, replay
 
 
@@ -137,18 +150,23 @@ def tasks_run_at_once():
 
 # -- arrangements: each sets up what one call needs and returns that call -----------------
 
+
 def fleet_create(w):
     return lambda: fleets.fleet_create(actor=Actor.of_user(w.admin), id="new-lab", kind="node")
 
 
 def fleet_update(w):
     fleet = w.fleet()
-    return lambda: fleets.fleet_update(actor=Actor.of_user(w.admin), fleet=fleet, capabilities=["train"])
+    return lambda: fleets.fleet_update(
+        actor=Actor.of_user(w.admin), fleet=fleet, capabilities=["train"]
+    )
 
 
 def fleet_set_state(w):
     fleet = w.fleet()
-    return lambda: fleets.fleet_set_state(actor=Actor.of_user(w.admin), fleet=fleet, state=FleetState.DRAINING)
+    return lambda: fleets.fleet_set_state(
+        actor=Actor.of_user(w.admin), fleet=fleet, state=FleetState.DRAINING
+    )
 
 
 def fleet_delete(w):
@@ -173,14 +191,16 @@ def api_token_revoke(w):
 
 
 def project_create(w):
-    return lambda: tuneplane.project_create(actor=Actor.of_user(w.admin), slug="vision",
-                                            name="Vision")
+    return lambda: tuneplane.project_create(
+        actor=Actor.of_user(w.admin), slug="vision", name="Vision"
+    )
 
 
 def project_update(w):
     project = tuneplane.project_create(actor=SYSTEM, slug="vision", name="Vision")
-    return lambda: tuneplane.project_update(actor=Actor.of_user(w.admin), project=project,
-                                            name="Computer vision")
+    return lambda: tuneplane.project_update(
+        actor=Actor.of_user(w.admin), project=project, name="Computer vision"
+    )
 
 
 def project_delete(w):
@@ -191,15 +211,15 @@ def project_delete(w):
 
 def membership_add(w):
     project = tuneplane.project_create(actor=SYSTEM, slug="vision", name="Vision")
-    return lambda: tuneplane.membership_add(actor=Actor.of_user(w.admin), project=project,
-                                            user=w.member)
+    return lambda: tuneplane.membership_add(
+        actor=Actor.of_user(w.admin), project=project, user=w.member
+    )
 
 
 def membership_remove(w):
     project = tuneplane.project_create(actor=SYSTEM, slug="vision", name="Vision")
     membership = tuneplane.membership_add(actor=SYSTEM, project=project, user=w.member)
-    return lambda: tuneplane.membership_remove(actor=Actor.of_user(w.admin),
-                                               membership=membership)
+    return lambda: tuneplane.membership_remove(actor=Actor.of_user(w.admin), membership=membership)
 
 
 def handover_on_commit(w):
@@ -208,6 +228,7 @@ def handover_on_commit(w):
     def call():
         with tasks_run_at_once(), TestCase.captureOnCommitCallbacks(execute=True):
             placement_clusters.handover_on_commit(job)
+
     return call
 
 
@@ -229,21 +250,28 @@ def cluster_jobs_track(w):
 
 def submitted(submit, **fields):
     """A member's workload, with one placeable node in a Fleet that does every kind of work."""
+
     def arrange(w):
         w.placeable()
         return lambda: submit(actor=Actor.of_user(w.member), project="ml", **fields)
+
     return arrange
 
 
 def deployment_update(w):
     w.placeable()
-    deployment = placement.deployment_submit(actor=Actor.of_user(w.member), project="ml", name="chat")
-    return lambda: placement.deployment_update(actor=Actor.of_user(w.admin), deployment=deployment,
-                                               state="stopped")
+    deployment = placement.deployment_submit(
+        actor=Actor.of_user(w.member), project="ml", name="chat"
+    )
+    return lambda: placement.deployment_update(
+        actor=Actor.of_user(w.admin), deployment=deployment, state="stopped"
+    )
 
 
 def storage_create(model):
     def arrange(w):
-        return lambda: placement.storage_create(model, actor=Actor.of_user(w.member), project="ml",
-                                                name="ckpt", uri="s3://ml/ckpt")
+        return lambda: placement.storage_create(
+            model, actor=Actor.of_user(w.member), project="ml", name="ckpt", uri="s3://ml/ckpt"
+        )
+
     return arrange

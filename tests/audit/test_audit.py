@@ -3,9 +3,9 @@
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from fleets.choices import FleetState
 from audit.models import AppendOnly, AuditEvent
 from audit.services import Actor, audit_record
+from fleets.choices import FleetState
 from fleets.models import Fleet
 
 
@@ -16,8 +16,11 @@ def event(make_fleet):
 
 
 def test_A1_create_records_who_what_target_when_and_after(admin_api):
-    admin_api.post("/api/fleets", {"id": "gpu-lab", "kind": "node", "capabilities": ["train"]},
-                   HTTP_X_REQUEST_ID="req-1")
+    admin_api.post(
+        "/api/fleets",
+        {"id": "gpu-lab", "kind": "node", "capabilities": ["train"]},
+        HTTP_X_REQUEST_ID="req-1",
+    )
     event = AuditEvent.objects.get(action="fleet.created")
     assert (event.actor_type, event.actor_label) == ("user", "ops")
     assert (event.target_type, event.target_id) == ("fleets.fleet", "gpu-lab")
@@ -27,6 +30,7 @@ def test_A1_create_records_who_what_target_when_and_after(admin_api):
 
 def test_A1_state_changes_are_audited(admin_api, make_fleet):
     from fleets.services import fleet_set_state
+
     fleet = make_fleet("gpu-lab")
     fleet_set_state(actor=Actor.system("tests"), fleet=fleet, state=FleetState.DRAINING)
     event = AuditEvent.objects.get(action="fleet.state_changed")
@@ -54,14 +58,20 @@ def test_A1_orm_refuses_to_edit_or_delete(event):
         AuditEvent.objects.all().delete()
 
 
-@pytest.mark.parametrize("statement", [
-    "UPDATE audit_auditevent SET action = 'rewritten'",
-    pytest.param("DELETE FROM audit_auditevent", marks=pytest.mark.postgres),
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE audit_auditevent SET action = 'rewritten'",
+        pytest.param("DELETE FROM audit_auditevent", marks=pytest.mark.postgres),
+    ],
+)
 def test_A1_database_refuses_to_edit_or_delete(event, statement):
-    with pytest.raises(DatabaseError, match="append-only"):
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(statement)
+    with (
+        pytest.raises(DatabaseError, match="append-only"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(statement)
     assert AuditEvent.objects.get(pk=event.pk).action == "fleet.created"
 
 

@@ -23,19 +23,50 @@ from placement import services as placement
 from placement.models import Dataset, Volume
 
 from . import node_scenarios as nodes
-from .scenarios import (CHANGED, CREATED, DELETED, Event, Scenario, World, api_token_create, api_token_revoke, changed, membership_add, membership_remove, project_create, project_delete, project_update,
-                        cluster_job_handover, cluster_job_handover_without_script,
-                        cluster_jobs_track, created, deleted, deployment_update, fleet_create,
-                        fleet_delete, fleet_delete_with_removed_nodes, fleet_set_state,
-                        fleet_update, handover_on_commit,
-                        storage_create, submitted)
+from .scenarios import (
+    CHANGED,
+    CREATED,
+    DELETED,
+    Event,
+    Scenario,
+    World,
+    api_token_create,
+    api_token_revoke,
+    changed,
+    cluster_job_handover,
+    cluster_job_handover_without_script,
+    cluster_jobs_track,
+    created,
+    deleted,
+    deployment_update,
+    fleet_create,
+    fleet_delete,
+    fleet_delete_with_removed_nodes,
+    fleet_set_state,
+    fleet_update,
+    handover_on_commit,
+    membership_add,
+    membership_remove,
+    project_create,
+    project_delete,
+    project_update,
+    storage_create,
+    submitted,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = ("tuneplane", "audit", "fleets", "nodes", "placement")
 WRITING_MODULES = (
-    "fleets.services", "tuneplane.services", "nodes.services.join", "nodes.services.hardware",
-    "nodes.services.control", "nodes.services.commands", "nodes.services.scheduling",
-    "nodes.services.liveness", "nodes.services.clusters", "placement.services",
+    "fleets.services",
+    "tuneplane.services",
+    "nodes.services.join",
+    "nodes.services.hardware",
+    "nodes.services.control",
+    "nodes.services.commands",
+    "nodes.services.scheduling",
+    "nodes.services.liveness",
+    "nodes.services.clusters",
+    "placement.services",
     "placement.handover",
 )
 # What a module that records audit events says: the audit services, or the table itself.
@@ -54,157 +85,229 @@ READS = {
 }
 # Writes that are observations, not changes, in their own (or their module's) words.
 NOT_AUDITED = {
-    "nodes.services.control.leases_renew": "audited where it changes what an operator sees — except "
-                                  "heartbeats, which only renew a lease",
+    "nodes.services.control.leases_renew": "audited where it changes what an operator sees "
+    "— except heartbeats, which only renew a lease",
     "nodes.services.control.gateway_alive": "Still listening: an observation, every few seconds, "
-                                   "not audited (like a lease).",
-    "nodes.services.hardware.card_names_remember": "An observation, not audited: the mapping an admin "
-                                          "makes of it is.",
+    "not audited (like a lease).",
+    "nodes.services.hardware.card_names_remember": "An observation, not audited: the mapping "
+    "an admin makes of it is.",
 }
 
 # Named "module.function", or "module.function/case" for a further case of one function.
 SCENARIOS = {
     "fleets.services.fleet_create": Scenario(fleet_create, (created("fleet.created"),)),
     "fleets.services.fleet_update": Scenario(fleet_update, (changed("fleet.updated"),)),
-    "fleets.services.fleet_set_state": Scenario(fleet_set_state,
-                                                (changed("fleet.state_changed"),)),
+    "fleets.services.fleet_set_state": Scenario(fleet_set_state, (changed("fleet.state_changed"),)),
     "fleets.services.fleet_delete": Scenario(fleet_delete, (deleted("fleet.deleted"),)),
     # F7: its removed nodes outlive it, each detached with an event of its own.
     "fleets.services.fleet_delete/with-removed-nodes": Scenario(
-        fleet_delete_with_removed_nodes, (changed("node.detached"), deleted("fleet.deleted"))),
-    "tuneplane.services.api_token_create": Scenario(api_token_create,
-                                                    (created("api_token.created"),)),
-    "tuneplane.services.api_token_revoke": Scenario(api_token_revoke,
-                                                    (changed("api_token.revoked"),)),
-    "nodes.services.join.join_token_mint": Scenario(nodes.join_token_mint,
-                                               (created("join_token.minted"),)),
-    "nodes.services.join.join_token_revoke": Scenario(nodes.join_token_revoke,
-                                                 (changed("join_token.revoked"),)),
+        fleet_delete_with_removed_nodes, (changed("node.detached"), deleted("fleet.deleted"))
+    ),
+    "tuneplane.services.api_token_create": Scenario(
+        api_token_create, (created("api_token.created"),)
+    ),
+    "tuneplane.services.api_token_revoke": Scenario(
+        api_token_revoke, (changed("api_token.revoked"),)
+    ),
+    "nodes.services.join.join_token_mint": Scenario(
+        nodes.join_token_mint, (created("join_token.minted"),)
+    ),
+    "nodes.services.join.join_token_revoke": Scenario(
+        nodes.join_token_revoke, (changed("join_token.revoked"),)
+    ),
     "nodes.services.join.node_join": Scenario(nodes.node_join, (created("node.joined"),)),
-    "nodes.services.join.node_join/refused": Scenario(nodes.node_join_refused,
-                                                 (created("node.join_refused"),)),
+    "nodes.services.join.node_join/refused": Scenario(
+        nodes.node_join_refused, (created("node.join_refused"),)
+    ),
     "tuneplane.services.project_create": Scenario(project_create, (created("project.created"),)),
     "tuneplane.services.project_update": Scenario(project_update, (changed("project.updated"),)),
     "tuneplane.services.project_delete": Scenario(project_delete, (deleted("project.deleted"),)),
-    "tuneplane.services.membership_add": Scenario(membership_add,
-                                                  (created("membership.added"),)),
-    "tuneplane.services.membership_remove": Scenario(membership_remove,
-                                                     (deleted("membership.removed"),)),
+    "tuneplane.services.membership_add": Scenario(membership_add, (created("membership.added"),)),
+    "tuneplane.services.membership_remove": Scenario(
+        membership_remove, (deleted("membership.removed"),)
+    ),
     "nodes.services.hardware.series_create": Scenario(
-        nodes.series_create, (created("hardware_series.created"),)),
+        nodes.series_create, (created("hardware_series.created"),)
+    ),
     "nodes.services.hardware.series_update": Scenario(
-        nodes.series_update, (changed("hardware_series.updated"),)),
+        nodes.series_update, (changed("hardware_series.updated"),)
+    ),
     "nodes.services.hardware.series_delete": Scenario(
-        nodes.series_delete, (deleted("hardware_series.deleted"),)),
-    "nodes.services.hardware.card_alias_add": Scenario(nodes.card_alias_add,
-                                                       (created("card_alias.added"),)),
+        nodes.series_delete, (deleted("hardware_series.deleted"),)
+    ),
+    "nodes.services.hardware.card_alias_add": Scenario(
+        nodes.card_alias_add, (created("card_alias.added"),)
+    ),
     # Added with a series: recorded unmapped, then mapped (nodes follow, J4).
     "nodes.services.hardware.card_alias_add/mapped": Scenario(
-        nodes.card_alias_add_mapped, (created("card_alias.added"), changed("card_alias.mapped"))),
-    "nodes.services.hardware.card_alias_delete": Scenario(nodes.card_alias_delete,
-                                                          (deleted("card_alias.deleted"),)),
-    "nodes.services.hardware.card_alias_map": Scenario(nodes.card_alias_map, (changed("card_alias.mapped"),)),
-    "nodes.services.control.session_open": Scenario(nodes.session_open, (created("control_session.opened"),)),
+        nodes.card_alias_add_mapped, (created("card_alias.added"), changed("card_alias.mapped"))
+    ),
+    "nodes.services.hardware.card_alias_delete": Scenario(
+        nodes.card_alias_delete, (deleted("card_alias.deleted"),)
+    ),
+    "nodes.services.hardware.card_alias_map": Scenario(
+        nodes.card_alias_map, (changed("card_alias.mapped"),)
+    ),
+    "nodes.services.control.session_open": Scenario(
+        nodes.session_open, (created("control_session.opened"),)
+    ),
     # "a newer stream replaces an older one (its session is closed)": two sessions change.
-    "nodes.services.control.session_open/replacing-a-stream": Scenario(nodes.session_open_replacing, (
-        changed("control_session.closed"), created("control_session.opened"))),
-    "nodes.services.control.session_close": Scenario(nodes.session_close, (changed("control_session.closed"),)),
-    "nodes.services.control.credential_rotate": Scenario(nodes.credential_rotate,
-                                                (changed("node.credential_rotated"),)),
+    "nodes.services.control.session_open/replacing-a-stream": Scenario(
+        nodes.session_open_replacing,
+        (changed("control_session.closed"), created("control_session.opened")),
+    ),
+    "nodes.services.control.session_close": Scenario(
+        nodes.session_close, (changed("control_session.closed"),)
+    ),
+    "nodes.services.control.credential_rotate": Scenario(
+        nodes.credential_rotate, (changed("node.credential_rotated"),)
+    ),
     # The first report on a live session makes an enrolled node schedulable.
-    "nodes.services.control.node_report_inventory": Scenario(nodes.node_report_inventory,
-                                                    (changed("node.inventory_reported"),)),
-    "nodes.services.control.node_report_inventory/unchanged": Scenario(nodes.node_report_inventory_unchanged,
-                                                              ()),
-    "nodes.services.control.gateway_started": Scenario(nodes.gateway_started, (created("gateway.started"),)),
-    "nodes.services.control.gateway_started/restart": Scenario(nodes.gateway_started_again,
-                                                      (changed("gateway.started"),)),
+    "nodes.services.control.node_report_inventory": Scenario(
+        nodes.node_report_inventory, (changed("node.inventory_reported"),)
+    ),
+    "nodes.services.control.node_report_inventory/unchanged": Scenario(
+        nodes.node_report_inventory_unchanged, ()
+    ),
+    "nodes.services.control.gateway_started": Scenario(
+        nodes.gateway_started, (created("gateway.started"),)
+    ),
+    "nodes.services.control.gateway_started/restart": Scenario(
+        nodes.gateway_started_again, (changed("gateway.started"),)
+    ),
     "nodes.services.control.gateway_started/sessions-left-open": Scenario(
         nodes.gateway_started_with_sessions_left_open,
-        (created("gateway.started"), changed("control_session.closed"))),
+        (created("gateway.started"), changed("control_session.closed")),
+    ),
     "nodes.services.control.sessions_of_silent_replicas_close": Scenario(
-        nodes.sessions_of_silent_replicas_close, (changed("control_session.closed"),)),
+        nodes.sessions_of_silent_replicas_close, (changed("control_session.closed"),)
+    ),
     "nodes.services.control.gateway_alive": Scenario(nodes.gateway_alive, ()),
     "nodes.services.hardware.card_names_remember": Scenario(nodes.card_names_remember, ()),
     "nodes.services.control.leases_renew": Scenario(nodes.leases_renew, ()),
-    "nodes.services.commands.node_command_create": Scenario(nodes.node_command_create,
-                                                   (created("node_command.created"),)),
-    "nodes.services.commands.node_command_report": Scenario(nodes.node_command_report,
-                                                   (changed("node_command.running"),)),
+    "nodes.services.commands.node_command_create": Scenario(
+        nodes.node_command_create, (created("node_command.created"),)
+    ),
+    "nodes.services.commands.node_command_report": Scenario(
+        nodes.node_command_report, (changed("node_command.running"),)
+    ),
     "nodes.services.commands.node_command_report/stray": Scenario(
-        nodes.node_command_report_stray, (created("node_command.stray_reported"),)),
+        nodes.node_command_report_stray, (created("node_command.stray_reported"),)
+    ),
     "nodes.services.commands.node_command_report/stray-changes": Scenario(
-        nodes.node_command_report_stray_again, (changed("node_command.stray_reported"),)),
+        nodes.node_command_report_stray_again, (changed("node_command.stray_reported"),)
+    ),
     # The command finishes and, with it, the drain (D1): two records change.
     "nodes.services.commands.node_command_report/last-of-a-drain": Scenario(
         nodes.node_command_report_last_of_a_drain,
-        (changed("node_command.succeeded"), changed("node.drained"))),
+        (changed("node_command.succeeded"), changed("node.drained")),
+    ),
     # L5: one event per command whose state moves and per stray; none for "still running".
-    "nodes.services.commands.node_commands_reconcile": Scenario(nodes.node_commands_reconcile, (
-        changed("node_command.failed"), changed("node_command.lost"),
-        created("node_command.stray_reported"))),
-    "nodes.services.scheduling.node_observe_storage_root": Scenario(nodes.node_observe_storage_root,
-                                                           (changed("node.cordoned"),)),
+    "nodes.services.commands.node_commands_reconcile": Scenario(
+        nodes.node_commands_reconcile,
+        (
+            changed("node_command.failed"),
+            changed("node_command.lost"),
+            created("node_command.stray_reported"),
+        ),
+    ),
+    "nodes.services.scheduling.node_observe_storage_root": Scenario(
+        nodes.node_observe_storage_root, (changed("node.cordoned"),)
+    ),
     "nodes.services.scheduling.node_observe_storage_root/back": Scenario(
-        nodes.node_observe_storage_root_back, (changed("node.uncordoned"),)),
-    "nodes.services.scheduling.node_cordon": Scenario(nodes.node_cordon, (changed("node.cordoned"),)),
-    "nodes.services.scheduling.node_cordon/new-reason": Scenario(nodes.node_cordon_new_reason,
-                                                        (changed("node.cordoned"),)),
-    "nodes.services.scheduling.node_uncordon": Scenario(nodes.node_uncordon, (changed("node.uncordoned"),)),
+        nodes.node_observe_storage_root_back, (changed("node.uncordoned"),)
+    ),
+    "nodes.services.scheduling.node_cordon": Scenario(
+        nodes.node_cordon, (changed("node.cordoned"),)
+    ),
+    "nodes.services.scheduling.node_cordon/new-reason": Scenario(
+        nodes.node_cordon_new_reason, (changed("node.cordoned"),)
+    ),
+    "nodes.services.scheduling.node_uncordon": Scenario(
+        nodes.node_uncordon, (changed("node.uncordoned"),)
+    ),
     "nodes.services.scheduling.node_drain": Scenario(nodes.node_drain, (changed("node.drained"),)),
-    "nodes.services.scheduling.node_drain_settle": Scenario(nodes.node_drain_settle, (changed("node.drained"),)),
-    "nodes.services.scheduling.node_remove": Scenario(nodes.node_remove, (changed("node.removed"),)),
-    "nodes.services.scheduling.removed_nodes_detach": Scenario(nodes.removed_nodes_detach,
-                                                              (changed("node.detached"),)),
+    "nodes.services.scheduling.node_drain_settle": Scenario(
+        nodes.node_drain_settle, (changed("node.drained"),)
+    ),
+    "nodes.services.scheduling.node_remove": Scenario(
+        nodes.node_remove, (changed("node.removed"),)
+    ),
+    "nodes.services.scheduling.removed_nodes_detach": Scenario(
+        nodes.removed_nodes_detach, (changed("node.detached"),)
+    ),
     # D3: a gone machine removed by force is audited as forced.
-    "nodes.services.scheduling.node_remove/forced": Scenario(nodes.node_remove_forced,
-                                                    (changed("node.removed", forced=True),)),
+    "nodes.services.scheduling.node_remove/forced": Scenario(
+        nodes.node_remove_forced, (changed("node.removed", forced=True),)
+    ),
     # L6: one event per storage cordon added or lifted.
-    "nodes.services.scheduling.storage_cordon_sweep": Scenario(nodes.storage_cordon_sweep, (
-        changed("node.cordoned"), changed("node.uncordoned"))),
+    "nodes.services.scheduling.storage_cordon_sweep": Scenario(
+        nodes.storage_cordon_sweep, (changed("node.cordoned"), changed("node.uncordoned"))
+    ),
     # L2–L4: one event per transition.
-    "nodes.services.liveness.liveness_sweep": Scenario(nodes.liveness_sweep, (
-        changed("node.quiet"), changed("node.quiet"), changed("node.gone"),
-        changed("node.answering"))),
+    "nodes.services.liveness.liveness_sweep": Scenario(
+        nodes.liveness_sweep,
+        (
+            changed("node.quiet"),
+            changed("node.quiet"),
+            changed("node.gone"),
+            changed("node.answering"),
+        ),
+    ),
     # "Nothing is audited per read (they are observations, every few seconds); the manager
     # becoming unreachable and reachable again is."
     "nodes.services.clusters.cluster_refresh/a-read": Scenario(nodes.cluster_refresh, ()),
     "nodes.services.clusters.cluster_refresh/unreachable": Scenario(
-        nodes.cluster_refresh_unreachable, (changed("fleet.cluster_unreachable"),)),
+        nodes.cluster_refresh_unreachable, (changed("fleet.cluster_unreachable"),)
+    ),
     "nodes.services.clusters.cluster_refresh/reachable-again": Scenario(
-        nodes.cluster_refresh_reachable_again, (changed("fleet.cluster_reachable"),)),
-    "nodes.services.clusters.clusters_refresh": Scenario(nodes.clusters_refresh,
-                                                (changed("fleet.cluster_unreachable"),)),
+        nodes.cluster_refresh_reachable_again, (changed("fleet.cluster_reachable"),)
+    ),
+    "nodes.services.clusters.clusters_refresh": Scenario(
+        nodes.clusters_refresh, (changed("fleet.cluster_unreachable"),)
+    ),
     "placement.services.training_job_submit": Scenario(
-        submitted(placement.training_job_submit, name="sft"),
-        (created("trainingjob.admitted"),)),
+        submitted(placement.training_job_submit, name="sft"), (created("trainingjob.admitted"),)
+    ),
     "placement.services.lifecycle_job_submit": Scenario(
         submitted(placement.lifecycle_job_submit, name="evals", kind="eval"),
-        (created("lifecyclejob.admitted"),)),
+        (created("lifecyclejob.admitted"),),
+    ),
     "placement.services.deployment_submit": Scenario(
-        submitted(placement.deployment_submit, name="chat"), (created("deployment.admitted"),)),
-    "placement.services.deployment_update": Scenario(deployment_update,
-                                                     (changed("deployment.state_changed"),)),
+        submitted(placement.deployment_submit, name="chat"), (created("deployment.admitted"),)
+    ),
+    "placement.services.deployment_update": Scenario(
+        deployment_update, (changed("deployment.state_changed"),)
+    ),
     "placement.services.playground_session_submit": Scenario(
         submitted(placement.playground_session_submit, name="try"),
-        (created("playgroundsession.admitted"),)),
+        (created("playgroundsession.admitted"),),
+    ),
     "placement.services.environment_submit": Scenario(
         submitted(placement.environment_submit, name="nb", manifest={"fleet": "gpu-lab"}),
-        (created("environment.admitted"),)),
-    "placement.services.storage_create": Scenario(storage_create(Volume),
-                                                  (created("volume.created"),)),
-    "placement.services.storage_create/dataset": Scenario(storage_create(Dataset),
-                                                          (created("dataset.created"),)),
+        (created("environment.admitted"),),
+    ),
+    "placement.services.storage_create": Scenario(
+        storage_create(Volume), (created("volume.created"),)
+    ),
+    "placement.services.storage_create/dataset": Scenario(
+        storage_create(Dataset), (created("dataset.created"),)
+    ),
     # It dispatches the hand-over through the broker: run at once here, one event.
-    "placement.handover.handover_on_commit": Scenario(handover_on_commit,
-                                                      (changed("trainingjob.handed_over"),)),
-    "placement.handover.cluster_job_handover": Scenario(cluster_job_handover,
-                                                        (changed("trainingjob.handed_over"),)),
+    "placement.handover.handover_on_commit": Scenario(
+        handover_on_commit, (changed("trainingjob.handed_over"),)
+    ),
+    "placement.handover.cluster_job_handover": Scenario(
+        cluster_job_handover, (changed("trainingjob.handed_over"),)
+    ),
     "placement.handover.cluster_job_handover/no-script": Scenario(
-        cluster_job_handover_without_script, (changed("trainingjob.handover_failed"),)),
+        cluster_job_handover_without_script, (changed("trainingjob.handover_failed"),)
+    ),
     # One event per hand-over and per state read back that differs from the one recorded.
-    "placement.handover.cluster_jobs_track": Scenario(cluster_jobs_track, (
-        changed("trainingjob.handed_over"), changed("trainingjob.backend_state"))),
+    "placement.handover.cluster_jobs_track": Scenario(
+        cluster_jobs_track,
+        (changed("trainingjob.handed_over"), changed("trainingjob.backend_state")),
+    ),
 }
 
 
@@ -217,8 +320,11 @@ def public_functions() -> dict[str, Callable]:
     for module_name in WRITING_MODULES:
         module = importlib.import_module(module_name)
         for name, value in vars(module).items():
-            if inspect.isfunction(value) and value.__module__ == module_name \
-                    and not name.startswith("_"):
+            if (
+                inspect.isfunction(value)
+                and value.__module__ == module_name
+                and not name.startswith("_")
+            ):
                 found[f"{module_name}.{name}"] = value
     return found
 
@@ -229,16 +335,18 @@ def test_A1_every_public_function_of_the_writing_modules_is_classified():
     exercised = {function_of(name) for name in SCENARIOS}
     listed = exercised | set(NOT_AUDITED) | READS
     assert not set(found) - listed, (
-        f"public functions in none of SCENARIOS, NOT_AUDITED, READS: "
-        f"{sorted(set(found) - listed)}")
+        f"public functions in none of SCENARIOS, NOT_AUDITED, READS: {sorted(set(found) - listed)}"
+    )
     assert not listed - set(found), f"listed but no longer there: {sorted(listed - set(found))}"
     assert not READS & exercised, f"in READS and in SCENARIOS: {sorted(READS & exercised)}"
     assert set(NOT_AUDITED) <= exercised - audited, (
         f"NOT_AUDITED needs a scenario proving it records nothing, and none recording events: "
-        f"{sorted(set(NOT_AUDITED) - (exercised - audited))}")
+        f"{sorted(set(NOT_AUDITED) - (exercised - audited))}"
+    )
     assert exercised - set(NOT_AUDITED) <= audited, (
         f"writers with no scenario that records an event: "
-        f"{sorted(exercised - audited - set(NOT_AUDITED))}")
+        f"{sorted(exercised - audited - set(NOT_AUDITED))}"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(NOT_AUDITED))
@@ -260,14 +368,21 @@ def test_A1_every_module_that_records_audit_events_is_a_writing_module():
     assert recording == set(WRITING_MODULES), (
         f"record audit events but are not WRITING_MODULES: "
         f"{sorted(recording - set(WRITING_MODULES))}; listed but record none: "
-        f"{sorted(set(WRITING_MODULES) - recording)}")
+        f"{sorted(set(WRITING_MODULES) - recording)}"
+    )
 
 
 @pytest.fixture
 def world(admin_user, member, project, make_fleet, mint, monkeypatch):
     with contextlib.ExitStack() as stack:
-        yield World(admin=admin_user, member=member, make_fleet=make_fleet, mint=mint,
-                    monkeypatch=monkeypatch, stack=stack)
+        yield World(
+            admin=admin_user,
+            member=member,
+            make_fleet=make_fleet,
+            mint=mint,
+            monkeypatch=monkeypatch,
+            stack=stack,
+        )
 
 
 def problems_with(event: AuditEvent, expected: Event) -> list[str]:
@@ -299,7 +414,9 @@ def test_A1_each_write_records_one_event_per_change(world, name):
     actions = sorted(event.action for event in recorded)
     assert actions == sorted(event.action for event in scenario.events), (
         f"{name} recorded {actions or 'no event'}, expected "
-        f"{sorted(event.action for event in scenario.events) or 'none'}")
-    problems = [problem for event in recorded
-                for problem in problems_with(event, expected[event.action])]
+        f"{sorted(event.action for event in scenario.events) or 'none'}"
+    )
+    problems = [
+        problem for event in recorded for problem in problems_with(event, expected[event.action])
+    ]
     assert not problems, f"{name}: " + "; ".join(problems)

@@ -31,11 +31,15 @@ class EchoControl(control_pb2_grpc.NodeControlServicer):
         async for message in request_iterator:
             kind = message.WhichOneof("body")
             if kind == "hello":
-                yield pb.ControlMessage(welcome=pb.Welcome(
-                    session_id="echo", heartbeat_interval_seconds=10, lease_ttl_seconds=30))
+                yield pb.ControlMessage(
+                    welcome=pb.Welcome(
+                        session_id="echo", heartbeat_interval_seconds=10, lease_ttl_seconds=30
+                    )
+                )
             elif kind == "heartbeat":
-                yield pb.ControlMessage(heartbeat_ack=pb.HeartbeatAck(
-                    sequence=message.heartbeat.sequence))
+                yield pb.ControlMessage(
+                    heartbeat_ack=pb.HeartbeatAck(sequence=message.heartbeat.sequence)
+                )
 
 
 def server_credentials(pki_dir: Path) -> grpc.ServerCredentials:
@@ -63,8 +67,12 @@ async def serve(bind: str, pki_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bind", required=True, help="HOST:PORT")
-    parser.add_argument("--pki-dir", required=True, type=Path,
-                        help="holds ca.pem, gateway.pem and gateway.key (TUNEPLANE_PKI_DIR)")
+    parser.add_argument(
+        "--pki-dir",
+        required=True,
+        type=Path,
+        help="holds ca.pem, gateway.pem and gateway.key (TUNEPLANE_PKI_DIR)",
+    )
     args = parser.parse_args()
     raise_fd_limit()
     asyncio.run(serve(args.bind, args.pki_dir))

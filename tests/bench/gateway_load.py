@@ -80,13 +80,15 @@ class Window:
     def figures(self) -> dict:
         ordered = sorted(self.latencies)
         seconds = self.ended - self.started
-        return {f"{self.name}window": [self.started, self.ended],
-                f"{self.name}heartbeats_acked": len(ordered),
-                f"{self.name}heartbeats_per_second": round(len(ordered) / seconds, 1),
-                f"{self.name}p50_ms": percentile_ms(ordered, 0.50),
-                f"{self.name}p99_ms": percentile_ms(ordered, 0.99),
-                f"{self.name}max_ms": percentile_ms(ordered, 1.0),
-                f"{self.name}client_cpu_percent": round(100 * self.cpu / seconds, 1)}
+        return {
+            f"{self.name}window": [self.started, self.ended],
+            f"{self.name}heartbeats_acked": len(ordered),
+            f"{self.name}heartbeats_per_second": round(len(ordered) / seconds, 1),
+            f"{self.name}p50_ms": percentile_ms(ordered, 0.50),
+            f"{self.name}p99_ms": percentile_ms(ordered, 0.99),
+            f"{self.name}max_ms": percentile_ms(ordered, 1.0),
+            f"{self.name}client_cpu_percent": round(100 * self.cpu / seconds, 1),
+        }
 
 
 class Clock:
@@ -111,8 +113,12 @@ class Clock:
             self.failed += 1
         done = self.held + self.failed
         if done % 1000 == 0 or done == self.expected:
-            print(f"ramp: {self.held} held, {self.failed} failed, "
-                  f"{time.perf_counter() - self.started:.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"ramp: {self.held} held, {self.failed} failed, "
+                f"{time.perf_counter() - self.started:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         if done == self.expected:
             self.all_arrived.set()
 
@@ -139,26 +145,33 @@ class SimulatedNode:
     def __init__(self, target: str, ca: bytes, node: dict):
         self.node_id = node["node_id"]
         credentials = grpc.ssl_channel_credentials(
-            root_certificates=ca, private_key=node["key"].encode(),
-            certificate_chain=node["cert"].encode())
+            root_certificates=ca,
+            private_key=node["key"].encode(),
+            certificate_chain=node["cert"].encode(),
+        )
         # A subchannel pool of its own: no chance of two nodes sharing one connection.
-        self.channel = grpc.aio.secure_channel(target, credentials,
-                                               options=[("grpc.use_local_subchannel_pool", 1)])
+        self.channel = grpc.aio.secure_channel(
+            target, credentials, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         self.call = None
         self.sequence = 0
 
     async def open(self) -> None:
         self.call = control_pb2_grpc.NodeControlStub(self.channel).Connect()
-        await self.call.write(pb.NodeMessage(hello=pb.Hello(node_id=self.node_id,
-                                                            agent_version="bench")))
+        await self.call.write(
+            pb.NodeMessage(hello=pb.Hello(node_id=self.node_id, agent_version="bench"))
+        )
         await self._read_until("welcome")
 
     async def beat(self) -> float:
         """One heartbeat; the seconds until its ack."""
         self.sequence += 1
         sent = time.perf_counter()
-        await self.call.write(pb.NodeMessage(heartbeat=pb.Heartbeat(
-            sequence=self.sequence, storage_root_visible=True)))
+        await self.call.write(
+            pb.NodeMessage(
+                heartbeat=pb.Heartbeat(sequence=self.sequence, storage_root_visible=True)
+            )
+        )
         while (await self._read_until("heartbeat_ack")).heartbeat_ack.sequence != self.sequence:
             pass
         return time.perf_counter() - sent
@@ -176,8 +189,9 @@ class SimulatedNode:
         await self.channel.close()
 
 
-async def live(node: SimulatedNode, opens: asyncio.Semaphore, clock: Clock, interval: float,
-               errors: Counter) -> None:
+async def live(
+    node: SimulatedNode, opens: asyncio.Semaphore, clock: Clock, interval: float, errors: Counter
+) -> None:
     """A node's whole life: open (bounded by ``opens``), heartbeat as the clock says, close."""
     loop = asyncio.get_running_loop()
     try:
@@ -221,11 +235,10 @@ async def run(args) -> dict:
     with open(args.credentials) as handle:
         bundle = json.load(handle)
     ca = bundle["ca"].encode()
-    nodes = [SimulatedNode(args.target, ca, node) for node in bundle["nodes"][:args.streams]]
+    nodes = [SimulatedNode(args.target, ca, node) for node in bundle["nodes"][: args.streams]]
     clock, errors = Clock(len(nodes)), Counter()
     opens = asyncio.Semaphore(args.ramp_concurrency)
-    lives = [asyncio.create_task(live(node, opens, clock, args.interval, errors))
-             for node in nodes]
+    lives = [asyncio.create_task(live(node, opens, clock, args.interval, errors)) for node in nodes]
     await clock.all_arrived.wait()
     ramp_seconds = time.perf_counter() - clock.started
     held = clock.held
@@ -250,14 +263,20 @@ async def run(args) -> dict:
     still_open = sum(1 for task in lives if not task.done())
     clock.stop()
     await asyncio.gather(*lives)
-    return {"streams_requested": len(nodes), "streams_held": held,
-            "streams_open_at_end": still_open, "ramp_seconds": round(ramp_seconds, 2),
-            "ramp_concurrency": args.ramp_concurrency, "interval_seconds": args.interval,
-            "warmup_seconds": args.warmup,
-            **steady.figures(), **saturation.figures(),
-            "errors": sum(errors.values()), "error_kinds": dict(errors),
-            "client_peak_rss_mb": round(
-                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {
+        "streams_requested": len(nodes),
+        "streams_held": held,
+        "streams_open_at_end": still_open,
+        "ramp_seconds": round(ramp_seconds, 2),
+        "ramp_concurrency": args.ramp_concurrency,
+        "interval_seconds": args.interval,
+        "warmup_seconds": args.warmup,
+        **steady.figures(),
+        **saturation.figures(),
+        "errors": sum(errors.values()),
+        "error_kinds": dict(errors),
+        "client_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
 
 
 def main() -> None:
@@ -266,13 +285,20 @@ def main() -> None:
     parser.add_argument("--credentials", required=True, help="the nodes' JSON bundle")
     parser.add_argument("--streams", type=int, default=None, help="at most this many nodes")
     parser.add_argument("--interval", type=float, default=10.0, help="heartbeat seconds")
-    parser.add_argument("--warmup", type=float, default=None,
-                        help="seconds between ramp and steady window (default: --interval)")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds between ramp and steady window (default: --interval)",
+    )
     parser.add_argument("--window", type=float, default=60.0, help="steady window seconds")
-    parser.add_argument("--saturate", type=float, default=10.0,
-                        help="saturation window seconds")
-    parser.add_argument("--ramp-concurrency", type=int, default=20,
-                        help="stream opens (TLS handshake + Hello/Welcome) in flight at once")
+    parser.add_argument("--saturate", type=float, default=10.0, help="saturation window seconds")
+    parser.add_argument(
+        "--ramp-concurrency",
+        type=int,
+        default=20,
+        help="stream opens (TLS handshake + Hello/Welcome) in flight at once",
+    )
     args = parser.parse_args()
     if args.warmup is None:
         args.warmup = args.interval

@@ -52,10 +52,16 @@ RUNNING, SUCCEEDED = "running", "succeeded"
 PROGRESS_SECONDS = 5
 LAG_TICK_SECONDS = 0.1
 EXAMPLES = 5
-INVENTORY = inventory_message({
-    "cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}], "driver": "550.54",
-    "container_runtime": "docker 28.2.2", "storage_root_visible": True,
-    "cpu_budget": 64, "memory_budget_bytes": 512 * 2**30})
+INVENTORY = inventory_message(
+    {
+        "cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}],
+        "driver": "550.54",
+        "container_runtime": "docker 28.2.2",
+        "storage_root_visible": True,
+        "cpu_budget": 64,
+        "memory_budget_bytes": 512 * 2**30,
+    }
+)
 INVENTORY_DIGEST = inventory_digest(INVENTORY)
 
 
@@ -108,7 +114,7 @@ class Fleet:
 
     def backoff(self, attempt: int) -> float:
         """The agent's: attempt 0 follows a stream that got a Welcome."""
-        base = min(self.args.backoff_max, self.args.backoff_first * 2 ** attempt)
+        base = min(self.args.backoff_max, self.args.backoff_first * 2**attempt)
         return base * random.uniform(0.5, 1.0)
 
 
@@ -117,8 +123,10 @@ class SimulatedNode:
         self.fleet = fleet
         self.node_id = node["node_id"]
         self.credentials = grpc.ssl_channel_credentials(
-            root_certificates=ca, private_key=node["key"].encode(),
-            certificate_chain=node["cert"].encode())
+            root_certificates=ca,
+            private_key=node["key"].encode(),
+            certificate_chain=node["cert"].encode(),
+        )
         self.known: dict[str, KnownCommand] = {}
         self.reported: dict[str, str] = {}  # what the current stream has told, by command
         self.streams = 0  # connects so far; the current one's number
@@ -146,22 +154,34 @@ class SimulatedNode:
         """One stream, until it ends. Returns whether it got as far as a Welcome."""
         self.streams += 1
         outgoing: asyncio.Queue = asyncio.Queue()
-        told = {command_id: command.state for command_id, command in self.known.items()
-                if command.in_hello}
+        told = {
+            command_id: command.state
+            for command_id, command in self.known.items()
+            if command.in_hello
+        }
         self.reported = dict(told)
         for command_id, state in told.items():
             self.known[command_id].note(f"told {state} in Hello", self.streams)
-        outgoing.put_nowait(pb.NodeMessage(hello=pb.Hello(
-            node_id=self.node_id, agent_version="bench-reconnecting",
-            commands=[pb.CommandState(command_id=command_id, state=state,
-                                      exit_code=0) for command_id, state in told.items()])))
+        outgoing.put_nowait(
+            pb.NodeMessage(
+                hello=pb.Hello(
+                    node_id=self.node_id,
+                    agent_version="bench-reconnecting",
+                    commands=[
+                        pb.CommandState(command_id=command_id, state=state, exit_code=0)
+                        for command_id, state in told.items()
+                    ],
+                )
+            )
+        )
 
         async def requests():
             while (message := await outgoing.get()) is not None:
                 yield message
 
-        channel = grpc.aio.secure_channel(target, self.credentials,
-                                          options=[("grpc.use_local_subchannel_pool", 1)])
+        channel = grpc.aio.secure_channel(
+            target, self.credentials, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         beating = None
         try:
             async for message in control_pb2_grpc.NodeControlStub(channel).Connect(requests()):
@@ -169,8 +189,9 @@ class SimulatedNode:
                 if kind == "welcome":
                     self._welcomed(told, outage)
                     outgoing.put_nowait(pb.NodeMessage(inventory=INVENTORY))
-                    beating = asyncio.create_task(self._beat(
-                        outgoing, message.welcome.heartbeat_interval_seconds))
+                    beating = asyncio.create_task(
+                        self._beat(outgoing, message.welcome.heartbeat_interval_seconds)
+                    )
                 elif kind == "heartbeat_ack":
                     self.held.acks += 1
                 elif kind == "command":
@@ -229,8 +250,13 @@ class SimulatedNode:
         self.reported[command_id] = command.state
         command.updates[command.state] += 1
         command.note(f"CommandUpdate {command.state}", self.streams)
-        outgoing.put_nowait(pb.NodeMessage(command_update=pb.CommandUpdate(
-            state=pb.CommandState(command_id=command_id, state=command.state, exit_code=0))))
+        outgoing.put_nowait(
+            pb.NodeMessage(
+                command_update=pb.CommandUpdate(
+                    state=pb.CommandState(command_id=command_id, state=command.state, exit_code=0)
+                )
+            )
+        )
 
     async def _beat(self, outgoing: asyncio.Queue, interval: int) -> None:
         sequence = 0
@@ -238,9 +264,15 @@ class SimulatedNode:
             await asyncio.sleep(interval)
             sequence += 1
             self.held.beats += 1
-            outgoing.put_nowait(pb.NodeMessage(heartbeat=pb.Heartbeat(
-                sequence=sequence, storage_root_visible=True,
-                inventory_digest=INVENTORY_DIGEST)))
+            outgoing.put_nowait(
+                pb.NodeMessage(
+                    heartbeat=pb.Heartbeat(
+                        sequence=sequence,
+                        storage_root_visible=True,
+                        inventory_digest=INVENTORY_DIGEST,
+                    )
+                )
+            )
             for command_id, command in self.known.items():
                 if self.reported.get(command_id) not in (None, command.state):
                     self._tell(command_id, outgoing)
@@ -258,13 +290,20 @@ async def watch(fleet: Fleet, nodes: list[SimulatedNode], started: float) -> Non
         if loop.time() >= next_report:
             next_report += PROGRESS_SECONDS
             held = sum(node.held is not None for node in nodes)
-            print(f"reconnecting fleet: {held} held, {len(nodes) - held} out, "
-                  f"{time.time() - started:.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"reconnecting fleet: {held} held, {len(nodes) - held} out, "
+                f"{time.time() - started:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def command_figures(nodes: list[SimulatedNode]) -> dict:
-    commands = [(node.node_id, command_id, command) for node in nodes
-                for command_id, command in node.known.items()]
+    commands = [
+        (node.node_id, command_id, command)
+        for node in nodes
+        for command_id, command in node.known.items()
+    ]
     updates = Counter()
     for _, _, command in commands:
         updates.update(command.updates)
@@ -272,16 +311,23 @@ def command_figures(nodes: list[SimulatedNode]) -> dict:
         "received": {command_id: command.received for _, command_id, command in commands},
         "states": dict(Counter(command.state for _, _, command in commands)),
         "redelivered": sum(command.received - 1 for _, _, command in commands),
-        "redelivered_after_forgotten": sum(command.redelivered_after_forgotten
-                                           for _, _, command in commands),
+        "redelivered_after_forgotten": sum(
+            command.redelivered_after_forgotten for _, _, command in commands
+        ),
         "updates": dict(updates),
-        "updates_repeated": sum(count - 1 for _, _, command in commands
-                                for count in command.updates.values() if count > 1),
+        "updates_repeated": sum(
+            count - 1
+            for _, _, command in commands
+            for count in command.updates.values()
+            if count > 1
+        ),
         # What the node went through with the commands it would have run twice.
         "forgotten_then_received": [
             {"node": node_id, "command": command_id, "history": command.history}
             for node_id, command_id, command in commands
-            if command.redelivered_after_forgotten][:EXAMPLES]}
+            if command.redelivered_after_forgotten
+        ][:EXAMPLES],
+    }
 
 
 def closed_figures(closed: list[Held]) -> dict:
@@ -290,12 +336,17 @@ def closed_figures(closed: list[Held]) -> dict:
     by_reason: dict[str, list[Held]] = {}
     for held in closed:
         by_reason.setdefault(held.closed_by_console, []).append(held)
-    return {reason: {"streams": len(streams),
-                     "held_seconds_median": round(statistics.median(
-                         h.ended - h.welcomed for h in streams if h.ended), 2),
-                     "beats_median": statistics.median(h.beats for h in streams),
-                     "acks_max": max(h.acks for h in streams)}
-            for reason, streams in by_reason.items()}
+    return {
+        reason: {
+            "streams": len(streams),
+            "held_seconds_median": round(
+                statistics.median(h.ended - h.welcomed for h in streams if h.ended), 2
+            ),
+            "beats_median": statistics.median(h.beats for h in streams),
+            "acks_max": max(h.acks for h in streams),
+        }
+        for reason, streams in by_reason.items()
+    }
 
 
 async def run(args) -> dict:
@@ -303,7 +354,7 @@ async def run(args) -> dict:
         bundle = json.load(handle)
     ca = bundle["ca"].encode()
     fleet = Fleet(args)
-    nodes = [SimulatedNode(fleet, ca, node) for node in bundle["nodes"][:args.nodes]]
+    nodes = [SimulatedNode(fleet, ca, node) for node in bundle["nodes"][: args.nodes]]
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, fleet.stopping.set)
@@ -325,27 +376,46 @@ async def run(args) -> dict:
     await asyncio.gather(watching, ramp, *lives, return_exceptions=True)
     welcomes = [node.first_welcome for node in nodes if node.first_welcome]
     return {
-        "nodes": len(nodes), "targets": args.target, "held_at_stop": held,
+        "nodes": len(nodes),
+        "targets": args.target,
+        "held_at_stop": held,
         "ramp_seconds": round(max(welcomes) - started, 2) if welcomes else None,
-        "outages": [[node.node_id, outage.lost, outage.welcomed, outage.connects,
-                     outage.last_connect] for node in nodes for outage in node.outages],
+        "outages": [
+            [node.node_id, outage.lost, outage.welcomed, outage.connects, outage.last_connect]
+            for node in nodes
+            for outage in node.outages
+        ],
         "commands": command_figures(nodes),
-        "closed_by_console": closed_figures(fleet.closed), "errors": dict(fleet.errors),
-        "loop_lag_max_seconds": round(fleet.loop_lag_max, 3)}
+        "closed_by_console": closed_figures(fleet.closed),
+        "errors": dict(fleet.errors),
+        "loop_lag_max_seconds": round(fleet.loop_lag_max, 3),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", required=True, action="append",
-                        help="HOST:PORT of a gateway replica; repeat for several")
+    parser.add_argument(
+        "--target",
+        required=True,
+        action="append",
+        help="HOST:PORT of a gateway replica; repeat for several",
+    )
     parser.add_argument("--credentials", required=True, help="the nodes' JSON bundle")
     parser.add_argument("--nodes", type=int, default=None, help="at most this many nodes")
-    parser.add_argument("--ramp-concurrency", type=int, default=20,
-                        help="first opens (TLS handshake + Hello/Welcome) in flight at once")
+    parser.add_argument(
+        "--ramp-concurrency",
+        type=int,
+        default=20,
+        help="first opens (TLS handshake + Hello/Welcome) in flight at once",
+    )
     parser.add_argument("--backoff-first", type=float, default=1.0, help="seconds")
     parser.add_argument("--backoff-max", type=float, default=8.0, help="seconds")
-    parser.add_argument("--command-seconds", type=float, default=3.0,
-                        help="a command runs for uniform(0, this) seconds")
+    parser.add_argument(
+        "--command-seconds",
+        type=float,
+        default=3.0,
+        help="a command runs for uniform(0, this) seconds",
+    )
     args = parser.parse_args()
     raise_fd_limit()
     print(json.dumps(asyncio.run(run(args))), flush=True)

@@ -80,9 +80,15 @@ def enroll(fleet, count: int, directory: Path) -> Path:
         key_pem, csr = make_csr(node.hostname)
         issued = pki.sign_node_csr(pki.parse_csr(csr), node.id, lifetime)
         nodes.append(node)
-        credentials.append(NodeCredential(
-            node=node, serial=issued.serial, fingerprint_sha256=issued.fingerprint_sha256,
-            not_before=issued.not_before, not_after=issued.not_after))
+        credentials.append(
+            NodeCredential(
+                node=node,
+                serial=issued.serial,
+                fingerprint_sha256=issued.fingerprint_sha256,
+                not_before=issued.not_before,
+                not_after=issued.not_after,
+            )
+        )
         bundle.append({"node_id": node.id, "key": key_pem.decode(), "cert": issued.pem})
     Node.objects.bulk_create(nodes, batch_size=1000)
     NodeCredential.objects.bulk_create(credentials, batch_size=1000)
@@ -136,9 +142,12 @@ class Sampler(threading.Thread):
                 stopping = self.done.is_set()  # one more sample after, to close the last window
                 commits, connections, rows = admin.execute(
                     "SELECT xact_commit, sessions, tup_inserted + tup_updated + tup_deleted "
-                    "FROM pg_stat_database WHERE datname = %s", [self.database]).fetchone()
-                self.samples.append(Sample(time.time(), commits, connections, rows,
-                                           cpu_seconds(self.pid)))
+                    "FROM pg_stat_database WHERE datname = %s",
+                    [self.database],
+                ).fetchone()
+                self.samples.append(
+                    Sample(time.time(), commits, connections, rows, cpu_seconds(self.pid))
+                )
                 if stopping:
                     return
                 self.done.wait(SAMPLE_SECONDS)
@@ -178,8 +187,9 @@ def serving(argv: list[str], env: dict, ready: str):
     Yields the process and a dict that, once the block is left, tells how the
     server stopped.
     """
-    process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     # A stream is a socket: a low soft limit would cap the server, not the code under test.
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.prlimit(process.pid, resource.RLIMIT_NOFILE, (hard, hard))
@@ -198,24 +208,45 @@ def serving(argv: list[str], env: dict, ready: str):
             process.kill()
             process.wait()
         output.join(5)
-        stopped.update(stop_seconds=round(time.monotonic() - stopping, 1),
-                       returncode=process.returncode)
+        stopped.update(
+            stop_seconds=round(time.monotonic() - stopping, 1), returncode=process.returncode
+        )
 
 
 def load(target: str, credentials: Path, streams: int) -> dict:
     """Run the generator against ``target``; its JSON result."""
     done = subprocess.run(
-        [sys.executable, "-m", "tests.bench.gateway_load", "--target", target,
-         "--credentials", str(credentials), "--streams", str(streams),
-         "--interval", str(INTERVAL_SECONDS), "--window", str(WINDOW_SECONDS),
-         "--saturate", str(SATURATE_SECONDS), "--ramp-concurrency", str(RAMP_CONCURRENCY)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=LOAD_TIMEOUT_SECONDS)
+        [
+            sys.executable,
+            "-m",
+            "tests.bench.gateway_load",
+            "--target",
+            target,
+            "--credentials",
+            str(credentials),
+            "--streams",
+            str(streams),
+            "--interval",
+            str(INTERVAL_SECONDS),
+            "--window",
+            str(WINDOW_SECONDS),
+            "--saturate",
+            str(SATURATE_SECONDS),
+            "--ramp-concurrency",
+            str(RAMP_CONCURRENCY),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=LOAD_TIMEOUT_SECONDS,
+    )
     assert done.returncode == 0, "the load generator failed: see its captured stderr"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(argv: list[str], env: dict, ready: str, target: str, credentials: Path,
-            streams: int) -> dict:
+def measure(
+    argv: list[str], env: dict, ready: str, target: str, credentials: Path, streams: int
+) -> dict:
     """The generator's figures for one server, with the server's own beside them."""
     with serving(argv, env, ready) as (process, stopped):
         idle_rss = proc_status(process.pid, "VmRSS")
@@ -228,14 +259,17 @@ def measure(argv: list[str], env: dict, ready: str, target: str, credentials: Pa
             sampler.join()
         peak_rss = proc_status(process.pid, "VmHWM")
     steady, saturated = figures["window"], figures["saturation_window"]
-    return {**figures, **stopped,
-            "db_commits_per_second": sampler.rate("commits", steady),
-            "db_connections_per_second": sampler.rate("connections", steady),
-            "db_rows_written_per_second": sampler.rate("rows_written", steady),
-            "server_cpu_percent": 100 * sampler.rate("cpu", steady),
-            "saturation_server_cpu_percent": 100 * sampler.rate("cpu", saturated),
-            "server_peak_rss_mb": peak_rss / 2**20,
-            "server_rss_per_stream_kb": (peak_rss - idle_rss) / 1024 / streams}
+    return {
+        **figures,
+        **stopped,
+        "db_commits_per_second": sampler.rate("commits", steady),
+        "db_connections_per_second": sampler.rate("connections", steady),
+        "db_rows_written_per_second": sampler.rate("rows_written", steady),
+        "server_cpu_percent": 100 * sampler.rate("cpu", steady),
+        "saturation_server_cpu_percent": 100 * sampler.rate("cpu", saturated),
+        "server_peak_rss_mb": peak_rss / 2**20,
+        "server_rss_per_stream_kb": (peak_rss - idle_rss) / 1024 / streams,
+    }
 
 
 def acks_per_cpu_second(f: dict) -> float:
@@ -257,26 +291,41 @@ def stop(f: dict) -> str:
 
 
 ROWS = [
-    ("streams held / still open at the end",
-     lambda f: f"{f['streams_held']}/{f['streams_requested']} / {f['streams_open_at_end']}"),
-    ("ramp", lambda f: f"{f['ramp_seconds']:.1f} s ({f['streams_held'] / f['ramp_seconds']:.0f}"
-                       f" streams/s)"),
-    (f"heartbeats/s, each stream every {INTERVAL_SECONDS} s",
-     lambda f: f"{f['heartbeats_per_second']:.1f}"),
+    (
+        "streams held / still open at the end",
+        lambda f: f"{f['streams_held']}/{f['streams_requested']} / {f['streams_open_at_end']}",
+    ),
+    (
+        "ramp",
+        lambda f: f"{f['ramp_seconds']:.1f} s ({f['streams_held'] / f['ramp_seconds']:.0f}"
+        f" streams/s)",
+    ),
+    (
+        f"heartbeats/s, each stream every {INTERVAL_SECONDS} s",
+        lambda f: f"{f['heartbeats_per_second']:.1f}",
+    ),
     ("  ack p50 / p99 / max", ms),
     ("  server CPU (% of one core)", lambda f: f"{f['server_cpu_percent']:.0f} %"),
     ("  generator CPU", lambda f: f"{f['client_cpu_percent']:.0f} %"),
     ("  DB commits/s (xact_commit)", lambda f: f"{f['db_commits_per_second']:.2f}"),
     ("  DB connections opened/s", lambda f: f"{f['db_connections_per_second']:.2f}"),
     ("  DB rows written/s", lambda f: f"{f['db_rows_written_per_second']:.0f}"),
-    (f"max heartbeats/s (closed loop, {SATURATE_SECONDS} s)",
-     lambda f: f"{f['saturation_heartbeats_per_second']:.0f}"),
+    (
+        f"max heartbeats/s (closed loop, {SATURATE_SECONDS} s)",
+        lambda f: f"{f['saturation_heartbeats_per_second']:.0f}",
+    ),
     ("  ack p50 / p99 / max", lambda f: ms(f, "saturation_")),
-    ("  server / generator CPU", lambda f: f"{f['saturation_server_cpu_percent']:.0f} % / "
-                                           f"{f['saturation_client_cpu_percent']:.0f} %"),
+    (
+        "  server / generator CPU",
+        lambda f: f"{f['saturation_server_cpu_percent']:.0f} % / "
+        f"{f['saturation_client_cpu_percent']:.0f} %",
+    ),
     ("  acks per server CPU-second", lambda f: f"{acks_per_cpu_second(f):.0f}"),
-    ("server peak RSS (VmHWM)", lambda f: f"{f['server_peak_rss_mb']:.0f} MiB "
-                                          f"(+{f['server_rss_per_stream_kb']:.0f} KiB/stream)"),
+    (
+        "server peak RSS (VmHWM)",
+        lambda f: f"{f['server_peak_rss_mb']:.0f} MiB "
+        f"(+{f['server_rss_per_stream_kb']:.0f} KiB/stream)",
+    ),
     ("server stop after the generator left", stop),
     ("errors", lambda f: f"{f['errors']} {f['error_kinds'] or ''}".strip()),
 ]
@@ -285,11 +334,12 @@ ROWS = [
 def report(gateway: dict, echo: dict) -> str:
     label_width = max(len(label) for label, _ in ROWS) + 2
     column = max(len(show(gateway)) for _, show in ROWS) + 3
-    lines = [f"\nbench gateway: N={gateway['streams_requested']} streams, "
-             f"{gateway['ramp_concurrency']} opens in flight, {WINDOW_SECONDS} s steady window",
-             f"{'':{label_width}}{'grpcserve (PostgreSQL)':{column}}bare grpc.aio echo"]
-    lines += [f"{label:{label_width}}{show(gateway):{column}}{show(echo)}"
-              for label, show in ROWS]
+    lines = [
+        f"\nbench gateway: N={gateway['streams_requested']} streams, "
+        f"{gateway['ramp_concurrency']} opens in flight, {WINDOW_SECONDS} s steady window",
+        f"{'':{label_width}}{'grpcserve (PostgreSQL)':{column}}bare grpc.aio echo",
+    ]
+    lines += [f"{label:{label_width}}{show(gateway):{column}}{show(echo)}" for label, show in ROWS]
 
     def ratio(key):
         return gateway[key] / echo[key]
@@ -298,35 +348,61 @@ def report(gateway: dict, echo: dict) -> str:
         f"gateway/echo: heartbeats/s at the interval {ratio('heartbeats_per_second'):.2f} "
         f"(both ack all there is); max heartbeats/s "
         f"{ratio('saturation_heartbeats_per_second'):.2f}; acks per server CPU-second "
-        f"{acks_per_cpu_second(gateway) / acks_per_cpu_second(echo):.2f}")
+        f"{acks_per_cpu_second(gateway) / acks_per_cpu_second(echo):.2f}"
+    )
     return "\n".join(lines)
 
 
 @pytest.mark.parametrize("streams", stream_counts())
-def test_bench_gateway_streams_beside_a_bare_echo_server(streams, node_fleet, console_pki,
-                                                         tmp_path, capsys):
+def test_bench_gateway_streams_beside_a_bare_echo_server(
+    streams, node_fleet, console_pki, tmp_path, capsys
+):
     credentials = enroll(node_fleet, streams, tmp_path)
     if not (console_pki / "gateway.pem").exists():  # the echo server uses the gateway's
         pki.issue_server_certificate(["127.0.0.1", "localhost"])
 
     target = f"127.0.0.1:{free_port()}"
-    env = console_env(tmp_path, TUNEPLANE_PKI_DIR=str(console_pki), TUNEPLANE_DEBUG="0",
-                      TUNEPLANE_HEARTBEAT_INTERVAL=str(INTERVAL_SECONDS),
-                      TUNEPLANE_LEASE_TTL=str(LEASE_TTL_SECONDS))
-    gateway = measure([sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target],
-                      env, "gateway serving", target, credentials, streams)
+    env = console_env(
+        tmp_path,
+        TUNEPLANE_PKI_DIR=str(console_pki),
+        TUNEPLANE_DEBUG="0",
+        TUNEPLANE_HEARTBEAT_INTERVAL=str(INTERVAL_SECONDS),
+        TUNEPLANE_LEASE_TTL=str(LEASE_TTL_SECONDS),
+    )
+    gateway = measure(
+        [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target],
+        env,
+        "gateway serving",
+        target,
+        credentials,
+        streams,
+    )
     gateway["sessions_closed"] = ControlSession.objects.filter(closed_at__isnull=False).count()
 
     echo_target = f"127.0.0.1:{free_port()}"
-    echo = measure([sys.executable, "-m", "tests.bench.echo_server", "--bind", echo_target,
-                    "--pki-dir", str(console_pki)], env, "echo serving", echo_target,
-                   credentials, streams)
+    echo = measure(
+        [
+            sys.executable,
+            "-m",
+            "tests.bench.echo_server",
+            "--bind",
+            echo_target,
+            "--pki-dir",
+            str(console_pki),
+        ],
+        env,
+        "echo serving",
+        echo_target,
+        credentials,
+        streams,
+    )
     with capsys.disabled():
         print(report(gateway, echo))
 
     for name, figures in (("gateway", gateway), ("echo server", echo)):
-        assert figures["streams_held"] == figures["streams_open_at_end"] == streams, \
+        assert figures["streams_held"] == figures["streams_open_at_end"] == streams, (
             f"the {name} lost streams: {figures['error_kinds']}"
+        )
         assert figures["errors"] == 0, f"the {name}: {figures['error_kinds']}"
     assert ControlSession.objects.count() == streams
     assert ControlSession.objects.filter(last_heartbeat_at__gt=F("opened_at")).count() == streams

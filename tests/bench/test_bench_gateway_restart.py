@@ -36,7 +36,7 @@ import sys
 import time
 from collections import Counter
 from contextlib import ExitStack, contextmanager
-from datetime import datetime, timezone as tz
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -45,8 +45,8 @@ from django.db.models import Count, Q
 from audit.models import AuditEvent
 from nodes import pki
 from nodes.choices import CommandState, SchedulingState
-from nodes.services.commands import node_command_create
 from nodes.models import ControlSession, Node, NodeCommand, StrayCommand
+from nodes.services.commands import node_command_create
 from tests.bench.test_bench_gateway import enroll, serving
 from tests.e2e.agents import wait_until
 from tests.e2e.console import ROOT, console_env, free_port
@@ -56,9 +56,14 @@ pytestmark = [pytest.mark.bench, pytest.mark.redis, pytest.mark.django_db(transa
 
 NODES = int(os.environ.get("TUNEPLANE_BENCH_RESTART_NODES", "1000"))
 QUIET_TRAIN_SECONDS = 60
-SETTINGS = {"TUNEPLANE_HEARTBEAT_INTERVAL": "2", "TUNEPLANE_LEASE_TTL": "6",
-            "TUNEPLANE_SWEEP_INTERVAL": "1", "TUNEPLANE_QUIET_TRAIN": str(QUIET_TRAIN_SECONDS),
-            "TUNEPLANE_QUIET_SERVE": "10", "TUNEPLANE_QUIET_ENV": "10"}
+SETTINGS = {
+    "TUNEPLANE_HEARTBEAT_INTERVAL": "2",
+    "TUNEPLANE_LEASE_TTL": "6",
+    "TUNEPLANE_SWEEP_INTERVAL": "1",
+    "TUNEPLANE_QUIET_TRAIN": str(QUIET_TRAIN_SECONDS),
+    "TUNEPLANE_QUIET_SERVE": "10",
+    "TUNEPLANE_QUIET_ENV": "10",
+}
 DOWN_SECONDS = 5
 BACKOFF_MAX_SECONDS = 8
 # Beyond the train threshold after the restart: sweeps that would have found a node gone.
@@ -74,8 +79,13 @@ COMMAND = {"argv": ["true"]}
 def celery(*args, env: dict, log: Path) -> subprocess.Popen:
     """Output to a file: a worker logging every second's sweep would fill a pipe and stall."""
     with log.open("w") as output:
-        return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tuneplane", *args],
-                                env=env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tuneplane", *args],
+            env=env,
+            cwd=ROOT,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
 
 
 @contextmanager
@@ -84,8 +94,15 @@ def sweepers(env: dict, directory: Path):
     seed_schedule()
     log = directory / "worker.log"
     worker = celery("worker", "-l", "INFO", "--pool", "solo", env=env, log=log)
-    beat = celery("beat", "-l", "INFO", "-s", str(directory / "beat-schedule"), env=env,
-                  log=directory / "beat.log")
+    beat = celery(
+        "beat",
+        "-l",
+        "INFO",
+        "-s",
+        str(directory / "beat-schedule"),
+        env=env,
+        log=directory / "beat.log",
+    )
     try:
         yield log
     finally:
@@ -95,8 +112,10 @@ def sweepers(env: dict, directory: Path):
 
 
 def sweeps_run(log: Path) -> int:
-    return sum("nodes.liveness_sweep" in line and "succeeded" in line
-               for line in log.read_text().splitlines())
+    return sum(
+        "nodes.liveness_sweep" in line and "succeeded" in line
+        for line in log.read_text().splitlines()
+    )
 
 
 class ReconnectingFleet:
@@ -106,11 +125,23 @@ class ReconnectingFleet:
         self.log = directory / "fleet.log"
         with self.log.open("w") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.bench.reconnecting_load", "--credentials",
-                 str(credentials), "--nodes", str(NODES),
-                 "--backoff-max", str(BACKOFF_MAX_SECONDS),
-                 *[option for target in targets for option in ("--target", target)]],
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.bench.reconnecting_load",
+                    "--credentials",
+                    str(credentials),
+                    "--nodes",
+                    str(NODES),
+                    "--backoff-max",
+                    str(BACKOFF_MAX_SECONDS),
+                    *[option for target in targets for option in ("--target", target)],
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
 
     def running(self) -> bool:
         """For waits: a fleet that died fails them at once, with its last words."""
@@ -137,7 +168,7 @@ def reconnecting_fleet(targets: list[str], credentials: Path, directory: Path):
 
 
 def epoch(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=tz.utc)
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def replica_name(target: str) -> str:
@@ -147,15 +178,18 @@ def replica_name(target: str) -> str:
 
 def reopened(node_ids: set[str], since: float) -> int:
     """Of ``node_ids``, those with an open session opened since ``since`` (epoch seconds)."""
-    return ControlSession.objects.filter(node_id__in=node_ids, closed_at__isnull=True,
-                                         opened_at__gte=epoch(since)).count()
+    return ControlSession.objects.filter(
+        node_id__in=node_ids, closed_at__isnull=True, opened_at__gte=epoch(since)
+    ).count()
 
 
 def command_all(actor, nodes: list[Node]) -> tuple[list[str], float]:
     """One command per node, through the service; the ids and the seconds it took."""
     started = time.monotonic()
-    ids = [node_command_create(actor=actor, node=node, kind="run", payload=COMMAND).id
-           for node in nodes]
+    ids = [
+        node_command_create(actor=actor, node=node, kind="run", payload=COMMAND).id
+        for node in nodes
+    ]
     return ids, time.monotonic() - started
 
 
@@ -173,24 +207,34 @@ def audited_since(action: str, since: float):
 
 def database_figures(killed_at: float, created: list[str], worker_log: Path) -> dict:
     """What the console recorded: liveness, commands and sessions, from the kill on."""
-    succeeded_events = Counter(dict(
-        AuditEvent.objects.filter(action="node_command.succeeded").order_by()
-        .values_list("target_id").annotate(n=Count("id"))))
+    succeeded_events = Counter(
+        dict(
+            AuditEvent.objects.filter(action="node_command.succeeded")
+            .order_by()
+            .values_list("target_id")
+            .annotate(n=Count("id"))
+        )
+    )
     return {
         "gone_nodes": Node.objects.filter(scheduling_state=SchedulingState.GONE).count(),
         "gone_events": AuditEvent.objects.filter(action="node.gone").count(),
-        "quiet_events": Counter(audited_since("node.quiet", killed_at)
-                                .values_list("after__capability", flat=True)),
+        "quiet_events": Counter(
+            audited_since("node.quiet", killed_at).values_list("after__capability", flat=True)
+        ),
         "command_states": Counter(NodeCommand.objects.values_list("state", flat=True)),
         "succeeded_once": sum(succeeded_events[command_id] == 1 for command_id in created),
         "succeeded_more": sum(succeeded_events[command_id] > 1 for command_id in created),
         "lost_events": AuditEvent.objects.filter(action="node_command.lost").count(),
         "strays": StrayCommand.objects.count(),
-        "closed_events": Counter(audited_since("control_session.closed", killed_at)
-                                 .values_list("after__reason", flat=True)),
+        "closed_events": Counter(
+            audited_since("control_session.closed", killed_at).values_list(
+                "after__reason", flat=True
+            )
+        ),
         "opened_events": audited_since("control_session.opened", killed_at).count(),
         "open_sessions": ControlSession.objects.filter(closed_at__isnull=True).count(),
-        "sweeps": sweeps_run(worker_log)}
+        "sweeps": sweeps_run(worker_log),
+    }
 
 
 def fleet_figures(fleet: dict, killed_at: float, ready_at: float) -> dict:
@@ -202,7 +246,8 @@ def fleet_figures(fleet: dict, killed_at: float, ready_at: float) -> dict:
     back = [welcomed for _, welcomed, _, _ in first.values() if welcomed is not None]
     outages_after_kill = sum(outage[1] >= killed_at for outage in fleet["outages"])
     return {
-        "lost_streams": len(first), "not_back": len(first) - len(back),
+        "lost_streams": len(first),
+        "not_back": len(first) - len(back),
         "all_back_after_kill": max(back) - killed_at if back else None,
         "all_back_after_ready": max(back) - ready_at if back else None,
         "back_before_ready": sum(welcomed < ready_at for welcomed in back),
@@ -211,16 +256,22 @@ def fleet_figures(fleet: dict, killed_at: float, ready_at: float) -> dict:
         # The open that succeeded: TLS handshake, Hello, session and reconciliation, Welcome.
         "per_node_last_open": [w - last for _, w, _, last in first.values() if w],
         "connects": [connects for _, _, connects, _ in first.values()],
-        "lost_again": outages_after_kill - len(first)}
+        "lost_again": outages_after_kill - len(first),
+    }
 
 
 def console_record(node_id: str, command_id: str) -> list[tuple[float, str]]:
     """The audit trail of one node's sessions and of one command, as (epoch, what)."""
     events = AuditEvent.objects.filter(
-        Q(action__startswith="control_session.", after__node=node_id)
-        | Q(target_id=command_id)).order_by("at", "id")
-    return [(event.at.timestamp(), f"console: {event.action} "
-             f"{(event.after or {}).get('reason', '')}".rstrip()) for event in events]
+        Q(action__startswith="control_session.", after__node=node_id) | Q(target_id=command_id)
+    ).order_by("at", "id")
+    return [
+        (
+            event.at.timestamp(),
+            f"console: {event.action} {(event.after or {}).get('reason', '')}".rstrip(),
+        )
+        for event in events
+    ]
 
 
 def timeline(example: dict, killed_at: float) -> str:
@@ -230,20 +281,27 @@ def timeline(example: dict, killed_at: float) -> str:
     return "\n".join(f"    {at - killed_at:+8.3f} s  {what}" for at, what in lines)
 
 
-def restart_scenario(*, replicas: int, node_fleet, admin_user, console_pki, redis_url,
-                     tmp_path) -> dict:
+def restart_scenario(
+    *, replicas: int, node_fleet, admin_user, console_pki, redis_url, tmp_path
+) -> dict:
     """Start ``replicas`` gateways and the fleet, kill the first replica, restart it."""
     credentials = enroll(node_fleet, NODES, tmp_path)
     if not (console_pki / "gateway.pem").exists():  # before replicas race to issue it
         pki.issue_server_certificate(["127.0.0.1", "localhost"])
     nodes = list(Node.objects.order_by("hostname"))
-    env = console_env(tmp_path, TUNEPLANE_PKI_DIR=str(console_pki), TUNEPLANE_DEBUG="0",
-                      REDIS_URL=redis_url, **SETTINGS)
+    env = console_env(
+        tmp_path,
+        TUNEPLANE_PKI_DIR=str(console_pki),
+        TUNEPLANE_DEBUG="0",
+        REDIS_URL=redis_url,
+        **SETTINGS,
+    )
     targets = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
 
     def gateway(target: str):
-        return serving([sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind",
-                        target], env, READY)
+        return serving(
+            [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target], env, READY
+        )
 
     figures = {"replicas": replicas, "nodes": NODES}
     with ExitStack() as stack:
@@ -251,16 +309,21 @@ def restart_scenario(*, replicas: int, node_fleet, admin_user, console_pki, redi
         victim, _ = [stack.enter_context(gateway(target)) for target in targets][0]
         started = time.monotonic()
         fleet = stack.enter_context(reconnecting_fleet(targets, credentials, tmp_path))
-        wait_until(lambda: fleet.running() and ControlSession.objects.filter(
-            closed_at__isnull=True).count() == NODES, RAMP_TIMEOUT_SECONDS,
-            what="every node holding a session")
+        wait_until(
+            lambda: fleet.running()
+            and ControlSession.objects.filter(closed_at__isnull=True).count() == NODES,
+            RAMP_TIMEOUT_SECONDS,
+            what="every node holding a session",
+        )
         figures["ramp_seconds"] = time.monotonic() - started
         time.sleep(2 * int(SETTINGS["TUNEPLANE_HEARTBEAT_INTERVAL"]))  # every stream beat
 
         created, figures["create_before_seconds"] = command_all(admin_user, nodes[::2])
-        lost = set(ControlSession.objects.filter(closed_at__isnull=True,
-                                                 gateway=replica_name(targets[0]))
-                   .values_list("node_id", flat=True))
+        lost = set(
+            ControlSession.objects.filter(
+                closed_at__isnull=True, gateway=replica_name(targets[0])
+            ).values_list("node_id", flat=True)
+        )
         killed_at = time.time()
         victim.kill()
         victim.wait()
@@ -271,13 +334,20 @@ def restart_scenario(*, replicas: int, node_fleet, admin_user, console_pki, redi
 
         stack.enter_context(gateway(targets[0]))
         ready_at = time.time()
-        wait_until(lambda: fleet.running() and reopened(lost, killed_at) == len(lost),
-                   RECONNECT_TIMEOUT_SECONDS,
-                   what=f"the {len(lost)} nodes of the killed replica back")
+        wait_until(
+            lambda: fleet.running() and reopened(lost, killed_at) == len(lost),
+            RECONNECT_TIMEOUT_SECONDS,
+            what=f"the {len(lost)} nodes of the killed replica back",
+        )
         figures["sessions_open_after_ready"] = time.time() - ready_at
-        wait_until(lambda: NodeCommand.objects.filter(state__in=[
-            CommandState.SUCCEEDED, CommandState.FAILED]).count() == len(created),
-            COMMANDS_TIMEOUT_SECONDS, what="every command finished")
+        wait_until(
+            lambda: NodeCommand.objects.filter(
+                state__in=[CommandState.SUCCEEDED, CommandState.FAILED]
+            ).count()
+            == len(created),
+            COMMANDS_TIMEOUT_SECONDS,
+            what="every command finished",
+        )
         figures["commands_done_after_ready"] = time.time() - ready_at
         time.sleep(max(0.0, ready_at + QUIET_TRAIN_SECONDS + HOLD_MARGIN_SECONDS - time.time()))
 
@@ -288,9 +358,13 @@ def restart_scenario(*, replicas: int, node_fleet, admin_user, console_pki, redi
     figures.update(fleet_figures(result, killed_at, ready_at))
     received = result["commands"]["received"]
     figures.update(
-        created=len(created), fleet=result, lost_expected=len(lost), killed_at=killed_at,
+        created=len(created),
+        fleet=result,
+        lost_expected=len(lost),
+        killed_at=killed_at,
         not_received=len(set(created) - set(received)),
-        received_unknown=len(set(received) - set(created)))
+        received_unknown=len(set(received) - set(created)),
+    )
     return figures
 
 
@@ -330,21 +404,30 @@ def report(f: dict) -> str:
         f"({closed}), control_session.opened {f['opened_events']}; open sessions "
         f"{f['open_sessions']}",
         f"  streams the console closed: {fleet['closed_by_console'] or 0}",
-        f"  stream errors: {sum(fleet['errors'].values())} {fleet['errors'] or ''}".rstrip()]
+        f"  stream errors: {sum(fleet['errors'].values())} {fleet['errors'] or ''}".rstrip(),
+    ]
     for example in commands["forgotten_then_received"][:1]:
-        lines.append(f"  command {example['command']} of node {example['node']}, from the "
-                     f"kill:\n{timeline(example, f['killed_at'])}")
+        lines.append(
+            f"  command {example['command']} of node {example['node']}, from the "
+            f"kill:\n{timeline(example, f['killed_at'])}"
+        )
     return "\n".join(lines)
 
 
 @pytest.mark.parametrize("replicas", [1, 2], ids=["one-replica", "two-replicas"])
 def test_bench_gateway_sigkill_and_restart_under_connected_nodes(
-        replicas, require_redis, node_fleet, admin_user, console_pki, settings, tmp_path,
-        capsys):
+    replicas, require_redis, node_fleet, admin_user, console_pki, settings, tmp_path, capsys
+):
     settings.TUNEPLANE_SWEEP_INTERVAL = 1  # the schedule seeded for the beat
     started = time.monotonic()
-    f = restart_scenario(replicas=replicas, node_fleet=node_fleet, admin_user=admin_user,
-                         console_pki=console_pki, redis_url=require_redis, tmp_path=tmp_path)
+    f = restart_scenario(
+        replicas=replicas,
+        node_fleet=node_fleet,
+        admin_user=admin_user,
+        console_pki=console_pki,
+        redis_url=require_redis,
+        tmp_path=tmp_path,
+    )
     with capsys.disabled():
         print(report(f) + f"\n  scenario {time.monotonic() - started:.0f} s")
 
@@ -354,7 +437,8 @@ def test_bench_gateway_sigkill_and_restart_under_connected_nodes(
     assert f["command_states"] == {CommandState.SUCCEEDED: f["created"]}
     assert f["succeeded_once"] == f["created"] and f["strays"] == f["lost_events"] == 0
     assert f["not_received"] == f["received_unknown"] == 0, "commands lost on the way"
-    assert f["fleet"]["commands"]["redelivered_after_forgotten"] == 0, \
+    assert f["fleet"]["commands"]["redelivered_after_forgotten"] == 0, (
         "commands delivered after a Hello told them finished: a real agent runs them twice"
+    )
     assert sum(f["closed_events"].values()) >= f["lost_expected"]
     assert f["opened_events"] >= f["lost_expected"]

@@ -14,23 +14,35 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from nodes.choices import SchedulingState
-from nodes.services.liveness import liveness_sweep
 from nodes.models import Node
+from nodes.services.liveness import liveness_sweep
 
 pytestmark = [pytest.mark.bench, pytest.mark.postgres]
 
 REPEAT = 5
-BARE = ("UPDATE nodes_node SET scheduling_state = 'gone' WHERE fleet_id = ANY(%s) "
-        "AND scheduling_state IN ('enrolled', 'schedulable', 'draining') AND last_seen_at < %s")
+BARE = (
+    "UPDATE nodes_node SET scheduling_state = 'gone' WHERE fleet_id = ANY(%s) "
+    "AND scheduling_state IN ('enrolled', 'schedulable', 'draining') AND last_seen_at < %s"
+)
 
 
 def _nodes(fleet, count: int) -> None:
     now = timezone.now()
     stale = now - timedelta(seconds=400)
     Node.objects.bulk_create(
-        (Node(id=f"n-{fleet.id}-{i:06d}", fleet=fleet, hostname=f"h{i}",
-              scheduling_state=SchedulingState.SCHEDULABLE, last_seen_at=stale if i % 100 == 0 else now,
-              inventory_observed_at=now) for i in range(count)), batch_size=5000)
+        (
+            Node(
+                id=f"n-{fleet.id}-{i:06d}",
+                fleet=fleet,
+                hostname=f"h{i}",
+                scheduling_state=SchedulingState.SCHEDULABLE,
+                last_seen_at=stale if i % 100 == 0 else now,
+                inventory_observed_at=now,
+            )
+            for i in range(count)
+        ),
+        batch_size=5000,
+    )
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE nodes_node")
 
@@ -51,6 +63,7 @@ def _bare(fleet_ids):
         with connection.cursor() as cursor:
             cursor.execute(BARE, [fleet_ids, timezone.now() - timedelta(seconds=300)])
             return cursor.rowcount
+
     return run
 
 
@@ -65,7 +78,9 @@ def test_bench_liveness_sweep(make_fleet, count, capabilities, capsys):
     sweep_ms, changed = _median_ms(liveness_sweep)
     assert changed["gone"] == bare_rows == count // 100
     with capsys.disabled():
-        print(f"\nbench liveness sweep, {count:,} nodes ({'+'.join(capabilities)}), 1 % stale: "
-              f"sweep {sweep_ms:.1f} ms (transitions: "
-              f"{', '.join(f'{k} {v}' for k, v in changed.items() if v)}; audited), "
-              f"bare UPDATE {bare_ms:.1f} ms, ratio {sweep_ms / bare_ms:.2f}")
+        print(
+            f"\nbench liveness sweep, {count:,} nodes ({'+'.join(capabilities)}), 1 % stale: "
+            f"sweep {sweep_ms:.1f} ms (transitions: "
+            f"{', '.join(f'{k} {v}' for k, v in changed.items() if v)}; audited), "
+            f"bare UPDATE {bare_ms:.1f} ms, ratio {sweep_ms / bare_ms:.2f}"
+        )

@@ -53,19 +53,26 @@ def test_new_fleet_then_drain_it(page, live_server, admin_user, tmp_path):
     page.select_option("select[name=action]", "drain")
     page.click("button[name=index]")
     expect(page.locator(".messagelist .success")).to_contain_text(
-        re.compile("Now draining: gpu-lab. Running work continues"))
+        re.compile("Now draining: gpu-lab. Running work continues")
+    )
 
     fleet = Fleet.objects.get(pk="gpu-lab")
     assert (fleet.delivery, fleet.state, fleet.capabilities) == (
-        "shared-mount", "draining", ["serve", "train"])
-    actions = list(AuditEvent.objects.filter(target_id="gpu-lab")
-                   .order_by("at").values_list("action", "actor_label"))
+        "shared-mount",
+        "draining",
+        ["serve", "train"],
+    )
+    actions = list(
+        AuditEvent.objects.filter(target_id="gpu-lab")
+        .order_by("at")
+        .values_list("action", "actor_label")
+    )
     assert actions == [("fleet.created", "ops"), ("fleet.state_changed", "ops")]
 
 
-def test_add_a_machine_shows_the_one_liner_once_with_a_copy_button(page, live_server,
-                                                                    admin_user, make_fleet,
-                                                                    settings, tmp_path):
+def test_add_a_machine_shows_the_one_liner_once_with_a_copy_button(
+    page, live_server, admin_user, make_fleet, settings, tmp_path
+):
     settings.TUNEPLANE_PUBLIC_URL = live_server.url
     make_fleet("gpu-lab", kind="node", capabilities=["train"])
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])

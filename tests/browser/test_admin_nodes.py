@@ -10,8 +10,8 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from nodes.choices import SchedulingState
-from nodes.services.control import node_report_inventory, session_open
 from nodes.models import CardAlias, HardwareSeries, Node, NodeCordon, NodeCredential
+from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 
@@ -23,32 +23,49 @@ ARTIFACTS = Path(settings.BASE_DIR) / "var" / "artifacts"
 
 
 def joined(fleet, mint, hostname, inventory=H100_INVENTORY):
-    result = node_join(token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1],
-                       inventory=inventory, hostname=hostname)
+    result = node_join(
+        token=mint(fleet)[1],
+        fleet_id=fleet.id,
+        csr=make_csr()[1],
+        inventory=inventory,
+        hostname=hostname,
+    )
     return result.node, result.certificate.serial
 
 
-def test_L7_fleet_page_groups_and_cordon_action(page, live_server, admin_user, make_fleet,
-                                                mint):
+def test_L7_fleet_page_groups_and_cordon_action(page, live_server, admin_user, make_fleet, mint):
     fleet = make_fleet("gpu-lab", kind="node", capabilities=["train", "serve"])
     h100, _ = HardwareSeries.objects.get_or_create(slug="h100", defaults={"name": "H100"})
     CardAlias.objects.update_or_create(name="NVIDIA H100 80GB HBM3", defaults={"series": h100})
     live, serial = joined(fleet, mint, "gpu-live")
     session_open(node_id=live.id, serial=serial, gateway="gw-1:8443")
     node_report_inventory(node_id=live.id, inventory=H100_INVENTORY)
-    gone, _ = joined(fleet, mint, "gpu-gone", inventory={
-        "cards": [{"name": "Mystery Accelerator 9000", "count": 2}],
-        "storage_root_visible": False})
+    gone, _ = joined(
+        fleet,
+        mint,
+        "gpu-gone",
+        inventory={
+            "cards": [{"name": "Mystery Accelerator 9000", "count": 2}],
+            "storage_root_visible": False,
+        },
+    )
     Node.objects.filter(pk=gone.id).update(
-        scheduling_state=SchedulingState.GONE, quiet_train=True, quiet_serve=True,
-        last_seen_at=timezone.now() - timedelta(minutes=10))
+        scheduling_state=SchedulingState.GONE,
+        quiet_train=True,
+        quiet_serve=True,
+        last_seen_at=timezone.now() - timedelta(minutes=10),
+    )
 
     log_in(page, live_server.url)
     page.goto(f"{live_server.url}/admin/fleets/fleet/gpu-lab/change/")
-    connection, scheduling, inventory = (page.locator(f"#group-{name}") for name in
-                                         ("connection", "scheduling", "inventory"))
-    for group, title in ((connection, "Control connection"), (scheduling, "Scheduling"),
-                         (inventory, "Inventory")):
+    connection, scheduling, inventory = (
+        page.locator(f"#group-{name}") for name in ("connection", "scheduling", "inventory")
+    )
+    for group, title in (
+        (connection, "Control connection"),
+        (scheduling, "Scheduling"),
+        (inventory, "Inventory"),
+    ):
         expect(group.locator("h2")).to_have_text(title)
 
     def row(group, node):
@@ -79,25 +96,27 @@ def test_L7_fleet_page_groups_and_cordon_action(page, live_server, admin_user, m
     page.click("input[type=submit]")
     expect(page.locator(".messagelist .success")).to_contain_text("Nothing that runs was stopped")
     expect(page.locator("#result_list tbody tr", has_text="gpu-live")).to_contain_text(
-        "cordoned (operator: replacing a PSU)")
+        "cordoned (operator: replacing a PSU)"
+    )
 
     page.goto(f"{live_server.url}/admin/fleets/fleet/gpu-lab/change/")
     expect(row(scheduling, live).locator(".scheduling-state")).to_have_text("cordoned")
-    expect(row(scheduling, live).locator(".cordons")).to_contain_text(
-        "operator: replacing a PSU")
+    expect(row(scheduling, live).locator(".cordons")).to_contain_text("operator: replacing a PSU")
     expect(row(connection, live).locator(".connection-state")).to_have_text("connected")
     page.screenshot(path=str(ARTIFACTS / "fleet-page-cordoned.png"), full_page=True)
 
 
-def test_D3_remove_action_lists_what_a_gone_node_leaves_behind(page, live_server, admin_user,
-                                                               make_fleet, mint):
+def test_D3_remove_action_lists_what_a_gone_node_leaves_behind(
+    page, live_server, admin_user, make_fleet, mint
+):
     from nodes.services.commands import Reported, node_command_create, node_command_report
     from tests.conftest import SYSTEM
 
     fleet = make_fleet("gpu-lab", kind="node", capabilities=["train"])
     gone, _ = joined(fleet, mint, "gpu-gone")
-    command = node_command_create(actor=SYSTEM, node=gone, kind="run",
-                                  payload={"argv": ["sleep", "600"]})
+    command = node_command_create(
+        actor=SYSTEM, node=gone, kind="run", payload={"argv": ["sleep", "600"]}
+    )
     node_command_report(node_id=gone.id, reported=Reported(command.id, "running"))
     Node.objects.filter(pk=gone.id).update(scheduling_state=SchedulingState.GONE)
 
@@ -107,7 +126,8 @@ def test_D3_remove_action_lists_what_a_gone_node_leaves_behind(page, live_server
     page.select_option("select[name=action]", "remove")
     page.click("button[name=index]")
     expect(page.locator(f"#removal-rows tr[data-node='{gone.id}'] .left-behind")).to_have_text(
-        command.id)
+        command.id
+    )
     page.screenshot(path=str(ARTIFACTS / "remove-confirmation.png"), full_page=True)
     page.click("input[type=submit]")  # without force: refused, D3
     expect(page.locator(".messagelist .error")).to_contain_text("rule D3")

@@ -35,12 +35,23 @@ def wait_until(check, timeout=20.0, what="condition"):
 def running_gateway(tmp_path, console_pki, **settings):
     """``manage.py grpcserve`` on a free port; stopped with SIGTERM, which must exit 0."""
     port = free_port()
-    env = console_env(tmp_path, **{"TUNEPLANE_PKI_DIR": str(console_pki),
-                                   "TUNEPLANE_HEARTBEAT_INTERVAL": "1",
-                                   "TUNEPLANE_LEASE_TTL": "3", **settings})
-    process = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind",
-                                f"127.0.0.1:{port}"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    env = console_env(
+        tmp_path,
+        **{
+            "TUNEPLANE_PKI_DIR": str(console_pki),
+            "TUNEPLANE_HEARTBEAT_INTERVAL": "1",
+            "TUNEPLANE_LEASE_TTL": "3",
+            **settings,
+        },
+    )
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", f"127.0.0.1:{port}"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     line = process.stdout.readline()
     assert "gateway serving" in line, line + process.stdout.read()
     try:
@@ -56,15 +67,25 @@ def lay_out_a_joined_node(node_fleet, mint, tmp_path, name="gpu-01"):
     from nodes.agent import state
 
     key_pem, csr = make_csr()
-    result = node_join(token=mint(node_fleet)[1], fleet_id=node_fleet.id, csr=csr,
-                       inventory=H100_INVENTORY)
+    result = node_join(
+        token=mint(node_fleet)[1], fleet_id=node_fleet.id, csr=csr, inventory=H100_INVENTORY
+    )
     env = machine(tmp_path, name)
     directory = Path(env["TUNEPLANE_NODE_STATE_DIR"])
-    state.save_credential(directory, identity={
-        "node_id": result.node.id, "fleet": node_fleet.id, "server": "http://127.0.0.1",
-        "gateway_target": "unused", "credential_expires_at": "",
-        "credential_issued_at": dt.datetime.now(dt.timezone.utc).isoformat()},
-        key_pem=key_pem, certificate_pem=result.certificate.pem, ca_bundle=result.ca_bundle)
+    state.save_credential(
+        directory,
+        identity={
+            "node_id": result.node.id,
+            "fleet": node_fleet.id,
+            "server": "http://127.0.0.1",
+            "gateway_target": "unused",
+            "credential_expires_at": "",
+            "credential_issued_at": dt.datetime.now(dt.UTC).isoformat(),
+        },
+        key_pem=key_pem,
+        certificate_pem=result.certificate.pem,
+        ca_bundle=result.ca_bundle,
+    )
     return result.node, env, directory
 
 
@@ -73,15 +94,18 @@ def credentials(directory: Path, *, key=None, cert=None, with_client=True):
     if not with_client:
         return grpc.ssl_channel_credentials(root_certificates=root)
     return grpc.ssl_channel_credentials(
-        root_certificates=root, private_key=key or (directory / "node.key").read_bytes(),
-        certificate_chain=cert or (directory / "node.crt").read_bytes())
+        root_certificates=root,
+        private_key=key or (directory / "node.key").read_bytes(),
+        certificate_chain=cert or (directory / "node.crt").read_bytes(),
+    )
 
 
 def connect(target, creds, node_id, timeout=5):
     """A hand-built client: Hello, then the first answer (or the RPC error)."""
     with grpc.secure_channel(target, creds) as channel:
         call = control_pb2_grpc.NodeControlStub(channel).Connect(
-            iter([pb.NodeMessage(hello=pb.Hello(node_id=node_id))]), timeout=timeout)
+            iter([pb.NodeMessage(hello=pb.Hello(node_id=node_id))]), timeout=timeout
+        )
         try:
             return next(call)
         except grpc.RpcError as error:
@@ -126,8 +150,23 @@ class AgentProcess:
 
 def serve(env, target, tmp_path, *options, inventory=H100_INVENTORY) -> AgentProcess:
     """``tuneplane-node serve`` as a machine runs it."""
-    return AgentProcess(subprocess.Popen(
-        [sys.executable, "-m", "nodes.agent", "serve", "--target", target, "--inventory-file",
-         inventory_file(tmp_path, inventory), *options], cwd=ROOT, text=True,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE")}, **env},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    return AgentProcess(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "nodes.agent",
+                "serve",
+                "--target",
+                target,
+                "--inventory-file",
+                inventory_file(tmp_path, inventory),
+                *options,
+            ],
+            cwd=ROOT,
+            text=True,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE")}, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    )

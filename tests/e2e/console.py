@@ -24,20 +24,33 @@ def database_url(name: str | None = None) -> str:
     db = connection.settings_dict
     if connection.vendor == "postgresql":
         user = db["USER"] or "postgres"
-        return f"postgres://{user}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name or db['NAME']}"
+        host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
+        return f"postgres://{user}@{host}:{port}/{name or db['NAME']}"
     return f"sqlite:///{name or db['NAME']}"
 
 
 def console_env(var_dir: Path, **extra) -> dict:
-    env = {**os.environ, "DATABASE_URL": database_url(), "TUNEPLANE_VAR_DIR": str(var_dir),
-           "TUNEPLANE_DEBUG": "1", "PYTHONUNBUFFERED": "1", **extra}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "TUNEPLANE_VAR_DIR": str(var_dir),
+        "TUNEPLANE_DEBUG": "1",
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
     env.pop("DJANGO_SETTINGS_MODULE", None)
     return env
 
 
 def manage(*args, env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 class Console:
@@ -47,9 +60,21 @@ class Console:
         self.lines: list[str] = []
         self.gateway = f"127.0.0.1:{gateway_port or free_port()}"
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runconsole", "--bind", f"127.0.0.1:{port}",
-             "--gateway-bind", self.gateway],
-            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "runconsole",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--gateway-bind",
+                self.gateway,
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

@@ -21,8 +21,15 @@ from tuneplane.services import api_token_create
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-CHECKS = ",".join(["not_a_server_error", "status_code_conformance", "content_type_conformance",
-                   "response_headers_conformance", "response_schema_conformance"])
+CHECKS = ",".join(
+    [
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_headers_conformance",
+        "response_schema_conformance",
+    ]
+)
 MIN_CASES = 1000
 SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))
 
@@ -33,10 +40,23 @@ def web(tmp_path):
     port, log = free_port(), tmp_path / "web.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "tuneplane.wsgi", "-b", f"127.0.0.1:{port}",
-             "-w", "2", "--limit-request-line", "8190"],
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "tuneplane.wsgi",
+                "-b",
+                f"127.0.0.1:{port}",
+                "-w",
+                "2",
+                "--limit-request-line",
+                "8190",
+            ],
             env=console_env(tmp_path, TUNEPLANE_DEBUG="0", TUNEPLANE_SECRET_KEY="fuzz-" * 10),
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while not _answers(url):
@@ -65,21 +85,39 @@ def people(admin_user, member, project, make_fleet):
     admin_user.save(update_fields=["is_superuser"])
     make_fleet("gpu-lab", kind="node", capabilities=["train", "serve", "env"])
     secret = Project.objects.create(slug="secret", name="Secret")
-    make_fleet("hidden", kind="node", capabilities=["train"], visibility="project",
-               project=secret)
-    return {"admin": api_token_create(actor=Actor.of_user(admin_user), user=admin_user)[1],
-            "member": api_token_create(actor=Actor.of_user(member), user=member)[1]}
+    make_fleet("hidden", kind="node", capabilities=["train"], visibility="project", project=secret)
+    return {
+        "admin": api_token_create(actor=Actor.of_user(admin_user), user=admin_user)[1],
+        "member": api_token_create(actor=Actor.of_user(member), user=member)[1],
+    }
 
 
 @pytest.mark.parametrize("who, seed", [("admin", 1), ("member", 2)])
 def test_the_api_keeps_its_openapi_document_under_fuzzing(web, people, who, seed, tmp_path):
     url, log = web
     result = subprocess.run(
-        [SCHEMATHESIS, "run", f"{url}/api/schema", "-H", f"Authorization: Bearer {people[who]}",
-         "-c", CHECKS, "-n", "20", "--seed", str(seed), "--no-color"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        [
+            SCHEMATHESIS,
+            "run",
+            f"{url}/api/schema",
+            "-H",
+            f"Authorization: Bearer {people[who]}",
+            "-c",
+            CHECKS,
+            "-n",
+            "20",
+            "--seed",
+            str(seed),
+            "--no-color",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     summary = re.search(r"(\d+) generated", result.stdout)
-    tracebacks = "\n".join(re.findall(r"Traceback.*?(?=\n\S+ \S+ \S+ \S+|\Z)",
-                                      log.read_text(), re.S))[-4000:]
+    tracebacks = "\n".join(
+        re.findall(r"Traceback.*?(?=\n\S+ \S+ \S+ \S+|\Z)", log.read_text(), re.S)
+    )[-4000:]
     assert result.returncode == 0, result.stdout[-6000:] + "\n--- server ---\n" + tracebacks
     assert summary and int(summary.group(1)) >= MIN_CASES, result.stdout[-2000:]

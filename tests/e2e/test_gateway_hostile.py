@@ -28,15 +28,17 @@ class Stream:
         self.channel = channel or grpc.secure_channel(target, credentials(directory))
         self.outgoing: queue.Queue = queue.Queue()
         self.call = control_pb2_grpc.NodeControlStub(self.channel).Connect(
-            iter(self.outgoing.get, None), timeout=30)
+            iter(self.outgoing.get, None), timeout=30
+        )
         self.send(pb.NodeMessage(hello=pb.Hello(node_id=node_id)))
 
     def send(self, message) -> None:
         self.outgoing.put(message)
 
     def beat(self, sequence: int) -> None:
-        self.send(pb.NodeMessage(heartbeat=pb.Heartbeat(sequence=sequence,
-                                                        storage_root_visible=True)))
+        self.send(
+            pb.NodeMessage(heartbeat=pb.Heartbeat(sequence=sequence, storage_root_visible=True))
+        )
 
     def receive(self):
         return next(self.call)
@@ -51,8 +53,10 @@ def bystander(gateway, node_fleet, mint, tmp_path):
     """A real agent on its own node, holding its stream throughout."""
     node, env, _ = lay_out_a_joined_node(node_fleet, mint, tmp_path, name="bystander")
     agent = serve(env, gateway, tmp_path)
-    session = wait_until(lambda: ControlSession.objects.filter(
-        node=node, closed_at__isnull=True).first(), what="the bystander connected")
+    session = wait_until(
+        lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).first(),
+        what="the bystander connected",
+    )
     yield session
     agent.send_signal(signal.SIGTERM)
     agent.wait(20)
@@ -61,8 +65,11 @@ def bystander(gateway, node_fleet, mint, tmp_path):
 def still_beating(session) -> None:
     """Its session is the same open one, and a heartbeat renewed it after now."""
     since = time.time()
-    wait_until(lambda: ControlSession.objects.get(pk=session.pk).last_heartbeat_at.timestamp()
-               > since, what="a fresh heartbeat from the bystander", timeout=10)
+    wait_until(
+        lambda: ControlSession.objects.get(pk=session.pk).last_heartbeat_at.timestamp() > since,
+        what="a fresh heartbeat from the bystander",
+        timeout=10,
+    )
     current = ControlSession.objects.get(pk=session.pk)
     assert current.closed_at is None
 
@@ -71,15 +78,15 @@ def test_a_plaintext_client_is_refused_before_anything_reaches_the_database(gate
     node, _, _ = joined
     with grpc.insecure_channel(gateway) as channel:
         call = control_pb2_grpc.NodeControlStub(channel).Connect(
-            iter([pb.NodeMessage(hello=pb.Hello(node_id=node.id))]), timeout=5)
+            iter([pb.NodeMessage(hello=pb.Hello(node_id=node.id))]), timeout=5
+        )
         with pytest.raises(grpc.RpcError) as refused:
             next(call)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert not ControlSession.objects.filter(node=node).exists()
 
 
-def test_heartbeats_going_backwards_are_ignored_and_the_stream_goes_on(gateway, joined,
-                                                                       bystander):
+def test_heartbeats_going_backwards_are_ignored_and_the_stream_goes_on(gateway, joined, bystander):
     node, _, directory = joined
     stream = Stream(gateway, directory, node.id)
     try:
@@ -106,14 +113,16 @@ def test_an_oversized_message_ends_only_its_own_stream(gateway, joined, bystande
                 stream.receive()
     finally:
         stream.close()
-    assert ended.value.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                  grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
+    assert ended.value.code() in (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+    )
     assert "x" * 100 not in str(node.__class__.objects.get(pk=node.pk).inventory)
     still_beating(bystander)
 
 
-def test_a_flood_of_hellos_leaves_one_session_and_the_others_untouched(gateway, joined,
-                                                                      bystander):
+def test_a_flood_of_hellos_leaves_one_session_and_the_others_untouched(gateway, joined, bystander):
     node, _, directory = joined
     streams = []
     with grpc.secure_channel(gateway, credentials(directory)) as channel:
@@ -122,8 +131,10 @@ def test_a_flood_of_hellos_leaves_one_session_and_the_others_untouched(gateway, 
             stream.send(pb.NodeMessage(hello=pb.Hello(node_id=node.id)))  # and again, inside
             streams.append(stream)
         assert streams[-1].receive().WhichOneof("body") == "welcome"
-        wait_until(lambda: ControlSession.objects.filter(node=node).count() == 30,
-                   what="thirty sessions, each replacing the last")
+        wait_until(
+            lambda: ControlSession.objects.filter(node=node).count() == 30,
+            what="thirty sessions, each replacing the last",
+        )
         assert ControlSession.objects.filter(node=node, closed_at__isnull=True).count() == 1
         for stream in streams:
             stream.outgoing.put(None)
@@ -134,9 +145,11 @@ def test_a_malformed_message_ends_only_its_own_stream(gateway, joined, bystander
     """Bytes that are no NodeMessage at all, on an authenticated channel."""
     node, _, directory = joined
     with grpc.secure_channel(gateway, credentials(directory)) as channel:
-        raw = channel.stream_stream("/tuneplane.node.v1.NodeControl/Connect",
-                                    request_serializer=lambda data: data,
-                                    response_deserializer=lambda data: data)
+        raw = channel.stream_stream(
+            "/tuneplane.node.v1.NodeControl/Connect",
+            request_serializer=lambda data: data,
+            response_deserializer=lambda data: data,
+        )
         hello = pb.NodeMessage(hello=pb.Hello(node_id=node.id)).SerializeToString()
         release = threading.Event()
 
@@ -156,7 +169,9 @@ def test_a_malformed_message_ends_only_its_own_stream(gateway, joined, bystander
             release.set()
     assert len(answers) == 1  # the Welcome; then the server ended the stream, not the client
     assert pb.ControlMessage.FromString(answers[0]).WhichOneof("body") == "welcome"
-    closed = wait_until(lambda: ControlSession.objects.filter(
-        node=node, closed_at__isnull=False).first(), what="its session closed")
+    closed = wait_until(
+        lambda: ControlSession.objects.filter(node=node, closed_at__isnull=False).first(),
+        what="its session closed",
+    )
     assert closed.close_reason == "stream ended"  # at the bad bytes, not at the lease's end
     still_beating(bystander)

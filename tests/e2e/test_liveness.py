@@ -21,14 +21,25 @@ from .console import ROOT, console_env
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 # The lease too: silence counts only once a gateway has listened for one (the grace rule).
-SHORT = {"TUNEPLANE_SWEEP_INTERVAL": "1", "TUNEPLANE_QUIET_SERVE": "2",
-         "TUNEPLANE_QUIET_ENV": "2", "TUNEPLANE_QUIET_TRAIN": "8",
-         "TUNEPLANE_HEARTBEAT_INTERVAL": "1", "TUNEPLANE_LEASE_TTL": "3"}
+SHORT = {
+    "TUNEPLANE_SWEEP_INTERVAL": "1",
+    "TUNEPLANE_QUIET_SERVE": "2",
+    "TUNEPLANE_QUIET_ENV": "2",
+    "TUNEPLANE_QUIET_TRAIN": "8",
+    "TUNEPLANE_HEARTBEAT_INTERVAL": "1",
+    "TUNEPLANE_LEASE_TTL": "3",
+}
 
 
 def celery(*args, env):
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tuneplane", *args], env=env,
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tuneplane", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @contextmanager
@@ -49,8 +60,10 @@ def sweepers(tmp_path, redis_url):
 @contextmanager
 def sweeping_console(tmp_path, console_pki, redis_url):
     """The sweepers and a gateway."""
-    with sweepers(tmp_path, redis_url), \
-            running_gateway(tmp_path, console_pki, REDIS_URL=redis_url, **SHORT) as target:
+    with (
+        sweepers(tmp_path, redis_url),
+        running_gateway(tmp_path, console_pki, REDIS_URL=redis_url, **SHORT) as target,
+    ):
         yield target
 
 
@@ -64,36 +77,48 @@ def test_schedule_is_seeded_with_an_expiry_and_keeps_a_pause(settings):
     assert PeriodicTask.objects.get(pk=task.pk).enabled is False  # an admin's pause stays
 
 
-def test_a_killed_agent_goes_quiet_for_serve_then_gone(require_redis, tmp_path, console_pki,
-                                                       settings, make_fleet, mint, admin_api):
+def test_a_killed_agent_goes_quiet_for_serve_then_gone(
+    require_redis, tmp_path, console_pki, settings, make_fleet, mint, admin_api
+):
     settings.TUNEPLANE_SWEEP_INTERVAL = 1
     fleet = make_fleet("gpu-lab", kind="node", capabilities=["train", "serve"])
     node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
     with sweeping_console(tmp_path, console_pki, require_redis) as target:
         agent = serve(env, target, tmp_path)
         try:
+
             def node_shown():
                 return admin_api.get(f"/api/nodes/{node.id}").json()
 
-            wait_until(lambda: node_shown()["scheduling"]["state"] == "schedulable",
-                       what="the node schedulable")
+            wait_until(
+                lambda: node_shown()["scheduling"]["state"] == "schedulable",
+                what="the node schedulable",
+            )
             assert node_shown()["liveness"] == {"train": "ok", "serve": "ok"}
         finally:
             agent.send_signal(signal.SIGKILL)
             agent.wait(10)
-        quiet = wait_until(lambda: (lambda body: body if body["liveness"]["serve"] ==
-                                    "quiet" else None)(node_shown()),
-                           what="serve quiet")
+        quiet = wait_until(
+            lambda: (lambda body: body if body["liveness"]["serve"] == "quiet" else None)(
+                node_shown()
+            ),
+            what="serve quiet",
+        )
         assert quiet["scheduling"]["state"] == "schedulable"  # not gone at serve's 2 s
         assert quiet["liveness"]["train"] == "ok"
-        gone = wait_until(lambda: (lambda body: body if body["scheduling"]["state"] ==
-                                   "gone" else None)(node_shown()),
-                          what="gone", timeout=30)
+        gone = wait_until(
+            lambda: (lambda body: body if body["scheduling"]["state"] == "gone" else None)(
+                node_shown()
+            ),
+            what="gone",
+            timeout=30,
+        )
         assert gone["liveness"] == {"train": "quiet", "serve": "quiet"}
 
 
 def test_L2_a_deployment_degrades_while_its_node_is_quiet_and_is_ready_again(
-        require_redis, tmp_path, console_pki, settings, make_fleet, mint, member_api, project):
+    require_redis, tmp_path, console_pki, settings, make_fleet, mint, member_api, project
+):
     settings.TUNEPLANE_SWEEP_INTERVAL = 1
     fleet = make_fleet("serve-lab", kind="node", capabilities=["train", "serve"])
     node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
@@ -103,8 +128,9 @@ def test_L2_a_deployment_degrades_while_its_node_is_quiet_and_is_ready_again(
             agents.append(serve(env, target, tmp_path))
 
             def admitted():
-                response = member_api.post("/api/deployments", {"project": "ml",
-                                                                "name": "chat", "cards": 1})
+                response = member_api.post(
+                    "/api/deployments", {"project": "ml", "name": "chat", "cards": 1}
+                )
                 return response.json() if response.status_code == 201 else None
 
             deployment = wait_until(admitted, what="the deployment admitted")
@@ -126,8 +152,9 @@ def test_L2_a_deployment_degrades_while_its_node_is_quiet_and_is_ready_again(
                 agent.wait(20)
 
 
-def test_grace_a_console_outage_is_not_a_fleet_outage(require_redis, tmp_path, console_pki,
-                                                      make_fleet, mint, admin_api):
+def test_grace_a_console_outage_is_not_a_fleet_outage(
+    require_redis, tmp_path, console_pki, make_fleet, mint, admin_api
+):
     """The node's agent and the gateway die together; the worker and beat sweep on. While no
     gateway listens, and for the train threshold after one is back, the silent node is not
     gone: the console heard nothing, which is not evidence. Then it is."""

@@ -10,15 +10,21 @@ import uuid
 
 from .console import Console, console_env, free_port, manage, processes_with_env
 
-PRODUCT_PAGE_BODY = {"id": "gpu-lab", "kind": "node", "delivery": "shared-mount",
-                     "capabilities": ["train", "serve"]}
+PRODUCT_PAGE_BODY = {
+    "id": "gpu-lab",
+    "kind": "node",
+    "delivery": "shared-mount",
+    "capabilities": ["train", "serve"],
+}
 
 
 def call(method, url, token, body=None):
-    request = urllib.request.Request(url, method=method, data=json.dumps(body).encode()
-                                     if body is not None else None,
-                                     headers={"Authorization": f"Bearer {token}",
-                                              "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read()
@@ -41,8 +47,9 @@ def test_F6_console_starts_serves_and_stops_and_never_makes_a_fleet(tmp_path, em
     console = Console(env, port)
     try:
         console.wait_for("Tuneplane console is up")
-        login = re.findall(r"Admin login, shown this once: username (\S+)  password (\S+)",
-                           console.output)
+        login = re.findall(
+            r"Admin login, shown this once: username (\S+)  password (\S+)", console.output
+        )
         assert len(login) == 1 and login[0][0] == "admin"
         token = manage("create_api_token", "admin", env=env).stdout.strip()
         assert fleet_count(base, token) == 0

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from nodes.choices import SchedulingState
 from audit.models import AuditEvent
+from nodes.choices import SchedulingState
 from nodes.models import Node
 from tests.conftest import H100_INVENTORY
 from tuneplane.schedule import seed_schedule
@@ -23,22 +23,33 @@ NODES = 24
 MINUTE = 60
 
 
-def test_two_beats_for_a_minute_make_every_transition_once(require_redis, tmp_path,
-                                                           console_pki, make_fleet, settings):
+def test_two_beats_for_a_minute_make_every_transition_once(
+    require_redis, tmp_path, console_pki, make_fleet, settings
+):
     settings.TUNEPLANE_SWEEP_INTERVAL = 1  # the schedule seeded below: a sweep a second
     fleet = make_fleet("gpu-lab", kind="node", capabilities=["train", "serve"])
     now = timezone.now()
     # Silent since staggered moments, so that transitions keep coming during the minute.
-    nodes = Node.objects.bulk_create([
-        Node(fleet=fleet, hostname=f"n{i}", scheduling_state=SchedulingState.SCHEDULABLE,
-             inventory=H100_INVENTORY, inventory_observed_at=now,
-             last_seen_at=now + timedelta(seconds=2 * i)) for i in range(NODES)])
+    nodes = Node.objects.bulk_create(
+        [
+            Node(
+                fleet=fleet,
+                hostname=f"n{i}",
+                scheduling_state=SchedulingState.SCHEDULABLE,
+                inventory=H100_INVENTORY,
+                inventory_observed_at=now,
+                last_seen_at=now + timedelta(seconds=2 * i),
+            )
+            for i in range(NODES)
+        ]
+    )
     seed_schedule()
     env = console_env(tmp_path, REDIS_URL=require_redis, **SHORT)
     with running_gateway(tmp_path, console_pki, REDIS_URL=require_redis, **SHORT):
         worker = celery("worker", "-l", "INFO", "--pool", "solo", env=env)
-        beats = [celery("beat", "-l", "INFO", "-s", str(tmp_path / f"beat-{n}"), env=env)
-                 for n in (1, 2)]
+        beats = [
+            celery("beat", "-l", "INFO", "-s", str(tmp_path / f"beat-{n}"), env=env) for n in (1, 2)
+        ]
         try:
             started = time.monotonic()
             answered = False
@@ -46,19 +57,19 @@ def test_two_beats_for_a_minute_make_every_transition_once(require_redis, tmp_pa
                 if not answered and time.monotonic() - started > MINUTE / 2:
                     # Half of them answer again half-way: quiet → ok, once each.
                     Node.objects.filter(pk__in=[n.pk for n in nodes[::2]]).update(
-                        last_seen_at=timezone.now() + timedelta(seconds=MINUTE))
+                        last_seen_at=timezone.now() + timedelta(seconds=MINUTE)
+                    )
                     answered = True
                 time.sleep(1)
         finally:
             for process in (*beats, worker):
                 process.terminate()
-            output = "".join(process.communicate(timeout=30)[0]
-                             for process in (*beats, worker))
+            output = "".join(process.communicate(timeout=30)[0] for process in (*beats, worker))
     sent = output.count("Sending due task Liveness sweep")
     assert sent >= 1.5 * MINUTE, f"two beats should have sent ~{2 * MINUTE} sweeps: {sent}"
-    events = AuditEvent.objects.filter(target_type="nodes.node",
-                                       action__in=["node.quiet", "node.answering",
-                                                   "node.gone"]).order_by("id")
+    events = AuditEvent.objects.filter(
+        target_type="nodes.node", action__in=["node.quiet", "node.answering", "node.gone"]
+    ).order_by("id")
     assert events.count() > NODES  # the minute did see transitions
     flags: dict[tuple, str] = {}
     gone: set[str] = set()
@@ -74,6 +85,7 @@ def test_two_beats_for_a_minute_make_every_transition_once(require_redis, tmp_pa
         flags[key] = shown
     for node in Node.objects.filter(pk__in=[n.pk for n in nodes]):
         for capability in ("train", "serve"):
-            assert flags.get((node.pk, capability), "ok") == \
-                ("quiet" if getattr(node, f"quiet_{capability}") else "ok")
+            assert flags.get((node.pk, capability), "ok") == (
+                "quiet" if getattr(node, f"quiet_{capability}") else "ok"
+            )
         assert (node.scheduling_state == SchedulingState.GONE) == (node.pk in gone)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from fleets.choices import FleetState
 from audit.models import AuditEvent
+from fleets.choices import FleetState
 from fleets.deletion import register_deletion_blocker, unregister_deletion_blocker
 from fleets.models import Fleet
 
@@ -18,8 +18,17 @@ def staff(client, admin_user):
 
 
 def add_form(**fields):
-    return {"id": "gpu-lab", "kind": "node", "delivery": "", "capabilities": ["train", "serve"],
-            "visibility": "public", "project": "", "state": "active", "config": "{}", **fields}
+    return {
+        "id": "gpu-lab",
+        "kind": "node",
+        "delivery": "",
+        "capabilities": ["train", "serve"],
+        "visibility": "public",
+        "project": "",
+        "state": "active",
+        "config": "{}",
+        **fields,
+    }
 
 
 def test_changelist_offers_new_fleet(staff):
@@ -29,8 +38,10 @@ def test_changelist_offers_new_fleet(staff):
     assert "<h1>New fleet</h1>" in add
 
 
-@pytest.mark.parametrize("kind, delivery", [
-    ("node", "shared-mount"), ("slurm", "shared-mount"), ("kubernetes", "object-pull")])
+@pytest.mark.parametrize(
+    "kind, delivery",
+    [("node", "shared-mount"), ("slurm", "shared-mount"), ("kubernetes", "object-pull")],
+)
 def test_F2_admin_delivery_follows_the_kind(staff, kind, delivery):
     response = staff.post(ADD, add_form(kind=kind))
     assert response.status_code == 302, response.content.decode()[-2000:]
@@ -45,9 +56,18 @@ def test_F1_change_page_shows_kind_and_delivery_read_only(staff, make_fleet):
     page = staff.get(f"{LIST}gpu-lab/change/").content.decode()
     assert 'name="kind"' not in page and 'name="delivery"' not in page and 'name="id"' not in page
     assert "shared-mount" in page
-    response = staff.post(f"{LIST}gpu-lab/change/", {
-        "kind": "slurm", "delivery": "object-pull", "capabilities": ["env"],
-        "visibility": "public", "project": "", "state": "active", "config": "{}"})
+    response = staff.post(
+        f"{LIST}gpu-lab/change/",
+        {
+            "kind": "slurm",
+            "delivery": "object-pull",
+            "capabilities": ["env"],
+            "visibility": "public",
+            "project": "",
+            "state": "active",
+            "config": "{}",
+        },
+    )
     assert response.status_code == 302
     fleet = Fleet.objects.get(pk="gpu-lab")
     assert (fleet.kind, fleet.delivery, fleet.capabilities) == ("node", "shared-mount", ["env"])
@@ -61,13 +81,16 @@ def test_F4_unknown_key_saves_with_a_warning_naming_it(staff):
     assert len(warnings) == 1 and "storag_root" in warnings[0]
 
 
-@pytest.mark.parametrize("fields, error", [
-    ({"config": '{"storage_root": 3}'}, "config.storage_root must be a string"),
-    ({"config": "[1, 2]"}, "config must be a JSON object"),
-    ({"config": "{not json"}, "Enter a valid JSON"),
-    ({"visibility": "project"}, "a project Fleet must name its project"),
-    ({"id": "Bad_Id"}, "lowercase"),
-])
+@pytest.mark.parametrize(
+    "fields, error",
+    [
+        ({"config": '{"storage_root": 3}'}, "config.storage_root must be a string"),
+        ({"config": "[1, 2]"}, "config must be a JSON object"),
+        ({"config": "{not json"}, "Enter a valid JSON"),
+        ({"visibility": "project"}, "a project Fleet must name its project"),
+        ({"id": "Bad_Id"}, "lowercase"),
+    ],
+)
 def test_admin_bad_input_is_a_form_error_and_saves_nothing(staff, fields, error):
     response = staff.post(ADD, add_form(**fields))
     assert response.status_code == 200
@@ -75,8 +98,9 @@ def test_admin_bad_input_is_a_form_error_and_saves_nothing(staff, fields, error)
     assert not Fleet.objects.exists() and not AuditEvent.objects.exists()
 
 
-@pytest.mark.parametrize("action, state", [("drain", "draining"), ("disable", "disabled"),
-                                           ("activate", "active")])
+@pytest.mark.parametrize(
+    "action, state", [("drain", "draining"), ("disable", "disabled"), ("activate", "active")]
+)
 def test_state_actions(staff, make_fleet, action, state):
     make_fleet("a", state=FleetState.DISABLED if state == "active" else "active")
     make_fleet("b", state=FleetState.DISABLED if state == "active" else "active")

@@ -4,16 +4,30 @@ import logging
 
 import pytest
 
-from fleets.choices import FleetState
 from audit.models import AuditEvent
+from fleets.choices import FleetState
 from fleets.deletion import register_deletion_blocker, unregister_deletion_blocker
 from fleets.models import Fleet
 from tests.api_contract import ApiResourceContract
 
-PRODUCT_PAGE_BODY = {"id": "gpu-lab", "kind": "node", "delivery": "shared-mount",
-                     "capabilities": ["train", "serve"]}
-FLEET_FIELDS = {"id", "kind", "delivery", "capabilities", "visibility", "project", "state",
-                "config", "created_at", "updated_at"}
+PRODUCT_PAGE_BODY = {
+    "id": "gpu-lab",
+    "kind": "node",
+    "delivery": "shared-mount",
+    "capabilities": ["train", "serve"],
+}
+FLEET_FIELDS = {
+    "id",
+    "kind",
+    "delivery",
+    "capabilities",
+    "visibility",
+    "project",
+    "state",
+    "config",
+    "created_at",
+    "updated_at",
+}
 
 
 class TestFleetContract(ApiResourceContract):
@@ -37,11 +51,14 @@ class TestFleetContract(ApiResourceContract):
         self.make_fleet(f"listed-{n}", visibility="project", project=self.project)
 
     def nested_paths(self, target_id):
-        return [("GET", f"/api/fleets/{target_id}/join-tokens"),
-                ("POST", f"/api/fleets/{target_id}/join-tokens")]
+        return [
+            ("GET", f"/api/fleets/{target_id}/join-tokens"),
+            ("POST", f"/api/fleets/{target_id}/join-tokens"),
+        ]
 
     def make_invisible(self):
         from tuneplane.models import Project
+
         other = Project.objects.create(slug="secret", name="Secret project")
         return self.make_fleet("hidden-lab", visibility="project", project=other).id
 
@@ -66,15 +83,16 @@ def test_trailing_slash_is_optional_and_post_is_never_redirected(admin_api):
     assert admin_api.patch("/api/fleets/gpu-lab/", {"state": "draining"}).status_code == 200
 
 
-@pytest.mark.parametrize("kind, delivery", [
-    ("node", "shared-mount"), ("slurm", "shared-mount"), ("kubernetes", "object-pull")])
+@pytest.mark.parametrize(
+    "kind, delivery",
+    [("node", "shared-mount"), ("slurm", "shared-mount"), ("kubernetes", "object-pull")],
+)
 def test_F2_delivery_follows_the_kind_unless_given(admin_api, kind, delivery):
     response = admin_api.post("/api/fleets", {"id": kind, "kind": kind})
     assert response.status_code == 201
     assert response.json()["delivery"] == delivery
     chosen = "object-pull" if delivery == "shared-mount" else "shared-mount"
-    response = admin_api.post("/api/fleets", {"id": f"{kind}-2", "kind": kind,
-                                              "delivery": chosen})
+    response = admin_api.post("/api/fleets", {"id": f"{kind}-2", "kind": kind, "delivery": chosen})
     assert response.json()["delivery"] == chosen
 
 
@@ -82,8 +100,9 @@ def test_F2_delivery_follows_the_kind_unless_given(admin_api, kind, delivery):
 def test_F1_kind_and_delivery_never_change(admin_api, make_fleet, field, value):
     make_fleet("gpu-lab", capabilities=["train"])
     events = AuditEvent.objects.count()
-    response = admin_api.patch("/api/fleets/gpu-lab",
-                               {field: value, "capabilities": ["serve"], "state": "disabled"})
+    response = admin_api.patch(
+        "/api/fleets/gpu-lab", {field: value, "capabilities": ["serve"], "state": "disabled"}
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["field"] == field and error["rule"] == "F1" and error["code"] == "immutable"
@@ -96,17 +115,24 @@ def test_F1_kind_and_delivery_never_change(admin_api, make_fleet, field, value):
 
 def test_F1_sending_back_the_same_kind_is_not_a_change(admin_api, make_fleet):
     make_fleet("gpu-lab")
-    response = admin_api.patch("/api/fleets/gpu-lab",
-                               {"kind": "node", "delivery": "shared-mount", "state": "draining"})
+    response = admin_api.patch(
+        "/api/fleets/gpu-lab", {"kind": "node", "delivery": "shared-mount", "state": "draining"}
+    )
     assert response.status_code == 200 and response.json()["state"] == "draining"
 
 
-def test_patch_changes_what_may_change_and_audits_before_and_after(admin_api, make_fleet,
-                                                                    project):
+def test_patch_changes_what_may_change_and_audits_before_and_after(admin_api, make_fleet, project):
     make_fleet("gpu-lab", capabilities=["train"])
-    response = admin_api.patch("/api/fleets/gpu-lab", {
-        "capabilities": ["serve", "train", "env"], "visibility": "project", "project": "ml",
-        "state": "draining", "config": {"storage_root": "/mnt/shared"}})
+    response = admin_api.patch(
+        "/api/fleets/gpu-lab",
+        {
+            "capabilities": ["serve", "train", "env"],
+            "visibility": "project",
+            "project": "ml",
+            "state": "draining",
+            "config": {"storage_root": "/mnt/shared"},
+        },
+    )
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["capabilities"] == ["env", "serve", "train"] and body["project"] == "ml"
@@ -125,12 +151,13 @@ def test_patch_that_changes_nothing_writes_no_audit_event(admin_api, make_fleet)
 
 
 def test_F3_capabilities_are_a_subset_of_the_four(admin_api):
-    response = admin_api.post("/api/fleets", {"id": "a", "kind": "node",
-                                              "capabilities": ["train", "eval", "serve", "env"]})
+    response = admin_api.post(
+        "/api/fleets",
+        {"id": "a", "kind": "node", "capabilities": ["train", "eval", "serve", "env"]},
+    )
     assert response.status_code == 201
     for bad in (["gpu"], ["train", "train"], "train", [1]):
-        response = admin_api.post("/api/fleets", {"id": "b", "kind": "node",
-                                                  "capabilities": bad})
+        response = admin_api.post("/api/fleets", {"id": "b", "kind": "node", "capabilities": bad})
         assert response.status_code == 400, bad
         assert response.json()["error"]["field"].startswith("capabilities"), bad
     assert not Fleet.objects.filter(pk="b").exists()
@@ -138,8 +165,9 @@ def test_F3_capabilities_are_a_subset_of_the_four(admin_api):
 
 def test_F4_unknown_config_key_is_saved_logged_and_returned(admin_api, caplog):
     caplog.set_level(logging.WARNING, logger="tuneplane.fleets")
-    response = admin_api.post("/api/fleets", {"id": "gpu-lab", "kind": "node",
-                                              "config": {"storage_rot": "/mnt/x"}})
+    response = admin_api.post(
+        "/api/fleets", {"id": "gpu-lab", "kind": "node", "config": {"storage_rot": "/mnt/x"}}
+    )
     assert response.status_code == 201
     warnings = response.json()["warnings"]
     assert [w["key"] for w in warnings] == ["storage_rot"]
@@ -153,17 +181,22 @@ def test_F4_unknown_config_key_is_saved_logged_and_returned(admin_api, caplog):
 
 
 def test_F4_a_key_read_only_by_another_kind_warns_naming_that_kind(admin_api):
-    response = admin_api.post("/api/fleets", {"id": "gpu-lab", "kind": "node",
-                                              "config": {"slurm_rest_url": "http://x:6820"}})
+    response = admin_api.post(
+        "/api/fleets",
+        {"id": "gpu-lab", "kind": "node", "config": {"slurm_rest_url": "http://x:6820"}},
+    )
     assert response.status_code == 201
     assert "only for slurm Fleets" in response.json()["warnings"][0]["message"]
 
 
-@pytest.mark.parametrize("config, field", [
-    ({"storage_root": 5}, "config.storage_root"),
-    ({"storage_root": "relative/path"}, "config.storage_root"),
-    ({"storage_root": ["/a"]}, "config.storage_root"),
-])
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ({"storage_root": 5}, "config.storage_root"),
+        ({"storage_root": "relative/path"}, "config.storage_root"),
+        ({"storage_root": ["/a"]}, "config.storage_root"),
+    ],
+)
 def test_F4_known_key_with_wrong_type_is_400(admin_api, config, field):
     response = admin_api.post("/api/fleets", {"id": "gpu-lab", "kind": "node", "config": config})
     assert response.status_code == 400
@@ -172,16 +205,31 @@ def test_F4_known_key_with_wrong_type_is_400(admin_api, config, field):
 
 
 def test_F4_slurm_and_kubernetes_keys_are_checked(admin_api):
-    good = {"slurm_rest_url": "http://127.0.0.1:6820", "slurm_api_version": "v0.0.38",
-            "slurm_partition": "debug", "slurm_user": "root",
-            "slurm_token_env": "TUNEPLANE_TOKEN_SLURM"}
-    assert admin_api.post("/api/fleets", {"id": "s", "kind": "slurm",
-                                          "config": good}).json()["warnings"] == []
-    bad = admin_api.post("/api/fleets", {"id": "s2", "kind": "slurm",
-                                         "config": {**good, "slurm_api_version": "38"}})
+    good = {
+        "slurm_rest_url": "http://127.0.0.1:6820",
+        "slurm_api_version": "v0.0.38",
+        "slurm_partition": "debug",
+        "slurm_user": "root",
+        "slurm_token_env": "TUNEPLANE_TOKEN_SLURM",
+    }
+    assert (
+        admin_api.post("/api/fleets", {"id": "s", "kind": "slurm", "config": good}).json()[
+            "warnings"
+        ]
+        == []
+    )
+    bad = admin_api.post(
+        "/api/fleets", {"id": "s2", "kind": "slurm", "config": {**good, "slurm_api_version": "38"}}
+    )
     assert bad.json()["error"]["field"] == "config.slurm_api_version"
-    kube = admin_api.post("/api/fleets", {"id": "k", "kind": "kubernetes", "config": {
-        "kube_api_url": "https://k8s:6443", "kuberay_namespace": "Ray_NS"}})
+    kube = admin_api.post(
+        "/api/fleets",
+        {
+            "id": "k",
+            "kind": "kubernetes",
+            "config": {"kube_api_url": "https://k8s:6443", "kuberay_namespace": "Ray_NS"},
+        },
+    )
     assert kube.json()["error"]["field"] == "config.kuberay_namespace"
 
 
@@ -213,15 +261,20 @@ def test_F7_unblocked_delete_removes_and_audits(admin_api, make_fleet):
     assert admin_api.get("/api/fleets/gpu-lab").status_code == 404
 
 
-def test_F8_project_fleet_visible_to_members_and_admins_only(make_fleet, project, admin_api,
-                                                             member_api, outsider_api):
+def test_F8_project_fleet_visible_to_members_and_admins_only(
+    make_fleet, project, admin_api, member_api, outsider_api
+):
     make_fleet("public-lab")
     make_fleet("ml-lab", visibility="project", project=project)
     ids = {"admin": admin_api, "member": member_api, "outsider": outsider_api}
-    seen = {who: [f["id"] for f in api.get("/api/fleets").json()["results"]]
-            for who, api in ids.items()}
-    assert seen == {"admin": ["ml-lab", "public-lab"], "member": ["ml-lab", "public-lab"],
-                    "outsider": ["public-lab"]}
+    seen = {
+        who: [f["id"] for f in api.get("/api/fleets").json()["results"]] for who, api in ids.items()
+    }
+    assert seen == {
+        "admin": ["ml-lab", "public-lab"],
+        "member": ["ml-lab", "public-lab"],
+        "outsider": ["public-lab"],
+    }
     assert member_api.get("/api/fleets/ml-lab").json()["project"] == "ml"
     hidden = outsider_api.get("/api/fleets/ml-lab")
     missing = outsider_api.get("/api/fleets/no-lab")
@@ -239,8 +292,7 @@ def test_list_filters(make_fleet, admin_api):
     make_fleet("a", kind="node", state=FleetState.DRAINING)
     make_fleet("b", kind="slurm")
     assert [f["id"] for f in admin_api.get("/api/fleets?kind=slurm").json()["results"]] == ["b"]
-    assert [f["id"] for f in
-            admin_api.get("/api/fleets?state=draining").json()["results"]] == ["a"]
+    assert [f["id"] for f in admin_api.get("/api/fleets?state=draining").json()["results"]] == ["a"]
     bad = admin_api.get("/api/fleets?kind=k8s")
     assert bad.status_code == 400 and bad.json()["error"]["field"] == "kind"
 
@@ -248,14 +300,16 @@ def test_list_filters(make_fleet, admin_api):
 def _list_queries(api, count):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
+
     with CaptureQueriesContext(connection) as queries:
         response = api.get("/api/fleets")
     assert response.status_code == 200 and response.json()["count"] == count
     return len(queries)
 
 
-def test_fleet_list_query_count_does_not_grow_with_fleets(make_fleet, project, member_api,
-                                                         django_assert_max_num_queries):
+def test_fleet_list_query_count_does_not_grow_with_fleets(
+    make_fleet, project, member_api, django_assert_max_num_queries
+):
     member_api.get("/api/fleets")  # the token's first use records last_used_at once
     for i in range(3):
         make_fleet(f"f{i}", visibility="project", project=project)

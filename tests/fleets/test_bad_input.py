@@ -11,40 +11,45 @@ GOOD = {"id": "gpu-lab", "kind": "node"}
 
 
 def nothing_written():
-    return not Fleet.objects.exists() and not AuditEvent.objects.filter(
-        action__startswith="fleet.").exists()
+    return (
+        not Fleet.objects.exists()
+        and not AuditEvent.objects.filter(action__startswith="fleet.").exists()
+    )
 
 
-@pytest.mark.parametrize("body, field", [
-    ({**GOOD, "id": 5}, "id"),
-    ({**GOOD, "id": None}, "id"),
-    ({**GOOD, "kind": "k8s"}, "kind"),
-    ({**GOOD, "kind": ["node"]}, "kind"),
-    ({**GOOD, "delivery": "nfs"}, "delivery"),
-    ({**GOOD, "capabilities": "train"}, "capabilities"),
-    ({**GOOD, "capabilities": ["train", "gpu"]}, "capabilities[1]"),
-    ({**GOOD, "capabilities": ["serve", "serve"]}, "capabilities"),
-    ({**GOOD, "visibility": "private"}, "visibility"),
-    ({**GOOD, "visibility": True}, "visibility"),
-    ({**GOOD, "state": "paused"}, "state"),
-    ({**GOOD, "config": ["storage_root"]}, "config"),
-    ({**GOOD, "config": "storage_root=/x"}, "config"),
-    ({**GOOD, "id": "GPU-Lab"}, "id"),
-    ({**GOOD, "id": "-lab"}, "id"),
-    ({**GOOD, "id": "lab-"}, "id"),
-    ({**GOOD, "id": "gpu_lab"}, "id"),
-    ({**GOOD, "id": ""}, "id"),
-    ({**GOOD, "id": "a" * 64}, "id"),
-    ({**GOOD, "visibility": "project"}, "project"),
-    ({**GOOD, "visibility": "project", "project": "nope"}, "project"),
-    ({**GOOD, "visibility": "project", "project": "p" * 64}, "project"),
-    ({**GOOD, "project": "ml"}, "project"),
-    ({**GOOD, "kindd": "node"}, "kindd"),
-    ({"kind": "node"}, "id"),
-    ({"id": "gpu-lab"}, "kind"),
-    ([GOOD], "body"),
-    ("\"gpu-lab\"", "body"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({**GOOD, "id": 5}, "id"),
+        ({**GOOD, "id": None}, "id"),
+        ({**GOOD, "kind": "k8s"}, "kind"),
+        ({**GOOD, "kind": ["node"]}, "kind"),
+        ({**GOOD, "delivery": "nfs"}, "delivery"),
+        ({**GOOD, "capabilities": "train"}, "capabilities"),
+        ({**GOOD, "capabilities": ["train", "gpu"]}, "capabilities[1]"),
+        ({**GOOD, "capabilities": ["serve", "serve"]}, "capabilities"),
+        ({**GOOD, "visibility": "private"}, "visibility"),
+        ({**GOOD, "visibility": True}, "visibility"),
+        ({**GOOD, "state": "paused"}, "state"),
+        ({**GOOD, "config": ["storage_root"]}, "config"),
+        ({**GOOD, "config": "storage_root=/x"}, "config"),
+        ({**GOOD, "id": "GPU-Lab"}, "id"),
+        ({**GOOD, "id": "-lab"}, "id"),
+        ({**GOOD, "id": "lab-"}, "id"),
+        ({**GOOD, "id": "gpu_lab"}, "id"),
+        ({**GOOD, "id": ""}, "id"),
+        ({**GOOD, "id": "a" * 64}, "id"),
+        ({**GOOD, "visibility": "project"}, "project"),
+        ({**GOOD, "visibility": "project", "project": "nope"}, "project"),
+        ({**GOOD, "visibility": "project", "project": "p" * 64}, "project"),
+        ({**GOOD, "project": "ml"}, "project"),
+        ({**GOOD, "kindd": "node"}, "kindd"),
+        ({"kind": "node"}, "id"),
+        ({"id": "gpu-lab"}, "kind"),
+        ([GOOD], "body"),
+        ('"gpu-lab"', "body"),
+    ],
+)
 def test_bad_create_is_400_naming_the_field_and_writes_nothing(admin_api, project, body, field):
     response = admin_api.post("/api/fleets", body)
     assert response.status_code == 400, response.content
@@ -69,8 +74,10 @@ def test_duplicate_id_is_409_and_keeps_the_first(admin_api):
     response = admin_api.post("/api/fleets", {**GOOD, "kind": "slurm"})
     assert response.status_code == 409
     assert response.json()["error"] == {
-        "code": "already_exists", "field": "id",
-        "message": "A Fleet with id 'gpu-lab' already exists."}
+        "code": "already_exists",
+        "field": "id",
+        "message": "A Fleet with id 'gpu-lab' already exists.",
+    }
     assert Fleet.objects.get().kind == "node"
     assert AuditEvent.objects.filter(action="fleet.created").count() == 1
 
@@ -85,9 +92,14 @@ def test_body_over_one_mebibyte_is_refused_unread(admin_api):
 
 def test_bad_patch_changes_nothing(admin_api, make_fleet):
     make_fleet("gpu-lab", capabilities=["train"])
-    for body in ({"capabilities": ["train", "gpu"]}, {"state": "on"},
-                 {"config": {"storage_root": 7}}, {"visibility": "project"},
-                 {"capabilities": ["serve"], "bogus": 1}, {"id": "renamed"}):
+    for body in (
+        {"capabilities": ["train", "gpu"]},
+        {"state": "on"},
+        {"config": {"storage_root": 7}},
+        {"visibility": "project"},
+        {"capabilities": ["serve"], "bogus": 1},
+        {"id": "renamed"},
+    ):
         response = admin_api.patch("/api/fleets/gpu-lab", body)
         assert response.status_code == 400, body
     fleet = Fleet.objects.get()
@@ -96,8 +108,9 @@ def test_bad_patch_changes_nothing(admin_api, make_fleet):
 
 
 def test_wrong_content_type_is_415_with_the_error_body(admin_api):
-    response = admin_api.client.post("/api/fleets", "id=gpu-lab&kind=node",
-                                      content_type="application/x-www-form-urlencoded")
+    response = admin_api.client.post(
+        "/api/fleets", "id=gpu-lab&kind=node", content_type="application/x-www-form-urlencoded"
+    )
     assert response.status_code == 415
     assert response.json()["error"]["code"] == "unsupported_media_type"
     assert nothing_written()

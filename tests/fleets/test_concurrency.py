@@ -1,5 +1,6 @@
 """Races against real PostgreSQL transactions, with real threads."""
 
+import itertools
 import threading
 
 import pytest
@@ -39,8 +40,11 @@ def race(target, count=RACERS):
 
 def test_concurrent_creates_of_one_id_make_exactly_one_fleet():
     assert connection.vendor == "postgresql"
-    results = race(lambda i: fleet_create(actor=Actor.system(f"racer-{i}"), id="gpu-lab",
-                                          kind="node", capabilities=["train"]))
+    results = race(
+        lambda i: fleet_create(
+            actor=Actor.system(f"racer-{i}"), id="gpu-lab", kind="node", capabilities=["train"]
+        )
+    )
     created = [r for r in results if isinstance(r, Fleet)]
     refused = [r for r in results if isinstance(r, Conflict)]
     assert len(created) == 1 and len(refused) == RACERS - 1, results
@@ -54,6 +58,6 @@ def test_concurrent_updates_are_serialised_and_each_audited():
     race(lambda i: fleet_update(actor=Actor.system(f"racer-{i}"), fleet=fleet, state=states[i]))
     events = list(AuditEvent.objects.filter(action="fleet.updated").order_by("at", "id"))
     # Each event's "before" is the previous event's "after": no update was lost.
-    for earlier, later in zip(events, events[1:]):
+    for earlier, later in itertools.pairwise(events):
         assert earlier.after["state"] == later.before["state"]
     assert Fleet.objects.get().state == (events[-1].after["state"] if events else "active")

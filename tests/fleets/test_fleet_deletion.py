@@ -22,16 +22,23 @@ FLEET = "/api/fleets/gpu-lab"
 def joined(node_fleet, mint):
     """A node of gpu-lab with a record worth keeping: a credential, a control session, a
     command it ran to the end."""
+
     def join(hostname="gpu-01"):
-        result = node_join(token=mint(node_fleet)[1], fleet_id=node_fleet.id,
-                           csr=make_csr(hostname)[1], inventory=H100_INVENTORY,
-                           hostname=hostname, address="10.0.0.1:1")
+        result = node_join(
+            token=mint(node_fleet)[1],
+            fleet_id=node_fleet.id,
+            csr=make_csr(hostname)[1],
+            inventory=H100_INVENTORY,
+            hostname=hostname,
+            address="10.0.0.1:1",
+        )
         session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="gw-1")
-        command = node_command_create(actor=SYSTEM, node=result.node, kind="run",
-                                      payload={"argv": ["true"]})
-        node_command_report(node_id=result.node.id,
-                            reported=Reported(command.id, "succeeded", 0))
+        command = node_command_create(
+            actor=SYSTEM, node=result.node, kind="run", payload={"argv": ["true"]}
+        )
+        node_command_report(node_id=result.node.id, reported=Reported(command.id, "succeeded", 0))
         return result.node
+
     return join
 
 
@@ -41,32 +48,55 @@ def removed_over_the_api(api, node: Node) -> None:
 
 
 def test_F7_a_fleet_whose_nodes_are_all_removed_is_deleted_and_they_are_kept_detached(
-        admin_api, joined):
+    admin_api, joined
+):
     node = joined()
     removed_over_the_api(admin_api, node)
-    kept = {"credentials": NodeCredential.objects.filter(node=node).count(),
-            "sessions": ControlSession.objects.filter(node=node).count(),
-            "commands": NodeCommand.objects.filter(node=node).count()}
-    trail = list(AuditEvent.objects.filter(target_type="nodes.node", target_id=node.id)
-                 .order_by("id").values_list("id", "action"))
+    kept = {
+        "credentials": NodeCredential.objects.filter(node=node).count(),
+        "sessions": ControlSession.objects.filter(node=node).count(),
+        "commands": NodeCommand.objects.filter(node=node).count(),
+    }
+    trail = list(
+        AuditEvent.objects.filter(target_type="nodes.node", target_id=node.id)
+        .order_by("id")
+        .values_list("id", "action")
+    )
 
     assert admin_api.delete(FLEET).status_code == 204
 
     assert not Fleet.objects.filter(pk="gpu-lab").exists()
     node.refresh_from_db()
     assert (node.fleet_id, node.former_fleet, node.scheduling_state) == (
-        None, "gpu-lab", SchedulingState.REMOVED)
-    assert kept == {"credentials": NodeCredential.objects.filter(node=node).count(),
-                    "sessions": ControlSession.objects.filter(node=node).count(),
-                    "commands": NodeCommand.objects.filter(node=node).count()} == {
-        "credentials": 1, "sessions": 1, "commands": 1}
-    after = list(AuditEvent.objects.filter(target_type="nodes.node", target_id=node.id)
-                 .order_by("id").values_list("id", "action"))
+        None,
+        "gpu-lab",
+        SchedulingState.REMOVED,
+    )
+    assert (
+        kept
+        == {
+            "credentials": NodeCredential.objects.filter(node=node).count(),
+            "sessions": ControlSession.objects.filter(node=node).count(),
+            "commands": NodeCommand.objects.filter(node=node).count(),
+        }
+        == {"credentials": 1, "sessions": 1, "commands": 1}
+    )
+    after = list(
+        AuditEvent.objects.filter(target_type="nodes.node", target_id=node.id)
+        .order_by("id")
+        .values_list("id", "action")
+    )
     assert after[:-1] == trail and [action for _, action in trail] == [
-        "node.joined", "node.drained", "node.removed"]
+        "node.joined",
+        "node.drained",
+        "node.removed",
+    ]
     detached = AuditEvent.objects.get(action="node.detached", target_id=node.id)
     assert (detached.actor_label, detached.before, detached.after) == (
-        "ops", {"fleet": "gpu-lab"}, {"fleet": None, "former_fleet": "gpu-lab"})
+        "ops",
+        {"fleet": "gpu-lab"},
+        {"fleet": None, "former_fleet": "gpu-lab"},
+    )
     deleted = AuditEvent.objects.get(action="fleet.deleted", target_id="gpu-lab")
     assert deleted.before["nodes_detached"] == [node.id] and deleted.before["kind"] == "node"
 
@@ -78,8 +108,7 @@ def test_F7_a_fleet_whose_nodes_are_all_removed_is_deleted_and_they_are_kept_det
     assert admin_api.get("/api/nodes").json()["count"] == 1
 
 
-def test_F7_a_new_fleet_of_the_same_id_does_not_claim_the_old_nodes(admin_api, joined,
-                                                                    make_fleet):
+def test_F7_a_new_fleet_of_the_same_id_does_not_claim_the_old_nodes(admin_api, joined, make_fleet):
     node = joined()
     removed_over_the_api(admin_api, node)
     assert admin_api.delete(FLEET).status_code == 204
@@ -90,7 +119,8 @@ def test_F7_a_new_fleet_of_the_same_id_does_not_claim_the_old_nodes(admin_api, j
 
 
 def test_F7_a_gone_node_blocks_deletion_and_is_named_removed_ones_are_not_counted(
-        admin_api, joined):
+    admin_api, joined
+):
     removed, gone = joined("gpu-01"), joined("gpu-02")
     removed_over_the_api(admin_api, removed)
     Node.objects.filter(pk=gone.pk).update(scheduling_state=SchedulingState.GONE)
@@ -104,13 +134,17 @@ def test_F7_a_gone_node_blocks_deletion_and_is_named_removed_ones_are_not_counte
     assert gone.id in error["message"] and removed.id not in error["message"]
     assert Fleet.objects.filter(pk="gpu-lab").exists()
     assert set(Node.objects.filter(fleet_id="gpu-lab").values_list("id", flat=True)) == {
-        removed.id, gone.id}
+        removed.id,
+        gone.id,
+    }
     assert not AuditEvent.objects.filter(action__in=["fleet.deleted", "node.detached"]).exists()
 
     assert admin_api.delete(f"/api/nodes/{gone.id}?force=true").status_code == 200
     assert admin_api.delete(FLEET).status_code == 204
     assert set(Node.objects.filter(former_fleet="gpu-lab").values_list("id", flat=True)) == {
-        removed.id, gone.id}
+        removed.id,
+        gone.id,
+    }
 
 
 def test_F7_only_a_removed_node_is_ever_without_its_fleet(joined, node_fleet):
@@ -133,7 +167,8 @@ def staff(client, admin_user):
 
 
 def test_F7_the_admin_deletes_a_fleet_whose_nodes_are_removed_and_lists_them_after(
-        staff, admin_user, joined):
+    staff, admin_user, joined
+):
     node = joined()
     node_drain(actor=Actor.of_user(admin_user), node=node)
     node_remove(actor=Actor.of_user(admin_user), node=node)

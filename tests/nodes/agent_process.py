@@ -15,8 +15,10 @@ def machine(tmp_path: Path, name: str = "gpu-01") -> dict:
     home = tmp_path / name
     home.mkdir(parents=True, exist_ok=True)
     (home / "machine-id").write_text(uuid.uuid4().hex + "\n")
-    return {"TUNEPLANE_NODE_STATE_DIR": str(home / "state"),
-            "TUNEPLANE_MACHINE_ID_FILE": str(home / "machine-id")}
+    return {
+        "TUNEPLANE_NODE_STATE_DIR": str(home / "state"),
+        "TUNEPLANE_MACHINE_ID_FILE": str(home / "machine-id"),
+    }
 
 
 def inventory_file(tmp_path: Path, inventory: dict) -> str:
@@ -26,7 +28,16 @@ def inventory_file(tmp_path: Path, inventory: dict) -> str:
 
 
 def agent(*args: str, env: dict, timeout: int = 60) -> subprocess.CompletedProcess:
-    base = {key: value for key, value in os.environ.items()
-            if not key.startswith(("DJANGO", "DATABASE", "TUNEPLANE"))}
-    return subprocess.run([sys.executable, "-m", "nodes.agent", *args], cwd=ROOT,
-                          env={**base, **env}, capture_output=True, text=True, timeout=timeout)
+    base = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("DJANGO", "DATABASE", "TUNEPLANE"))
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "nodes.agent", *args],
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

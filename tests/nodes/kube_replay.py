@@ -17,9 +17,16 @@ from urllib.parse import urlsplit
 RESPONSES = Path(__file__).parent / "kube_responses"
 
 # What the API server says for a path it does not serve.
-NOT_FOUND = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-             "message": "the server could not find the requested resource",
-             "reason": "NotFound", "details": {}, "code": 404}
+NOT_FOUND = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Failure",
+    "message": "the server could not find the requested resource",
+    "reason": "NotFound",
+    "details": {},
+    "code": 404,
+}
 
 
 @dataclass(frozen=True)
@@ -40,8 +47,9 @@ class KubeReplay:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.block_on_close = False  # a client's idle keep-alive must not hold us up
         self._server.replay = self
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -50,8 +58,11 @@ class KubeReplay:
 
     def serve(self, method: str, path: str, response: str | dict, status: int = 200):
         """Answer ``method path`` with a file of kube_responses/ (by name) or with a body."""
-        body = (RESPONSES / response).read_bytes() if isinstance(response, str) else (
-            json.dumps(response).encode())
+        body = (
+            (RESPONSES / response).read_bytes()
+            if isinstance(response, str)
+            else (json.dumps(response).encode())
+        )
         self._routes[(method, path)] = (status, body)
 
     def answer(self, method: str, path: str) -> tuple[int, bytes]:
@@ -73,10 +84,15 @@ class _Handler(BaseHTTPRequestHandler):
         replay = self.server.replay
         target = urlsplit(self.path)
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        replay.requests.append(Request(
-            method=self.command, path=target.path, query=target.query,
-            headers={name.lower(): value for name, value in self.headers.items()},
-            body=json.loads(raw) if raw else None))
+        replay.requests.append(
+            Request(
+                method=self.command,
+                path=target.path,
+                query=target.query,
+                headers={name.lower(): value for name, value in self.headers.items()},
+                body=json.loads(raw) if raw else None,
+            )
+        )
         status, body = replay.answer(self.command, target.path)
         self.send_response(status)
         self.send_header("Audit-Id", str(uuid.uuid4()))

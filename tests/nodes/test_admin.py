@@ -18,8 +18,12 @@ def staff(client, admin_user):
 def test_fleet_page_offers_add_a_machine_for_node_fleets_only(staff, node_fleet, make_fleet):
     make_fleet("slurm-lab", kind="slurm")
     node_page = staff.get("/admin/fleets/fleet/gpu-lab/change/").content.decode()
-    assert "Add a machine" in node_page and "/admin/nodes/jointoken/add-machine/gpu-lab/" in node_page
-    assert "Add a machine" not in staff.get("/admin/fleets/fleet/slurm-lab/change/").content.decode()
+    assert (
+        "Add a machine" in node_page and "/admin/nodes/jointoken/add-machine/gpu-lab/" in node_page
+    )
+    assert (
+        "Add a machine" not in staff.get("/admin/fleets/fleet/slurm-lab/change/").content.decode()
+    )
     refused = staff.post("/admin/nodes/jointoken/add-machine/slurm-lab/").content.decode()
     assert "cluster manager" in refused
     assert not JoinToken.objects.exists()
@@ -35,12 +39,17 @@ def test_J2_add_a_machine_shows_the_token_once(staff, node_fleet, settings):
     assert "no-store" in minted["Cache-Control"]
     secret = re.search(r"TUNEPLANE_JOIN_TOKEN=(tpj_[A-Za-z0-9_-]+) sh", page).group(1)
     assert "curl -fsSL https://tuneplane.corp/install.sh | TUNEPLANE_FLEET=gpu-lab" in page
-    assert f"tuneplane-node join --server https://tuneplane.corp --fleet gpu-lab --token {secret}" \
+    assert (
+        f"tuneplane-node join --server https://tuneplane.corp --fleet gpu-lab --token {secret}"
         in page
+    )
     assert JoinToken.objects.get().digest == hash_secret(secret)
     # Revisiting, the token list and the token's own page never show it again.
-    for again in (url, "/admin/nodes/jointoken/",
-                  f"/admin/nodes/jointoken/{JoinToken.objects.get().pk}/change/"):
+    for again in (
+        url,
+        "/admin/nodes/jointoken/",
+        f"/admin/nodes/jointoken/{JoinToken.objects.get().pk}/change/",
+    ):
         assert secret not in staff.get(again).content.decode(), again
     assert AuditEvent.objects.filter(action="join_token.minted").count() == 1
 
@@ -62,8 +71,13 @@ def test_J4_unmapped_card_is_mapped_from_the_list(staff, admin_user):
     page = staff.get("/admin/nodes/cardalias/?mapped=no").content.decode()
     assert "Mystery Accelerator X" in page and "NVIDIA H100 80GB HBM3" not in page
     alias = CardAlias.objects.get(name="Mystery Accelerator X")
-    form = {"form-TOTAL_FORMS": "1", "form-INITIAL_FORMS": "1", "form-0-id": alias.pk,
-            "form-0-series": series.pk, "_save": "Save"}
+    form = {
+        "form-TOTAL_FORMS": "1",
+        "form-INITIAL_FORMS": "1",
+        "form-0-id": alias.pk,
+        "form-0-series": series.pk,
+        "_save": "Save",
+    }
     response = staff.post("/admin/nodes/cardalias/?mapped=no", form)
     assert response.status_code == 302, response.content.decode()[-1500:]
     alias.refresh_from_db()
@@ -77,8 +91,9 @@ def test_stray_and_node_command_lists_render(client, admin_user, node_fleet, min
     from nodes.services.join import node_join
     from tests.conftest import H100_INVENTORY, make_csr
 
-    node = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1],
-                     inventory=H100_INVENTORY).node
+    node = node_join(
+        token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1], inventory=H100_INVENTORY
+    ).node
     node_commands_reconcile(node_id=node.id, reported=[Reported("c-by-hand", "running")])
     client.force_login(admin_user)
     page = client.get("/admin/nodes/straycommand/")
@@ -87,19 +102,21 @@ def test_stray_and_node_command_lists_render(client, admin_user, node_fleet, min
 
 
 def test_J4_a_card_name_added_with_its_series_in_the_admin_is_followed_by_nodes(
-        staff, admin_user, node_fleet, mint):
+    staff, admin_user, node_fleet, mint
+):
     from nodes.services.join import node_join
     from tests.conftest import H100_INVENTORY, make_csr
 
     inventory = {**H100_INVENTORY, "cards": [{"name": "Hand Added X9", "count": 2}]}
-    node = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1],
-                     inventory=inventory).node
+    node = node_join(
+        token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1], inventory=inventory
+    ).node
     CardAlias.objects.filter(name="Hand Added X9").delete()  # as if never reported
     series = HardwareSeries.objects.create(slug="x9", name="X9")
-    response = staff.post("/admin/nodes/cardalias/add/", {"name": "Hand Added X9",
-                                                          "series": series.pk})
+    response = staff.post(
+        "/admin/nodes/cardalias/add/", {"name": "Hand Added X9", "series": series.pk}
+    )
     assert response.status_code == 302, response.content.decode()[-1500:]
     node.refresh_from_db()
     assert node.series_cards == {"x9": 2}
-    assert AuditEvent.objects.filter(action="card_alias.mapped",
-                                     after__series="x9").count() == 1
+    assert AuditEvent.objects.filter(action="card_alias.mapped", after__series="x9").count() == 1

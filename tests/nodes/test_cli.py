@@ -25,8 +25,19 @@ def server(live_server, settings):
 
 
 def join(server, secret, env, tmp_path, inventory=H100_INVENTORY, *extra):
-    return agent("join", "--server", server, "--fleet", "gpu-lab", "--token", secret,
-                 "--inventory-file", inventory_file(tmp_path, inventory), *extra, env=env)
+    return agent(
+        "join",
+        "--server",
+        server,
+        "--fleet",
+        "gpu-lab",
+        "--token",
+        secret,
+        "--inventory-file",
+        inventory_file(tmp_path, inventory),
+        *extra,
+        env=env,
+    )
 
 
 def test_join_writes_private_state_and_prints_the_next_step(server, node_fleet, mint, tmp_path):
@@ -56,21 +67,38 @@ def test_join_writes_private_state_and_prints_the_next_step(server, node_fleet, 
 
 
 def test_unknown_card_and_address_warnings_are_printed(server, node_fleet, mint, tmp_path):
-    first = join(server, mint(node_fleet)[1], machine(tmp_path, "a"), tmp_path, H100_INVENTORY,
-                 "--address", "10.9.9.9:9100")
+    first = join(
+        server,
+        mint(node_fleet)[1],
+        machine(tmp_path, "a"),
+        tmp_path,
+        H100_INVENTORY,
+        "--address",
+        "10.9.9.9:9100",
+    )
     assert first.returncode == 0, first.stderr
     card = {**H100_INVENTORY, "cards": [{"name": "Mystery Accelerator X", "count": 4}]}
-    second = join(server, mint(node_fleet)[1], machine(tmp_path, "b"), tmp_path, card,
-                  "--address", "10.9.9.9:9100")
+    second = join(
+        server,
+        mint(node_fleet)[1],
+        machine(tmp_path, "b"),
+        tmp_path,
+        card,
+        "--address",
+        "10.9.9.9:9100",
+    )
     assert second.returncode == 0, second.stderr
     old = Node.objects.order_by("created_at").first()
-    assert f"warning: address_in_use: Another node ({old.id}) answers at 10.9.9.9:9100" \
+    assert (
+        f"warning: address_in_use: Another node ({old.id}) answers at 10.9.9.9:9100"
         in second.stdout
+    )
     assert "warning: unknown_card: Card 'Mystery Accelerator X'" in second.stdout
 
 
-def test_a_used_or_revoked_token_exits_non_zero_with_one_line(server, node_fleet, mint,
-                                                              admin_user, tmp_path):
+def test_a_used_or_revoked_token_exits_non_zero_with_one_line(
+    server, node_fleet, mint, admin_user, tmp_path
+):
     _, secret = mint(node_fleet)
     assert join(server, secret, machine(tmp_path, "a"), tmp_path).returncode == 0
     again = join(server, secret, machine(tmp_path, "b"), tmp_path)
@@ -91,8 +119,9 @@ def test_an_expired_token_is_refused(server, node_fleet, mint, tmp_path):
     assert not Node.objects.exists()
 
 
-def test_a_joined_machine_does_not_join_twice_from_one_state_dir(server, node_fleet, mint,
-                                                                 tmp_path):
+def test_a_joined_machine_does_not_join_twice_from_one_state_dir(
+    server, node_fleet, mint, tmp_path
+):
     env = machine(tmp_path)
     assert join(server, mint(node_fleet)[1], env, tmp_path).returncode == 0
     again = join(server, mint(node_fleet)[1], env, tmp_path)
@@ -101,15 +130,31 @@ def test_a_joined_machine_does_not_join_twice_from_one_state_dir(server, node_fl
 
 
 def test_plain_http_is_refused_except_to_loopback(tmp_path):
-    result = agent("join", "--server", "http://console.example.com", "--fleet", "gpu-lab",
-                   "--token", "tpj_x", env=machine(tmp_path))
+    result = agent(
+        "join",
+        "--server",
+        "http://console.example.com",
+        "--fleet",
+        "gpu-lab",
+        "--token",
+        "tpj_x",
+        env=machine(tmp_path),
+    )
     assert result.returncode == 1 and "plain http" in result.stderr
 
 
 def test_token_may_come_from_the_environment(server, node_fleet, mint, tmp_path):
     env = {**machine(tmp_path), "TUNEPLANE_JOIN_TOKEN": mint(node_fleet)[1]}
-    result = agent("join", "--server", server, "--fleet", "gpu-lab", "--inventory-file",
-                   inventory_file(tmp_path, H100_INVENTORY), env=env)
+    result = agent(
+        "join",
+        "--server",
+        server,
+        "--fleet",
+        "gpu-lab",
+        "--inventory-file",
+        inventory_file(tmp_path, H100_INVENTORY),
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
 
 

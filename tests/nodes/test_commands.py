@@ -2,12 +2,16 @@
 
 import pytest
 
-from nodes.choices import CommandState
 from audit.models import AuditEvent
-from nodes.services.commands import (Reported, node_command_create, node_command_report,
-                            node_commands_reconcile)
+from nodes.choices import CommandState
 from nodes.models import NodeCommand, StrayCommand
 from nodes.selectors import commands_pending
+from nodes.services.commands import (
+    Reported,
+    node_command_create,
+    node_command_report,
+    node_commands_reconcile,
+)
 from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 from tuneplane.errors import ValidationFailed
@@ -18,8 +22,13 @@ RUN = {"argv": ["sleep", "600"]}
 @pytest.fixture
 def join(node_fleet, mint):
     def joined():
-        return node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1],
-                         inventory=H100_INVENTORY).node
+        return node_join(
+            token=mint(node_fleet)[1],
+            fleet_id="gpu-lab",
+            csr=make_csr()[1],
+            inventory=H100_INVENTORY,
+        ).node
+
     return joined
 
 
@@ -31,8 +40,11 @@ def command(node, state=CommandState.PENDING):
 
 
 def actions_on(command_id):
-    return list(AuditEvent.objects.filter(target_id=command_id).order_by("id")
-                .values_list("action", flat=True))
+    return list(
+        AuditEvent.objects.filter(target_id=command_id)
+        .order_by("id")
+        .values_list("action", flat=True)
+    )
 
 
 def test_a_command_is_recorded_pending_and_audited(join):
@@ -43,11 +55,17 @@ def test_a_command_is_recorded_pending_and_audited(join):
     assert [c.id for c in commands_pending(node_id=node.id)] == [made.id]
 
 
-@pytest.mark.parametrize("payload, field", [
-    ({"argv": []}, "payload.argv"), ({"argv": "sleep 1"}, "payload.argv"),
-    ({"argv": ["sleep", 1]}, "payload.argv"), ({"cmd": ["sleep"]}, "payload"),
-    (["sleep"], "payload"), ({"argv": [""]}, "payload.argv"),
-])
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"argv": []}, "payload.argv"),
+        ({"argv": "sleep 1"}, "payload.argv"),
+        ({"argv": ["sleep", 1]}, "payload.argv"),
+        ({"cmd": ["sleep"]}, "payload"),
+        (["sleep"], "payload"),
+        ({"argv": [""]}, "payload.argv"),
+    ],
+)
 def test_a_bad_command_names_its_field_and_writes_nothing(join, payload, field):
     node = join()
     with pytest.raises(ValidationFailed) as refused:
@@ -64,11 +82,14 @@ def test_L5_reconnect_reconciles_every_case_and_kills_nothing(join):
     never_delivered = command(node)
     already_done = command(node, "succeeded")
 
-    to_deliver = node_commands_reconcile(node_id=node.id, reported=[
-        Reported(still_running.id, "running"),
-        Reported(finished_offline.id, "failed", 3),
-        Reported("c-the-console-never-gave-this", "running"),
-    ])
+    to_deliver = node_commands_reconcile(
+        node_id=node.id,
+        reported=[
+            Reported(still_running.id, "running"),
+            Reported(finished_offline.id, "failed", 3),
+            Reported("c-the-console-never-gave-this", "running"),
+        ],
+    )
 
     def state(cmd):
         cmd.refresh_from_db()

@@ -8,8 +8,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from nodes.choices import SchedulingState
-from nodes.services.control import leases_renew, node_report_inventory, session_open
 from nodes.models import ControlSession, Node
+from nodes.services.control import leases_renew, node_report_inventory, session_open
 from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 from tests.e2e.console import ROOT
@@ -18,10 +18,12 @@ from tests.e2e.console import ROOT
 def sessions(fleet, mint, count):
     opened = []
     for _ in range(count):
-        result = node_join(token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1],
-                           inventory=H100_INVENTORY)
-        opened.append(session_open(node_id=result.node.id, serial=result.certificate.serial,
-                                   gateway="test"))
+        result = node_join(
+            token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1], inventory=H100_INVENTORY
+        )
+        opened.append(
+            session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="test")
+        )
     return opened
 
 
@@ -44,6 +46,7 @@ def test_lease_renewal_statements_do_not_grow_with_nodes(node_fleet, mint):
 
 def test_a_closed_session_is_not_renewed(node_fleet, mint):
     from nodes.services.control import session_close
+
     session = sessions(node_fleet, mint, 1)[0]
     session_close(session_id=session.id, reason="stream ended")
     assert leases_renew({str(session.id): timezone.now()}) == set()
@@ -57,8 +60,9 @@ def test_first_inventory_on_a_live_session_makes_an_enrolled_node_schedulable(no
 
 
 def test_generated_protobuf_modules_are_up_to_date():
-    result = subprocess.run([sys.executable, "proto/generate.py", "--check"], cwd=ROOT,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "proto/generate.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -67,8 +71,9 @@ def test_L1_a_beat_saying_the_inventory_is_unchanged_renews_its_observation(node
     before = {s.node_id: s.node.inventory_observed_at for s in (unchanged, changed)}
     now = timezone.now()
     with CaptureQueriesContext(connection) as queries:
-        leases_renew({str(unchanged.id): now, str(changed.id): now},
-                     inventory_fresh={str(unchanged.id)})
+        leases_renew(
+            {str(unchanged.id): now, str(changed.id): now}, inventory_fresh={str(unchanged.id)}
+        )
     assert sum(1 for q in queries if q["sql"].startswith("UPDATE")) == 2
     observed = dict(Node.objects.values_list("id", "inventory_observed_at"))
     assert observed[unchanged.node_id] == now
@@ -76,7 +81,8 @@ def test_L1_a_beat_saying_the_inventory_is_unchanged_renews_its_observation(node
 
 
 def test_L1_the_node_row_keeps_its_open_sessions_lease_through_open_renew_replace_close(
-        node_fleet, mint):
+    node_fleet, mint
+):
     """Admission reads the lease from the node row: it must be the open session's, or none."""
     from nodes.services.control import session_close
 
@@ -118,52 +124,60 @@ def test_a_restarted_gateway_closes_the_sessions_its_killed_process_left_open(no
 
 
 def test_L1_sessions_of_a_replica_long_silent_close_once_the_console_has_listened(
-        node_fleet, mint, settings):
+    node_fleet, mint, settings
+):
     from datetime import timedelta
 
-    from nodes.services.control import replica_gone_after, sessions_of_silent_replicas_close
     from nodes.models import GatewayReplica
+    from nodes.services.control import replica_gone_after, sessions_of_silent_replicas_close
 
     settings.TUNEPLANE_LEASE_TTL = 30
     gone_after = replica_gone_after()
     assert gone_after == timedelta(seconds=150)  # five leases, two minutes at least
     now, second = timezone.now(), timedelta(seconds=1)
     dead, backed_up, beating = sessions(node_fleet, mint, 3)
-    for name, silent_for in (("dead", gone_after + second), ("backed-up", gone_after - second),
-                             ("alive", timedelta(0))):
-        GatewayReplica.objects.create(name=name, started_at=now - timedelta(hours=1),
-                                      seen_at=now - silent_for)
+    for name, silent_for in (
+        ("dead", gone_after + second),
+        ("backed-up", gone_after - second),
+        ("alive", timedelta(0)),
+    ):
+        GatewayReplica.objects.create(
+            name=name, started_at=now - timedelta(hours=1), seen_at=now - silent_for
+        )
     for session, gateway in ((dead, "dead"), (backed_up, "backed-up"), (beating, "alive")):
-        ControlSession.objects.filter(pk=session.pk).update(gateway=gateway,
-                                                            lease_expires_at=now - second)
+        ControlSession.objects.filter(pk=session.pk).update(
+            gateway=gateway, lease_expires_at=now - second
+        )
 
     # Listening for less than that (the database just came back): nothing is judged.
-    assert sessions_of_silent_replicas_close(listening_since=now - gone_after + second,
-                                             now=now) == 0
+    assert (
+        sessions_of_silent_replicas_close(listening_since=now - gone_after + second, now=now) == 0
+    )
     assert sessions_of_silent_replicas_close(listening_since=None, now=now) == 0
-    assert sessions_of_silent_replicas_close(listening_since=now - gone_after - second,
-                                             now=now) == 1
+    assert (
+        sessions_of_silent_replicas_close(listening_since=now - gone_after - second, now=now) == 1
+    )
 
     closed = dict(ControlSession.objects.values_list("id", "close_reason"))
-    assert closed == {dead.id: "gateway replica silent", backed_up.id: "",
-                      beating.id: ""}
+    assert closed == {dead.id: "gateway replica silent", backed_up.id: "", beating.id: ""}
 
 
 def test_the_liveness_sweep_closes_the_sessions_of_a_silent_replica(node_fleet, mint, settings):
     from datetime import timedelta
 
-    from nodes.services.liveness import liveness_sweep
     from nodes.models import GatewayReplica
+    from nodes.services.liveness import liveness_sweep
 
     settings.TUNEPLANE_LEASE_TTL = 30
     now = timezone.now()
     dead = sessions(node_fleet, mint, 1)[0]
-    GatewayReplica.objects.create(name="dead", started_at=now - timedelta(hours=1),
-                                  seen_at=now - timedelta(minutes=5))
-    GatewayReplica.objects.create(name="alive", started_at=now - timedelta(hours=1),
-                                  seen_at=now)
-    ControlSession.objects.filter(pk=dead.pk).update(gateway="dead",
-                                                     lease_expires_at=now - timedelta(minutes=5))
+    GatewayReplica.objects.create(
+        name="dead", started_at=now - timedelta(hours=1), seen_at=now - timedelta(minutes=5)
+    )
+    GatewayReplica.objects.create(name="alive", started_at=now - timedelta(hours=1), seen_at=now)
+    ControlSession.objects.filter(pk=dead.pk).update(
+        gateway="dead", lease_expires_at=now - timedelta(minutes=5)
+    )
 
     liveness_sweep(now=now)
 

@@ -15,15 +15,15 @@ import grpc
 import pytest
 from django.db import OperationalError
 
-from nodes.choices import CommandState
 from audit.services import Actor
 from nodes.agent.proto import control_pb2 as pb
+from nodes.choices import CommandState
 from nodes.gateway import Gateway, NodeControlService, service, streams
 from nodes.gateway.db_threads import DatabaseThreads
 from nodes.gateway.loops import deliver_pending
 from nodes.gateway.streams import expire_pass
-from nodes.services import commands, control
 from nodes.models import ControlSession, NodeCommand
+from nodes.services import commands, control
 from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 
@@ -54,8 +54,7 @@ class Peer:
         self.sending: asyncio.Queue = asyncio.Queue()
         self.sending.put_nowait(pb.NodeMessage(hello=hello))
         self.received: asyncio.Queue = asyncio.Queue()
-        self.replies = NodeControlService(gateway=gateway).Connect(self._messages(),
-                                                                   Context(pem))
+        self.replies = NodeControlService(gateway=gateway).Connect(self._messages(), Context(pem))
         self.pump = asyncio.ensure_future(self._pump())
 
     async def _messages(self):
@@ -79,8 +78,12 @@ class Peer:
 
 @pytest.fixture
 def joined(node_fleet, mint):
-    result = node_join(token=mint(node_fleet)[1], fleet_id=node_fleet.id, csr=make_csr()[1],
-                       inventory=H100_INVENTORY)
+    result = node_join(
+        token=mint(node_fleet)[1],
+        fleet_id=node_fleet.id,
+        csr=make_csr()[1],
+        inventory=H100_INVENTORY,
+    )
     return result.node, result.certificate.pem
 
 
@@ -118,12 +121,16 @@ async def in_thread(event: threading.Event) -> None:
 
 
 def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_finished(
-        replica, joined, monkeypatch):
+    replica, joined, monkeypatch
+):
     node, pem = joined
     finished = commands.node_command_create(actor=ADMIN, node=node, kind="run", payload=RUN)
     entered, release = held(monkeypatch, commands, "node_commands_reconcile")
-    hello = pb.Hello(node_id=node.id, agent_version="test", commands=[
-        pb.CommandState(command_id=str(finished.id), state="succeeded", exit_code=0)])
+    hello = pb.Hello(
+        node_id=node.id,
+        agent_version="test",
+        commands=[pb.CommandState(command_id=str(finished.id), state="succeeded", exit_code=0)],
+    )
 
     async def scenario() -> list[pb.ControlMessage]:
         peer = Peer(replica, node.id, pem, hello)
@@ -133,8 +140,9 @@ def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_fin
         await deliver_pending(replica, node_id=node.id)
         release.set()
         received = [await welcome]
-        later = await replica.database.run(commands.node_command_create, actor=ADMIN,
-                                           node=node, kind="run", payload=RUN)
+        later = await replica.database.run(
+            commands.node_command_create, actor=ADMIN, node=node, kind="run", payload=RUN
+        )
         await deliver_pending(replica, node_id=node.id)
         received.append(await peer.next())
         await peer.hang_up()
@@ -156,14 +164,14 @@ def test_L1_a_heartbeat_is_taken_while_the_database_threads_are_busy(replica, jo
         peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         assert (await peer.next()).WhichOneof("body") == "welcome"
         stream = replica.streams.by_node[node.id]
-        peer.send(inventory=pb.InventoryReport(
-            cards=[pb.Card(name="NVIDIA H100 80GB HBM3", count=8)]))
+        peer.send(
+            inventory=pb.InventoryReport(cards=[pb.Card(name="NVIDIA H100 80GB HBM3", count=8)])
+        )
         await in_thread(entered)  # the report's database work is held
         beat_before = stream.last_beat
         peer.send(heartbeat=pb.Heartbeat(sequence=1))
         ack = await peer.next()  # not after the report's write: now
-        taken = (stream.last_beat > beat_before,
-                 stream.session_id in replica.batcher.pending)
+        taken = (stream.last_beat > beat_before, stream.session_id in replica.batcher.pending)
         release.set()
         peer.send(heartbeat=pb.Heartbeat(sequence=2))
         second_ack = await peer.next()
@@ -177,7 +185,8 @@ def test_L1_a_heartbeat_is_taken_while_the_database_threads_are_busy(replica, jo
 
 
 def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
-        replica, joined, monkeypatch):
+    replica, joined, monkeypatch
+):
     node, pem = joined
     command = commands.node_command_create(actor=ADMIN, node=node, kind="run", payload=RUN)
 
@@ -190,8 +199,13 @@ def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
         peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         assert (await peer.next()).WhichOneof("body") == "welcome"
         assert (await peer.next()).command.command_id == str(command.id)
-        peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
-            command_id=str(command.id), state=CommandState.SUCCEEDED, exit_code=0)))
+        peer.send(
+            command_update=pb.CommandUpdate(
+                state=pb.CommandState(
+                    command_id=str(command.id), state=CommandState.SUCCEEDED, exit_code=0
+                )
+            )
+        )
         closed = await peer.next()
         await peer.hang_up()
         return closed
@@ -204,7 +218,8 @@ def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
 
 
 def test_L1_silence_counts_from_the_welcome_not_while_the_console_settles_the_hello(
-        replica, joined, monkeypatch):
+    replica, joined, monkeypatch
+):
     node, pem = joined
     entered, release = held(monkeypatch, commands, "node_commands_reconcile")
     registry = replica.streams
@@ -236,8 +251,7 @@ def test_L1_a_pass_the_gateway_runs_late_judges_no_stream(replica, joined):
         peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         assert (await peer.next()).WhichOneof("body") == "welcome"
         long_after = time.monotonic() + 1000
-        late = expire_pass(replica.streams, now=long_after,
-                           late=streams.LATE_PASS_SECONDS + 0.5)
+        late = expire_pass(replica.streams, now=long_after, late=streams.LATE_PASS_SECONDS + 0.5)
         on_time = expire_pass(replica.streams, now=long_after, late=0.01)
         await peer.hang_up()
         return late, on_time
@@ -247,7 +261,9 @@ def test_L1_a_pass_the_gateway_runs_late_judges_no_stream(replica, joined):
     assert late == [] and [s.node_id for s in on_time] == [node.id]
 
 
-def test_L5_what_a_node_said_before_hanging_up_is_stored_after_it_has_gone(replica, joined, monkeypatch):
+def test_L5_what_a_node_said_before_hanging_up_is_stored_after_it_has_gone(
+    replica, joined, monkeypatch
+):
     node, pem = joined
     command = commands.node_command_create(actor=ADMIN, node=node, kind="run", payload=RUN)
     entered, release = held(monkeypatch, control, "node_report_inventory")
@@ -256,11 +272,17 @@ def test_L5_what_a_node_said_before_hanging_up_is_stored_after_it_has_gone(repli
         peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
         assert (await peer.next()).WhichOneof("body") == "welcome"
         assert (await peer.next()).command.command_id == str(command.id)
-        peer.send(inventory=pb.InventoryReport(
-            cards=[pb.Card(name="NVIDIA H100 80GB HBM3", count=8)]))
+        peer.send(
+            inventory=pb.InventoryReport(cards=[pb.Card(name="NVIDIA H100 80GB HBM3", count=8)])
+        )
         await in_thread(entered)  # the report's write is held; the result waits behind it
-        peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
-            command_id=str(command.id), state=CommandState.SUCCEEDED, exit_code=0)))
+        peer.send(
+            command_update=pb.CommandUpdate(
+                state=pb.CommandState(
+                    command_id=str(command.id), state=CommandState.SUCCEEDED, exit_code=0
+                )
+            )
+        )
         await peer.hang_up()  # a clean end: the stream is over
         release.set()
         await asyncio.wait_for(asyncio.gather(*replica.storing), 10)
@@ -271,7 +293,8 @@ def test_L5_what_a_node_said_before_hanging_up_is_stored_after_it_has_gone(repli
 
 
 def test_a_node_flooding_reports_faster_than_the_database_takes_them_is_closed(
-        replica, joined, monkeypatch):
+    replica, joined, monkeypatch
+):
     node, pem = joined
     entered, release = held(monkeypatch, control, "node_report_inventory")
 
@@ -281,8 +304,13 @@ def test_a_node_flooding_reports_faster_than_the_database_takes_them_is_closed(
         peer.send(inventory=pb.InventoryReport())
         await in_thread(entered)
         for number in range(service.STORE_QUEUE + 1):
-            peer.send(command_update=pb.CommandUpdate(state=pb.CommandState(
-                command_id=f"c-flood-{number}", state=CommandState.RUNNING)))
+            peer.send(
+                command_update=pb.CommandUpdate(
+                    state=pb.CommandState(
+                        command_id=f"c-flood-{number}", state=CommandState.RUNNING
+                    )
+                )
+            )
         closed = await peer.next()
         release.set()
         await peer.hang_up()
@@ -295,25 +323,42 @@ def test_a_node_flooding_reports_faster_than_the_database_takes_them_is_closed(
 
 
 def test_L5_two_replicas_in_one_process_each_deliver_only_to_the_streams_they_hold(
-        replica, node_fleet, mint):
+    replica, node_fleet, mint
+):
     """A replica is an object, not module state: two serve side by side, and a poll of one
     (pending commands of the sessions it recorded) reaches only its own streams."""
     pool = ThreadPoolExecutor(2, thread_name_prefix="test-gateway-b-db")
-    other = Gateway(name="test-gateway:9443", database=DatabaseThreads(pool=pool,
-                                                                       control_pool=pool))
-    nodes = [node_join(token=mint(node_fleet)[1], fleet_id=node_fleet.id,
-                       csr=make_csr(f"gpu-0{number}")[1], inventory=H100_INVENTORY)
-             for number in (1, 2)]
+    other = Gateway(
+        name="test-gateway:9443", database=DatabaseThreads(pool=pool, control_pool=pool)
+    )
+    nodes = [
+        node_join(
+            token=mint(node_fleet)[1],
+            fleet_id=node_fleet.id,
+            csr=make_csr(f"gpu-0{number}")[1],
+            inventory=H100_INVENTORY,
+        )
+        for number in (1, 2)
+    ]
 
     async def scenario():
-        peers = [Peer(gateway, result.node.id, result.certificate.pem,
-                      pb.Hello(node_id=result.node.id, agent_version="test"))
-                 for gateway, result in zip((replica, other), nodes)]
+        peers = [
+            Peer(
+                gateway,
+                result.node.id,
+                result.certificate.pem,
+                pb.Hello(node_id=result.node.id, agent_version="test"),
+            )
+            for gateway, result in zip((replica, other), nodes, strict=True)
+        ]
         for peer in peers:
             assert (await peer.next()).WhichOneof("body") == "welcome"
-        made = [await gateway.database.run(commands.node_command_create, actor=ADMIN,
-                                           node=result.node, kind="run", payload=RUN)
-                for gateway, result in zip((replica, other), nodes)]
+        made = [
+            await gateway.database.run(
+                commands.node_command_create, actor=ADMIN, node=result.node, kind="run", payload=RUN
+            )
+            for gateway, result in zip((replica, other), nodes, strict=True)
+        ]
         delivered = await deliver_pending(replica, gateway=replica.name)
         first = await peers[0].next()
         nothing_for_the_other = peers[1].received.empty()

@@ -42,23 +42,35 @@ def fetch(url: str) -> str:
 
 def run_install(server, env: dict) -> subprocess.CompletedProcess:
     script = fetch(f"{server}/install.sh")
-    base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-            "TUNEPLANE_PYTHON": sys.executable}
-    return subprocess.run(["sh", "-s"], input=script, env={**base, **env}, capture_output=True,
-                          text=True, timeout=300)
+    base = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", "/root"),
+        "TUNEPLANE_PYTHON": sys.executable,
+    }
+    return subprocess.run(
+        ["sh", "-s"], input=script, env={**base, **env}, capture_output=True, text=True, timeout=300
+    )
 
 
-def test_install_sh_installs_joins_and_configures_but_does_not_start(server, node_fleet, mint,
-                                                                     tmp_path):
+def test_install_sh_installs_joins_and_configures_but_does_not_start(
+    server, node_fleet, mint, tmp_path
+):
     prefix = tmp_path / "root"
     _, secret = mint(node_fleet)
-    result = run_install(server, {
-        **machine(tmp_path), "TUNEPLANE_PREFIX": str(prefix), "TUNEPLANE_FLEET": "gpu-lab",
-        "TUNEPLANE_JOIN_TOKEN": secret, "TUNEPLANE_STORAGE_ROOT": "/mnt/shared",
-        "TUNEPLANE_CPU_BUDGET": "32", "TUNEPLANE_MEMORY_BUDGET_BYTES": "68719476736",
-        "TUNEPLANE_INVENTORY_FILE": inventory_file(tmp_path, H100_INVENTORY),
-        "TUNEPLANE_NODE_STATE_DIR": "",
-    })
+    result = run_install(
+        server,
+        {
+            **machine(tmp_path),
+            "TUNEPLANE_PREFIX": str(prefix),
+            "TUNEPLANE_FLEET": "gpu-lab",
+            "TUNEPLANE_JOIN_TOKEN": secret,
+            "TUNEPLANE_STORAGE_ROOT": "/mnt/shared",
+            "TUNEPLANE_CPU_BUDGET": "32",
+            "TUNEPLANE_MEMORY_BUDGET_BYTES": "68719476736",
+            "TUNEPLANE_INVENTORY_FILE": inventory_file(tmp_path, H100_INVENTORY),
+            "TUNEPLANE_NODE_STATE_DIR": "",
+        },
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     node = Node.objects.get()
     assert f"as node {node.id}" in result.stdout
@@ -68,9 +80,14 @@ def test_install_sh_installs_joins_and_configures_but_does_not_start(server, nod
     state = prefix / "var/lib/tuneplane-node"
     assert json.loads((state / "node.json").read_text())["node_id"] == node.id
     conf = (prefix / "etc/tuneplane-node/node.env").read_text()
-    for line in (f"TUNEPLANE_NODE_STATE_DIR={state}", "TUNEPLANE_STORAGE_ROOT=/mnt/shared",
-                 "TUNEPLANE_CPU_BUDGET=32", "TUNEPLANE_MEMORY_BUDGET_BYTES=68719476736",
-                 "TUNEPLANE_GATEWAY_TARGET=127.0.0.1:8443", f"TUNEPLANE_CA_BUNDLE={state}/ca.pem"):
+    for line in (
+        f"TUNEPLANE_NODE_STATE_DIR={state}",
+        "TUNEPLANE_STORAGE_ROOT=/mnt/shared",
+        "TUNEPLANE_CPU_BUDGET=32",
+        "TUNEPLANE_MEMORY_BUDGET_BYTES=68719476736",
+        "TUNEPLANE_GATEWAY_TARGET=127.0.0.1:8443",
+        f"TUNEPLANE_CA_BUNDLE={state}/ca.pem",
+    ):
         assert line in conf.splitlines(), line
     unit = (prefix / "etc/systemd/system/tuneplane-node.service").read_text()
     assert f"ExecStart={prefix}/opt/tuneplane-node/bin/tuneplane-node" in unit
@@ -80,8 +97,9 @@ def test_install_sh_installs_joins_and_configures_but_does_not_start(server, nod
     # The agent's venv has no Django: it is the agent alone.
     python = prefix / "opt/tuneplane-node/bin/python"
     assert subprocess.run([python, "-c", "import django"], capture_output=True).returncode != 0
-    help_text = subprocess.run([prefix / "opt/tuneplane-node/bin/tuneplane-node", "--help"],
-                               capture_output=True, text=True)
+    help_text = subprocess.run(
+        [prefix / "opt/tuneplane-node/bin/tuneplane-node", "--help"], capture_output=True, text=True
+    )
     assert help_text.returncode == 0 and "join" in help_text.stdout
 
 

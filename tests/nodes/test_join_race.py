@@ -20,9 +20,16 @@ def test_J2_concurrent_redemptions_of_one_token_make_exactly_one_node(make_fleet
     assert connection.vendor == "postgresql"
     token, secret = mint(make_fleet("gpu-lab"))
     csrs = [make_csr(f"gpu-{i:02}")[1] for i in range(RACERS)]
-    results = race(lambda i: node_join(token=secret, fleet_id="gpu-lab", csr=csrs[i],
-                                       inventory=H100_INVENTORY, address=f"10.0.0.{i}:1"),
-                   count=RACERS)
+    results = race(
+        lambda i: node_join(
+            token=secret,
+            fleet_id="gpu-lab",
+            csr=csrs[i],
+            inventory=H100_INVENTORY,
+            address=f"10.0.0.{i}:1",
+        ),
+        count=RACERS,
+    )
     winners = [r for r in results if isinstance(r, JoinResult)]
     refused = [r for r in results if isinstance(r, JoinRefused)]
     assert len(winners) == 1 and len(refused) == RACERS - 1, results
@@ -30,8 +37,9 @@ def test_J2_concurrent_redemptions_of_one_token_make_exactly_one_node(make_fleet
     assert JoinToken.objects.get().node_id == winners[0].node.id
     assert AuditEvent.objects.filter(action="node.joined").count() == 1
     assert AuditEvent.objects.filter(action="node.join_refused").count() == RACERS - 1
-    assert {e.after["reason"] for e in AuditEvent.objects.filter(
-        action="node.join_refused")} == {"token already used"}
+    assert {e.after["reason"] for e in AuditEvent.objects.filter(action="node.join_refused")} == {
+        "token already used"
+    }
 
 
 @pytest.mark.redis
@@ -43,10 +51,17 @@ def test_join_throttle_holds_under_a_concurrent_burst(require_redis, node_fleet,
     from tests.nodes.test_join import join_body
 
     settings.TUNEPLANE_JOIN_RATE = "5/minute"
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                                   "LOCATION": require_redis}}
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": require_redis,
+        }
+    }
     address = f"2001:db8::{uuid.uuid4().hex[:4]}:1"
-    statuses = race(lambda i: APIClient().post("/api/nodes/join", join_body("tpj_guess"),
-                                               format="json", REMOTE_ADDR=address).status_code,
-                    count=40)
+    statuses = race(
+        lambda i: APIClient()
+        .post("/api/nodes/join", join_body("tpj_guess"), format="json", REMOTE_ADDR=address)
+        .status_code,
+        count=40,
+    )
     assert statuses.count(429) == 35 and statuses.count(403) == 5, statuses

@@ -18,9 +18,11 @@ def test_J2_mint_shows_the_token_and_commands_once(admin_api, node_fleet, settin
     assert secret.startswith("tpj_") and len(secret) >= 40
     assert body["install_command"] == (
         f"curl -fsSL https://tuneplane.corp/install.sh | TUNEPLANE_FLEET=gpu-lab "
-        f"TUNEPLANE_JOIN_TOKEN={secret} sh")
+        f"TUNEPLANE_JOIN_TOKEN={secret} sh"
+    )
     assert body["join_command"] == (
-        f"tuneplane-node join --server https://tuneplane.corp --fleet gpu-lab --token {secret}")
+        f"tuneplane-node join --server https://tuneplane.corp --fleet gpu-lab --token {secret}"
+    )
     expires = timezone.datetime.fromisoformat(body["expires_at"])
     assert abs(expires - (timezone.now() + timedelta(hours=24))) < timedelta(minutes=1)
     assert response["Cache-Control"] == "no-store"

@@ -14,7 +14,7 @@ import pytest
 from kubernetes.client import Configuration
 
 from nodes.backends.base import BackendError, JobSpec, OutcomeUnknown
-from nodes.backends.kubernetes import (CORDON_REASON, KubernetesBackend)
+from nodes.backends.kubernetes import CORDON_REASON, KubernetesBackend
 from nodes.choices import SchedulingState
 
 from .kube_replay import RESPONSES, KubeReplay
@@ -26,8 +26,9 @@ TOKEN = "eyJhbGciOiJSUzI1NiJ9.replay-test-token.c2lnbmF0dXJl"  # distinctive, to
 TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_KUBE_TOKEN"
 SHORT_TIMEOUT = (0.5, 0.5)
 H100 = "NVIDIA-H100-80GB-HBM3"
-SFT_JOB = JobSpec(name="Llama SFT 7B", script="python train.py --epochs 3", series=H100,
-                  cards=8, nodes=2)
+SFT_JOB = JobSpec(
+    name="Llama SFT 7B", script="python train.py --epochs 3", series=H100, cards=8, nodes=2
+)
 KEYED_JOB = dataclasses.replace(SFT_JOB, key="tp-0123456789ab")
 
 
@@ -46,7 +47,8 @@ def replay():
 
 def backend_at(url: str, **config) -> KubernetesBackend:
     return KubernetesBackend.from_config(
-        {"kube_api_url": url, "kuberay_namespace": "ml-jobs", **config})
+        {"kube_api_url": url, "kuberay_namespace": "ml-jobs", **config}
+    )
 
 
 def replay_file(name: str) -> str:
@@ -61,13 +63,19 @@ def free_port() -> int:
 
 # read()
 
+
 def test_read_maps_each_node_to_a_machine(replay):
     replay.serve("GET", NODES, "nodes.json")
 
     machines = {m.name: m for m in backend_at(replay.url).read()}
 
-    assert list(machines) == ["gpu-h100-01", "gpu-h100-02", "gpu-a100-07", "gpu-l4-03",
-                              "cpu-system-01"]
+    assert list(machines) == [
+        "gpu-h100-01",
+        "gpu-h100-02",
+        "gpu-a100-07",
+        "gpu-l4-03",
+        "cpu-system-01",
+    ]
     ready = machines["gpu-h100-01"]
     assert ready.cards == [{"name": H100, "count": 8}]
     assert (ready.state, ready.reason, ready.cards_used) == (SchedulingState.SCHEDULABLE, "", 0)
@@ -126,8 +134,10 @@ def test_a_node_without_a_ready_condition_is_gone(replay):
 
     cpu = backend_at(replay.url).read()[4]
 
-    assert (cpu.state, cpu.reason) == (SchedulingState.GONE,
-                                       "Kubernetes reports no Ready condition")
+    assert (cpu.state, cpu.reason) == (
+        SchedulingState.GONE,
+        "Kubernetes reports no Ready condition",
+    )
 
 
 def test_a_node_list_the_client_cannot_decode_is_a_backend_error(replay):
@@ -141,8 +151,8 @@ def test_a_node_list_the_client_cannot_decode_is_a_backend_error(replay):
 
 # Credentials
 
-def test_a_token_from_the_environment_is_read_at_call_time_and_sent_as_bearer(
-        replay, monkeypatch):
+
+def test_a_token_from_the_environment_is_read_at_call_time_and_sent_as_bearer(replay, monkeypatch):
     replay.serve("GET", NODES, "nodes.json")
     backend = backend_at(replay.url, kube_token_env=TOKEN_ENV)
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
@@ -185,19 +195,29 @@ def test_401_says_authentication_failed_and_never_shows_the_token(replay, monkey
 
 
 def test_a_kubeconfig_context_is_loaded_without_touching_the_default_config(
-        replay, tmp_path, monkeypatch):
+    replay, tmp_path, monkeypatch
+):
     replay.serve("GET", NODES, "nodes.json")
     elsewhere = f"http://127.0.0.1:{free_port()}"
     kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "replay", "cluster": {"server": replay.url}},
-                     {"name": "elsewhere", "cluster": {"server": elsewhere}}],
-        "users": [{"name": "console", "user": {"token": TOKEN}}],
-        "contexts": [{"name": "lab", "context": {"cluster": "replay", "user": "console"}},
-                     {"name": "other", "context": {"cluster": "elsewhere", "user": "console"}}],
-        "current-context": "other",
-    }))
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "replay", "cluster": {"server": replay.url}},
+                    {"name": "elsewhere", "cluster": {"server": elsewhere}},
+                ],
+                "users": [{"name": "console", "user": {"token": TOKEN}}],
+                "contexts": [
+                    {"name": "lab", "context": {"cluster": "replay", "user": "console"}},
+                    {"name": "other", "context": {"cluster": "elsewhere", "user": "console"}},
+                ],
+                "current-context": "other",
+            }
+        )
+    )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     default_host = Configuration.get_default_copy().host
 
@@ -210,8 +230,11 @@ def test_a_kubeconfig_context_is_loaded_without_touching_the_default_config(
 
 def test_an_unknown_kubeconfig_context_is_a_backend_error(tmp_path, monkeypatch):
     kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "clusters": [],
-                                      "users": [], "contexts": []}))
+    kubeconfig.write_text(
+        json.dumps(
+            {"apiVersion": "v1", "kind": "Config", "clusters": [], "users": [], "contexts": []}
+        )
+    )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
 
     with pytest.raises(BackendError, match="kubeconfig context 'lab' cannot be used"):
@@ -219,6 +242,7 @@ def test_an_unknown_kubeconfig_context_is_a_backend_error(tmp_path, monkeypatch)
 
 
 # Failures
+
 
 def test_500_is_a_backend_error_in_the_api_servers_words(replay):
     replay.serve("GET", NODES, "status-500.json", status=500)
@@ -250,15 +274,17 @@ def test_a_server_that_never_answers_is_a_backend_error():
 def test_a_submit_never_sent_fails_and_one_unanswered_is_an_unknown_outcome():
     """A closed port: KubeRay cannot have the job. A server that took the request and never
     answered: it may have, and the handover is resumed rather than failed."""
-    refused = dataclasses.replace(backend_at(f"http://127.0.0.1:{free_port()}"),
-                                  timeout=SHORT_TIMEOUT)
+    refused = dataclasses.replace(
+        backend_at(f"http://127.0.0.1:{free_port()}"), timeout=SHORT_TIMEOUT
+    )
     with pytest.raises(BackendError) as never_sent:
         refused.submit(KEYED_JOB)
     assert not isinstance(never_sent.value, OutcomeUnknown)
 
     with socket.create_server(("127.0.0.1", 0)) as silent:
         backend = dataclasses.replace(
-            backend_at(f"http://127.0.0.1:{silent.getsockname()[1]}"), timeout=SHORT_TIMEOUT)
+            backend_at(f"http://127.0.0.1:{silent.getsockname()[1]}"), timeout=SHORT_TIMEOUT
+        )
         with pytest.raises(OutcomeUnknown, match="did not answer"):
             backend.submit(KEYED_JOB)
 
@@ -266,6 +292,7 @@ def test_a_submit_never_sent_fails_and_one_unanswered_is_an_unknown_outcome():
 def test_the_client_does_not_retry_a_dropped_connection():
     connections = []
     with socket.create_server(("127.0.0.1", 0)) as rude:
+
         def hang_up():
             while True:
                 try:
@@ -276,8 +303,9 @@ def test_the_client_does_not_retry_a_dropped_connection():
                 peer.close()
 
         threading.Thread(target=hang_up, daemon=True).start()
-        backend = dataclasses.replace(backend_at(f"http://127.0.0.1:{rude.getsockname()[1]}"),
-                                      timeout=SHORT_TIMEOUT)
+        backend = dataclasses.replace(
+            backend_at(f"http://127.0.0.1:{rude.getsockname()[1]}"), timeout=SHORT_TIMEOUT
+        )
 
         with pytest.raises(BackendError, match="did not answer"):
             backend.read()

@@ -14,8 +14,7 @@ import socket
 import pytest
 
 from nodes.backends.base import BackendError, JobSpec
-from nodes.backends.kubernetes import (KubernetesBackend, rayjob_name_prefix,
-                                        rayjob_naming)
+from nodes.backends.kubernetes import KubernetesBackend, rayjob_name_prefix, rayjob_naming
 
 from .kube_replay import RESPONSES, KubeReplay
 
@@ -26,8 +25,9 @@ TOKEN = "eyJhbGciOiJSUzI1NiJ9.replay-test-token.c2lnbmF0dXJl"  # distinctive, to
 TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_KUBE_TOKEN"
 SHORT_TIMEOUT = (0.5, 0.5)
 H100 = "NVIDIA-H100-80GB-HBM3"
-SFT_JOB = JobSpec(name="Llama SFT 7B", script="python train.py --epochs 3", series=H100,
-                  cards=8, nodes=2)
+SFT_JOB = JobSpec(
+    name="Llama SFT 7B", script="python train.py --epochs 3", series=H100, cards=8, nodes=2
+)
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +45,8 @@ def replay():
 
 def backend_at(url: str, **config) -> KubernetesBackend:
     return KubernetesBackend.from_config(
-        {"kube_api_url": url, "kuberay_namespace": "ml-jobs", **config})
+        {"kube_api_url": url, "kuberay_namespace": "ml-jobs", **config}
+    )
 
 
 def replay_file(name: str) -> str:
@@ -59,6 +60,7 @@ def free_port() -> int:
 
 
 # Jobs
+
 
 def test_submit_creates_a_rayjob_in_the_kuberay_namespace(replay):
     replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
@@ -91,9 +93,14 @@ def test_a_job_for_any_series_has_no_node_selector(replay):
 
 
 KEYED_JOB = dataclasses.replace(SFT_JOB, key="tp-0123456789ab")
-ALREADY_EXISTS = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409,
-                  "reason": "AlreadyExists",
-                  "message": 'rayjobs.ray.io "llama-sft-7b-tp-0123456789ab" already exists'}
+ALREADY_EXISTS = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "status": "Failure",
+    "code": 409,
+    "reason": "AlreadyExists",
+    "message": 'rayjobs.ray.io "llama-sft-7b-tp-0123456789ab" already exists',
+}
 
 
 def test_a_keyed_job_has_a_rayjob_name_of_its_own(replay):
@@ -137,12 +144,15 @@ def test_submit_without_a_kuberay_namespace_sends_nothing(replay):
     assert replay.requests == []
 
 
-@pytest.mark.parametrize("job_name, prefix", [
-    ("Llama SFT 7B", "llama-sft-7b-"),
-    ("7b/eval: run #2", "job-7b-eval-run-2-"),
-    ("", "job-"),
-    ("x" * 80, "x" * 41 + "-"),
-])
+@pytest.mark.parametrize(
+    "job_name, prefix",
+    [
+        ("Llama SFT 7B", "llama-sft-7b-"),
+        ("7b/eval: run #2", "job-7b-eval-run-2-"),
+        ("", "job-"),
+        ("x" * 80, "x" * 41 + "-"),
+    ],
+)
 def test_rayjob_names_are_dns_labels_kuberay_accepts(job_name, prefix):
     assert rayjob_name_prefix(job_name) == prefix
 
@@ -154,10 +164,13 @@ def test_job_state_is_the_rayjobs_job_status(replay):
     assert replay.requests[-1].path == RAYJOB
 
 
-@pytest.mark.parametrize("status, state", [
-    (None, "PENDING"),
-    ({"jobDeploymentStatus": "Initializing"}, "Initializing"),
-])
+@pytest.mark.parametrize(
+    "status, state",
+    [
+        (None, "PENDING"),
+        ({"jobDeploymentStatus": "Initializing"}, "Initializing"),
+    ],
+)
 def test_job_state_before_the_job_runs(replay, status, state):
     rayjob = json.loads(replay_file("rayjob-created.json"))
     if status:
@@ -174,6 +187,7 @@ def test_job_state_of_a_rayjob_that_is_gone_is_a_backend_error(replay):
 
 # Config
 
+
 def test_a_config_without_url_or_context_names_both_keys():
     with pytest.raises(BackendError, match="config.kube_api_url or config.kube_context"):
         KubernetesBackend.from_config({"kuberay_namespace": "ml-jobs"})
@@ -181,5 +195,6 @@ def test_a_config_without_url_or_context_names_both_keys():
 
 def test_a_config_with_both_url_and_context_is_refused():
     with pytest.raises(BackendError, match="not both"):
-        KubernetesBackend.from_config({"kube_api_url": "https://k8s.example:6443",
-                                       "kube_context": "lab"})
+        KubernetesBackend.from_config(
+            {"kube_api_url": "https://k8s.example:6443", "kube_context": "lab"}
+        )

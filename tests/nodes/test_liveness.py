@@ -7,11 +7,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from nodes.choices import SchedulingState
 from audit.models import AuditEvent
+from nodes.choices import SchedulingState
+from nodes.models import GatewayReplica, Node, NodeCordon, NodeCredential
 from nodes.services.control import node_report_inventory, session_open
 from nodes.services.liveness import liveness_sweep
-from nodes.models import GatewayReplica, Node, NodeCordon, NodeCredential
 from nodes.services.scheduling import node_cordon
 from tests.conftest import H100_INVENTORY, SYSTEM
 
@@ -20,27 +20,39 @@ from tests.conftest import H100_INVENTORY, SYSTEM
 def console_listening(db):
     """A gateway replica that has been listening all along, so silence is evidence here; the
     grace rule's own tests below take it away."""
-    return GatewayReplica.objects.create(name="test-gateway",
-                                         started_at=timezone.now() - timedelta(days=1),
-                                         seen_at=timezone.now() + timedelta(days=1))
+    return GatewayReplica.objects.create(
+        name="test-gateway",
+        started_at=timezone.now() - timedelta(days=1),
+        seen_at=timezone.now() + timedelta(days=1),
+    )
 
 
 @pytest.fixture
 def fleet_nodes(make_fleet):
     """``count`` schedulable nodes in a Fleet declaring ``capabilities``, made in bulk."""
+
     def make(fleet_id, capabilities, count=1, silent_for=0):
         fleet = make_fleet(fleet_id, kind="node", capabilities=capabilities)
         seen = timezone.now() - timedelta(seconds=silent_for)
-        return Node.objects.bulk_create([
-            Node(fleet=fleet, hostname=f"{fleet_id}-{i}", scheduling_state=SchedulingState.SCHEDULABLE,
-                 inventory=H100_INVENTORY, inventory_observed_at=seen, last_seen_at=seen)
-            for i in range(count)])
+        return Node.objects.bulk_create(
+            [
+                Node(
+                    fleet=fleet,
+                    hostname=f"{fleet_id}-{i}",
+                    scheduling_state=SchedulingState.SCHEDULABLE,
+                    inventory=H100_INVENTORY,
+                    inventory_observed_at=seen,
+                    last_seen_at=seen,
+                )
+                for i in range(count)
+            ]
+        )
+
     return make
 
 
 def silent(node, seconds):
-    Node.objects.filter(pk=node.pk).update(
-        last_seen_at=timezone.now() - timedelta(seconds=seconds))
+    Node.objects.filter(pk=node.pk).update(last_seen_at=timezone.now() - timedelta(seconds=seconds))
 
 
 def shown(admin_api, node):
@@ -69,8 +81,9 @@ def test_L3_env_quiet_and_back(fleet_nodes, admin_api):
     silent(node, 0)
     liveness_sweep()
     assert shown(admin_api, node)["liveness"] == {"train": "ok", "env": "ok"}
-    assert list(AuditEvent.objects.filter(target_id=node.pk).order_by("id")
-                .values_list("action", flat=True)) == ["node.quiet", "node.answering"]
+    assert list(
+        AuditEvent.objects.filter(target_id=node.pk).order_by("id").values_list("action", flat=True)
+    ) == ["node.quiet", "node.answering"]
 
 
 def test_a_sweep_twice_makes_each_transition_once(fleet_nodes):
@@ -95,13 +108,17 @@ def test_L1_back_from_gone_only_through_a_lease_and_fresh_inventory(node_fleet, 
     from nodes.services.join import node_join
     from tests.conftest import make_csr
 
-    node = node_join(token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1],
-                     inventory=H100_INVENTORY).node
+    node = node_join(
+        token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1], inventory=H100_INVENTORY
+    ).node
     node_cordon(actor=SYSTEM, node=node, reason="bad fan")
     Node.objects.filter(pk=node.pk).update(scheduling_state=SchedulingState.GONE)
-    session_open(node_id=node.id, serial=NodeCredential.objects.get(node=node).serial,
-                 gateway="test")
-    assert Node.objects.get(pk=node.pk).scheduling_state == SchedulingState.GONE  # a lease alone: no
+    session_open(
+        node_id=node.id, serial=NodeCredential.objects.get(node=node).serial, gateway="test"
+    )
+    assert (
+        Node.objects.get(pk=node.pk).scheduling_state == SchedulingState.GONE
+    )  # a lease alone: no
     node_report_inventory(node_id=node.id, inventory=H100_INVENTORY)
     assert Node.objects.get(pk=node.pk).scheduling_state == SchedulingState.SCHEDULABLE
     assert NodeCordon.objects.get(node=node).reason == "bad fan"  # never touched
@@ -110,8 +127,7 @@ def test_L1_back_from_gone_only_through_a_lease_and_fresh_inventory(node_fleet, 
 # SQLite caps the variables of one statement, so Django splits a large insert there;
 # on PostgreSQL, the production store, the count is flat.
 @pytest.mark.parametrize("count", [10, pytest.param(1000, marks=pytest.mark.postgres)])
-def test_sweep_statements_do_not_grow_with_nodes(fleet_nodes, count,
-                                                 django_assert_max_num_queries):
+def test_sweep_statements_do_not_grow_with_nodes(fleet_nodes, count, django_assert_max_num_queries):
     fleet_nodes("gpu", ["train", "serve", "env"], count=count, silent_for=301)
     fleet_nodes("fresh", ["serve"], count=count)
     # 21: the sweep, and one read for the sessions of silent gateway replicas.
@@ -146,8 +162,10 @@ def test_two_sweeps_at_once_make_each_transition_once(fleet_nodes):
 
 # -- a console outage is not a fleet outage -------------------------------------------------
 
+
 def test_grace_no_gateway_listening_marks_nothing_quiet_or_gone_but_restores_answers(
-        fleet_nodes, admin_api, console_listening):
+    fleet_nodes, admin_api, console_listening
+):
     silent_one = fleet_nodes("gpu-lab", ["train", "serve"], silent_for=400)[0]
     back = fleet_nodes("lab-2", ["serve"], silent_for=50)[0]
     liveness_sweep()
@@ -163,9 +181,9 @@ def test_grace_no_gateway_listening_marks_nothing_quiet_or_gone_but_restores_ans
     assert shown(admin_api, fresh)["scheduling"]["state"] == "schedulable"
 
 
-def test_grace_a_restarted_gateway_gets_one_lease_before_silence_counts(fleet_nodes, admin_api,
-                                                                        console_listening,
-                                                                        settings):
+def test_grace_a_restarted_gateway_gets_one_lease_before_silence_counts(
+    fleet_nodes, admin_api, console_listening, settings
+):
     """The failure this rule prevents: the console restarts after an outage and marks every
     node it has not heard from during its own downtime quiet or gone at once. After a
     restart, silence counts from the restart: a lease at least, then each threshold."""
@@ -188,7 +206,8 @@ def test_grace_a_restarted_gateway_gets_one_lease_before_silence_counts(fleet_no
 
 
 def test_grace_silence_counts_only_up_to_when_the_console_was_last_listening(
-        fleet_nodes, admin_api, console_listening):
+    fleet_nodes, admin_api, console_listening
+):
     """A gateway that died 10 s ago heard nothing in those 10 s: a node silent for 50 s has
     been silent for only 40 s of the console's listening, under serve's 45 s."""
     now = timezone.now()
@@ -202,8 +221,9 @@ def test_grace_silence_counts_only_up_to_when_the_console_was_last_listening(
     assert shown(admin_api, node)["liveness"] == {"serve": "quiet"}
 
 
-def test_grace_a_replica_that_could_not_announce_for_a_lease_listens_anew(console_listening,
-                                                                          settings):
+def test_grace_a_replica_that_could_not_announce_for_a_lease_listens_anew(
+    console_listening, settings
+):
     """Its database was away: it heard nothing it could record, so the grace applies again."""
     from nodes.services.control import gateway_alive, gateway_started
     from nodes.services.liveness import console_hearing
@@ -212,7 +232,8 @@ def test_grace_a_replica_that_could_not_announce_for_a_lease_listens_anew(consol
     replica = gateway_started(name="gw-1")
     GatewayReplica.objects.filter(pk="gw-1").update(
         started_at=timezone.now() - timedelta(hours=1),
-        seen_at=timezone.now() - timedelta(seconds=settings.TUNEPLANE_LEASE_TTL + 1))
+        seen_at=timezone.now() - timedelta(seconds=settings.TUNEPLANE_LEASE_TTL + 1),
+    )
     gateway_alive(name="gw-1", started_at=replica.started_at)
     hearing = console_hearing(timezone.now())
     assert timezone.now() - hearing.since < timedelta(seconds=5)

@@ -7,15 +7,15 @@ import random
 import pytest
 from django.db import connection
 
-from nodes.choices import CordonSource
 from audit.models import AuditEvent
 from audit.services import Actor
 from fleets.models import Fleet
 from fleets.services import fleet_delete
-from nodes.services.control import node_report_inventory, session_open
+from nodes.choices import CordonSource
 from nodes.models import ControlSession, Node, NodeCordon, NodeCredential
-from nodes.services.scheduling import node_cordon, node_drain, node_remove, node_uncordon
+from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import JoinRefused, JoinResult, node_join
+from nodes.services.scheduling import node_cordon, node_drain, node_remove, node_uncordon
 from placement.models import Deployment
 from placement.services import deployment_submit
 from tests.conftest import H100_INVENTORY, make_csr
@@ -31,10 +31,12 @@ OPS, ANA = Actor.system("ops"), Actor.system("ana")
 def placeable(make_fleet, mint):
     def make(fleet_id="gpu-lab", capabilities=("train", "serve")):
         fleet = make_fleet(fleet_id, kind="node", capabilities=list(capabilities))
-        joined = node_join(token=mint(fleet)[1], fleet_id=fleet_id, csr=make_csr()[1],
-                           inventory=H100_INVENTORY)
+        joined = node_join(
+            token=mint(fleet)[1], fleet_id=fleet_id, csr=make_csr()[1], inventory=H100_INVENTORY
+        )
         session_open(node_id=joined.node.id, serial=joined.certificate.serial, gateway="test")
         return node_report_inventory(node_id=joined.node.id, inventory=H100_INVENTORY)
+
     return make
 
 
@@ -66,8 +68,7 @@ def replayed(node_id: str) -> tuple[str, bool]:
     return state, cordoned
 
 
-def test_two_administrators_at_once_leave_one_consistent_state_audited_once_per_change(
-        placeable):
+def test_two_administrators_at_once_leave_one_consistent_state_audited_once_per_change(placeable):
     random.seed(7)
     for _ in range(5):
         node = placeable(f"lab-{random.randrange(10**6)}")
@@ -77,21 +78,27 @@ def test_two_administrators_at_once_leave_one_consistent_state_audited_once_per_
         node.refresh_from_db()
         state, cordoned = replayed(node.id)
         assert node.scheduling_state == state
-        assert NodeCordon.objects.filter(node=node, source=CordonSource.OPERATOR).exists() == cordoned
+        assert (
+            NodeCordon.objects.filter(node=node, source=CordonSource.OPERATOR).exists() == cordoned
+        )
         if state == "removed":
             assert not ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()
             assert not NodeCredential.objects.filter(node=node, revoked_at__isnull=True).exists()
 
 
 def test_F7_a_fleet_deleted_while_a_machine_joins_never_leaves_a_node_without_its_fleet(
-        make_fleet, mint):
+    make_fleet, mint
+):
     for round in range(8):
         fleet = make_fleet(f"lab-{round}", kind="node")
         secret = mint(fleet)[1]
         csr = make_csr()[1]
-        results = race(lambda i: fleet_delete(actor=OPS, fleet=fleet) if i == 0 else
-                       node_join(token=secret, fleet_id=fleet.id, csr=csr,
-                                 inventory=H100_INVENTORY), count=2)
+        results = race(
+            lambda i: fleet_delete(actor=OPS, fleet=fleet)
+            if i == 0
+            else node_join(token=secret, fleet_id=fleet.id, csr=csr, inventory=H100_INVENTORY),
+            count=2,
+        )
         deleted, joined = results
         assert isinstance(joined, (JoinResult, JoinRefused)), joined
         assert deleted is None or isinstance(deleted, ApplicationError), deleted
@@ -102,22 +109,30 @@ def test_F7_a_fleet_deleted_while_a_machine_joins_never_leaves_a_node_without_it
 
 
 def test_F7_a_fleet_deleted_while_a_deployment_is_admitted_never_leaves_one_without_it(
-        placeable, member, project):
+    placeable, member, project
+):
     for round in range(6):
         node = placeable(f"serve-{round}", capabilities=("serve",))
         fleet = node.fleet
         # A Fleet with a node cannot be deleted at all: free it, keeping the node placeable.
-        results = race(lambda i: fleet_delete(actor=OPS, fleet=fleet) if i == 0 else
-                       deployment_submit(actor=Actor.of_user(member), project="ml", name="chat",
-                                         fleet=fleet.id), count=2)
+        results = race(
+            lambda i: fleet_delete(actor=OPS, fleet=fleet)
+            if i == 0
+            else deployment_submit(
+                actor=Actor.of_user(member), project="ml", name="chat", fleet=fleet.id
+            ),
+            count=2,
+        )
         deleted, admitted = results
         exists = Fleet.objects.filter(pk=fleet.id).exists()
         assert Deployment.objects.filter(fleet_id=fleet.id).exists() == isinstance(
-            admitted, Deployment), admitted
+            admitted, Deployment
+        ), admitted
         assert exists or not isinstance(admitted, Deployment)
         assert not isinstance(deleted, Exception) or isinstance(deleted, ApplicationError), deleted
-        assert not isinstance(admitted, Exception) or isinstance(admitted, ApplicationError), \
+        assert not isinstance(admitted, Exception) or isinstance(admitted, ApplicationError), (
             admitted
+        )
     connection.close()
 
 
@@ -132,9 +147,11 @@ def test_a_close_racing_a_reconnect_and_a_lease_flush_never_deadlocks(placeable)
     serial = NodeCredential.objects.get(node=node).serial
     for _ in range(15):
         old = ControlSession.objects.get(node=node, closed_at__isnull=True)
-        calls = [lambda: session_close(session_id=old.id, reason="stream ended"),
-                 lambda: session_open(node_id=node.id, serial=serial, gateway="b"),
-                 lambda: leases_renew({str(old.id): timezone.now()})]
+        calls = [
+            lambda: session_close(session_id=old.id, reason="stream ended"),
+            lambda: session_open(node_id=node.id, serial=serial, gateway="b"),
+            lambda: leases_renew({str(old.id): timezone.now()}),
+        ]
         results = race(lambda i: calls[i](), count=len(calls))
         assert not [r for r in results if isinstance(r, Exception)], results
         open_now = ControlSession.objects.get(node=node, closed_at__isnull=True)

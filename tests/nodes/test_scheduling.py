@@ -2,13 +2,13 @@
 
 import pytest
 
-from nodes.choices import CommandState, CordonSource, SchedulingState
 from audit.models import AuditEvent
+from nodes.choices import CommandState, CordonSource, SchedulingState
+from nodes.models import ControlSession, Node, NodeCordon, NodeCredential
 from nodes.services.commands import Reported, node_command_create, node_command_report
 from nodes.services.control import session_open
-from nodes.models import ControlSession, Node, NodeCordon, NodeCredential
-from nodes.services.scheduling import node_cordon, node_drain, node_observe_storage_root
 from nodes.services.join import node_join
+from nodes.services.scheduling import node_cordon, node_drain, node_observe_storage_root
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 
 RUN = {"argv": ["sleep", "600"]}
@@ -17,8 +17,10 @@ RUN = {"argv": ["sleep", "600"]}
 @pytest.fixture
 def join(mint):
     def joined(fleet):
-        return node_join(token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1],
-                         inventory=H100_INVENTORY)
+        return node_join(
+            token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1], inventory=H100_INVENTORY
+        )
+
     return joined
 
 
@@ -42,7 +44,9 @@ def test_L6_storage_lost_cordons_and_its_return_lifts_only_the_storage_cordon(no
     assert cordons(node) == {"operator": "replacing a fan"}
     storage_events = AuditEvent.objects.filter(target_id=node.id, actor_label="storage")
     assert list(storage_events.order_by("id").values_list("action", flat=True)) == [
-        "node.cordoned", "node.uncordoned"]
+        "node.cordoned",
+        "node.uncordoned",
+    ]
 
 
 def test_L6_an_object_pull_fleet_has_no_storage_root_to_lose(make_fleet, join):
@@ -55,8 +59,9 @@ def test_L6_an_object_pull_fleet_has_no_storage_root_to_lose(make_fleet, join):
 def test_L6_an_inventory_report_without_the_storage_root_cordons(node):
     from nodes.services.control import node_report_inventory
 
-    node_report_inventory(node_id=node.id, inventory={**H100_INVENTORY,
-                                                      "storage_root_visible": False})
+    node_report_inventory(
+        node_id=node.id, inventory={**H100_INVENTORY, "storage_root_visible": False}
+    )
     assert cordons(node) == {"storage": "storage root not visible"}
 
 
@@ -75,11 +80,9 @@ def test_cordon_needs_a_reason_and_uncordon_lifts_only_the_operators(admin_api, 
     assert body["scheduling"]["state"] == "cordoned"
 
 
-def test_node_verbs_are_admin_only_and_invisible_nodes_are_not_found(member_api, admin_api,
-                                                                     node):
+def test_node_verbs_are_admin_only_and_invisible_nodes_are_not_found(member_api, admin_api, node):
     for verb in ("cordon", "uncordon", "drain", "commands"):
-        assert member_api.post(f"/api/nodes/{node.id}/{verb}", {"reason": "x"}
-                               ).status_code == 403
+        assert member_api.post(f"/api/nodes/{node.id}/{verb}", {"reason": "x"}).status_code == 403
         assert admin_api.post(f"/api/nodes/n-nope/{verb}", {"reason": "x"}).status_code == 404
     assert member_api.delete(f"/api/nodes/{node.id}").status_code == 403
 
@@ -108,8 +111,7 @@ def test_D2_removing_an_undrained_node_is_refused(admin_api, node):
 def test_D4_removing_a_drained_node_kills_its_credential_and_session(admin_api, node, join):
     serial = NodeCredential.objects.get(node=node).serial
     session_open(node_id=node.id, serial=serial, gateway="test")
-    assert admin_api.post(f"/api/nodes/{node.id}/drain").json()["scheduling"]["state"] == \
-        "drained"
+    assert admin_api.post(f"/api/nodes/{node.id}/drain").json()["scheduling"]["state"] == "drained"
     body = admin_api.delete(f"/api/nodes/{node.id}").json()
     assert body["scheduling"]["state"] == "removed"
     assert not NodeCredential.objects.filter(node=node, revoked_at__isnull=True).exists()
@@ -155,10 +157,15 @@ def test_L6_the_cordon_sweep_repairs_what_the_gateway_missed(node, join, node_fl
     other = join(node_fleet).node
     node_cordon(actor=SYSTEM, node=other, reason="operator's own")
     # Observations recorded without their cordon change (e.g. a gateway that died between).
-    Node.objects.filter(pk=node.pk).update(inventory={**H100_INVENTORY,
-                                                      "storage_root_visible": False})
-    NodeCordon.objects.create(node=other, source=CordonSource.STORAGE, reason="storage root not visible",
-                              created_at=node.created_at)
+    Node.objects.filter(pk=node.pk).update(
+        inventory={**H100_INVENTORY, "storage_root_visible": False}
+    )
+    NodeCordon.objects.create(
+        node=other,
+        source=CordonSource.STORAGE,
+        reason="storage root not visible",
+        created_at=node.created_at,
+    )
     assert storage_cordon_sweep() == {"cordoned": 1, "uncordoned": 1}
     assert cordons(node) == {"storage": "storage root not visible"}
     assert cordons(other) == {"operator": "operator's own"}

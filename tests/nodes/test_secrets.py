@@ -19,9 +19,9 @@ from rest_framework.test import APIClient
 from audit.models import AuditEvent
 from audit.services import Actor
 from fleets.models import Fleet
+from nodes.models import JoinToken, NodeCredential
 from nodes.services.clusters import cluster_refresh
 from nodes.services.control import credential_rotate
-from nodes.models import JoinToken, NodeCredential
 from tests.conftest import H100_INVENTORY, Api, make_csr
 from tests.nodes.kube_replay import KubeReplay
 from tuneplane.models import ApiToken
@@ -71,11 +71,13 @@ def fleet_page(client, fleet_id: str) -> str:
 
 def fake_jwt(subject: str) -> str:
     """Shaped like a real one (header.payload.signature); its signature is this run's alone."""
+
     def encoded(claims: dict) -> str:
         return base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
 
-    return ".".join([encoded({"alg": "HS256", "typ": "JWT"}), encoded({"sub": subject}),
-                     token_urlsafe(32)])
+    return ".".join(
+        [encoded({"alg": "HS256", "typ": "JWT"}), encoded({"sub": subject}), token_urlsafe(32)]
+    )
 
 
 def pem_body(pem: bytes | str) -> str:
@@ -89,7 +91,7 @@ def assert_appear_nowhere(secrets: dict[str, str], places: dict[str, str]) -> No
         for place, text in places.items():
             for fragment in (secret, secret[-16:]):
                 at = text.find(fragment)
-                around = text[max(at - 200, 0):at + len(fragment) + 50]
+                around = text[max(at - 200, 0) : at + len(fragment) + 50]
                 assert at < 0, f"{secret_name} found in {place}: …{around!r}…"
 
 
@@ -117,22 +119,29 @@ def join_rotate_and_be_refused(admin: Api) -> Outcome:
     assert joined.status_code == 201
     node_id = joined.json()["node_id"]
     new_key_pem, new_csr = make_csr()
-    credential_rotate(node_id=node_id, csr=new_csr,
-                      serial=NodeCredential.objects.get(node_id=node_id).serial)
+    credential_rotate(
+        node_id=node_id, csr=new_csr, serial=NodeCredential.objects.get(node_id=node_id).serial
+    )
     assert NodeCredential.objects.filter(node_id=node_id).count() == 2
 
     revoked = admin.post("/api/fleets/gpu-lab/join-tokens").json()
     assert admin.delete(f"/api/join-tokens/{revoked['id']}").status_code == 200
     unknown = JoinToken.PREFIX + token_urlsafe(32)
-    refused = [Api().post("/api/nodes/join", {**body, "token": token})
-               for token in (minted["token"], revoked["token"], unknown)]
+    refused = [
+        Api().post("/api/nodes/join", {**body, "token": token})
+        for token in (minted["token"], revoked["token"], unknown)
+    ]
     assert [answer.status_code for answer in refused] == [403, 403, 403]
-    return Outcome(secrets={"used join token": minted["token"],
-                            "revoked join token": revoked["token"],
-                            "unknown join token": unknown,
-                            "node key": pem_body(key_pem),
-                            "node's rotated key": pem_body(new_key_pem)},
-                   answers=[answer.content.decode() for answer in refused])
+    return Outcome(
+        secrets={
+            "used join token": minted["token"],
+            "revoked join token": revoked["token"],
+            "unknown join token": unknown,
+            "node key": pem_body(key_pem),
+            "node's rotated key": pem_body(new_key_pem),
+        },
+        answers=[answer.content.decode() for answer in refused],
+    )
 
 
 def revoke_and_present_an_api_token(admin_user) -> Outcome:
@@ -144,32 +153,50 @@ def revoke_and_present_an_api_token(admin_user) -> Outcome:
     unknown = ApiToken.PREFIX + token_urlsafe(32)
     refused = [bearer(presented).get("/api/fleets") for presented in (secret, unknown)]
     assert [answer.status_code for answer in refused] == [401, 401]
-    return Outcome(secrets={"revoked API token": secret, "unknown API token": unknown},
-                   answers=[answer.content.decode() for answer in refused])
+    return Outcome(
+        secrets={"revoked API token": secret, "unknown API token": unknown},
+        answers=[answer.content.decode() for answer in refused],
+    )
 
 
 def read_cluster_fleets(admin: Api, replay: KubeReplay, monkeypatch, secrets_dir) -> Outcome:
     """Fleets made through the API name where their JWT is; each is read once it works and
     once it is refused (401, 500), so the manager's refusal is stored and shown."""
-    kube_jwt, env_jwt, file_jwt, pasted_jwt = (fake_jwt(subject) for subject in (
-        "kube-reader", "slurm-env", "slurm-file", "pasted-into-the-config"))
+    kube_jwt, env_jwt, file_jwt, pasted_jwt = (
+        fake_jwt(subject)
+        for subject in ("kube-reader", "slurm-env", "slurm-file", "pasted-into-the-config")
+    )
     monkeypatch.setenv(KUBE_TOKEN_ENV, kube_jwt)
     monkeypatch.setenv(SLURM_TOKEN_ENV, env_jwt)
     token_file = secrets_dir / "slurm.jwt"
     token_file.write_text(f"SLURM_JWT={file_jwt}\n")  # as `scontrol token` prints it
-    slurm = {"slurm_rest_url": replay.url, "slurm_api_version": "v0.0.38",
-             "slurm_partition": "debug", "slurm_user": "root"}
+    slurm = {
+        "slurm_rest_url": replay.url,
+        "slurm_api_version": "v0.0.38",
+        "slurm_partition": "debug",
+        "slurm_user": "root",
+    }
     configs = {
-        "k8s-lab": ("kubernetes", {"kube_api_url": replay.url, "kube_token_env": KUBE_TOKEN_ENV,
-                                   "kuberay_namespace": "ml-jobs"}),
+        "k8s-lab": (
+            "kubernetes",
+            {
+                "kube_api_url": replay.url,
+                "kube_token_env": KUBE_TOKEN_ENV,
+                "kuberay_namespace": "ml-jobs",
+            },
+        ),
         "hpc-env": ("slurm", {**slurm, "slurm_token_env": SLURM_TOKEN_ENV}),
         "hpc-file": ("slurm", {**slurm, "slurm_token_file": str(token_file)}),
     }
-    created = [admin.post("/api/fleets", {"id": fleet_id, "kind": kind, "config": config})
-               for fleet_id, (kind, config) in configs.items()]
+    created = [
+        admin.post("/api/fleets", {"id": fleet_id, "kind": kind, "config": config})
+        for fleet_id, (kind, config) in configs.items()
+    ]
     assert [answer.status_code for answer in created] == [201, 201, 201]
-    pasted = admin.post("/api/fleets", {"id": "hpc-pasted", "kind": "slurm",
-                                        "config": {**slurm, "slurm_token_env": pasted_jwt}})
+    pasted = admin.post(
+        "/api/fleets",
+        {"id": "hpc-pasted", "kind": "slurm", "config": {**slurm, "slurm_token_env": pasted_jwt}},
+    )
     assert pasted.json()["error"]["field"] == "config.slurm_token_env"
 
     kube = Fleet.objects.get(pk="k8s-lab")
@@ -181,29 +208,41 @@ def read_cluster_fleets(admin: Api, replay: KubeReplay, monkeypatch, secrets_dir
     assert "500" in cluster_refresh(Fleet.objects.get(pk="hpc-env")).error
     replay.serve("GET", SLURM_NODES, {}, status=401)
     assert "401" in cluster_refresh(Fleet.objects.get(pk="hpc-file")).error
-    sent = {r.headers.get("authorization") or r.headers["x-slurm-user-token"]
-            for r in replay.requests}
+    sent = {
+        r.headers.get("authorization") or r.headers["x-slurm-user-token"] for r in replay.requests
+    }
     assert sent == {f"Bearer {kube_jwt}", env_jwt, file_jwt}  # each really was read and used
 
     shown = [admin.get(f"/api/fleets/{fleet_id}") for fleet_id in configs]
-    return Outcome(secrets={"Kubernetes token (env)": kube_jwt, "Slurm JWT (env)": env_jwt,
-                            "Slurm JWT (file)": file_jwt, "JWT pasted as a name": pasted_jwt},
-                   answers=[a.content.decode() for a in [*created, pasted, *shown]])
+    return Outcome(
+        secrets={
+            "Kubernetes token (env)": kube_jwt,
+            "Slurm JWT (env)": env_jwt,
+            "Slurm JWT (file)": file_jwt,
+            "JWT pasted as a name": pasted_jwt,
+        },
+        answers=[a.content.decode() for a in [*created, pasted, *shown]],
+    )
 
 
-def test_secrets_appear_nowhere_after_a_full_scenario(admin_user, node_fleet, console_pki,
-                                                      replay, admin_client, monkeypatch,
-                                                      secrets_dir, caplog):
+def test_secrets_appear_nowhere_after_a_full_scenario(
+    admin_user, node_fleet, console_pki, replay, admin_client, monkeypatch, secrets_dir, caplog
+):
     admin = Api(admin_user)
     with every_statement_logged(caplog):
-        outcomes = [join_rotate_and_be_refused(admin), revoke_and_present_an_api_token(admin_user),
-                    read_cluster_fleets(admin, replay, monkeypatch, secrets_dir)]
+        outcomes = [
+            join_rotate_and_be_refused(admin),
+            revoke_and_present_an_api_token(admin_user),
+            read_cluster_fleets(admin, replay, monkeypatch, secrets_dir),
+        ]
         missing_fleet = admin.post("/api/fleets/nope/join-tokens").content.decode()
         pages = {fleet.id: fleet_page(admin_client, fleet.id) for fleet in Fleet.objects.all()}
 
     assert "authentication failed" in pages["k8s-lab"]  # the refusal is shown, its token not
-    secrets = {"API token": admin.client._credentials["HTTP_AUTHORIZATION"].split()[1],
-               "CA key": pem_body((console_pki / "ca.key").read_text())}
+    secrets = {
+        "API token": admin.client._credentials["HTTP_AUTHORIZATION"].split()[1],
+        "CA key": pem_body((console_pki / "ca.key").read_text()),
+    }
     for outcome in outcomes:
         secrets.update(outcome.secrets)
     places = {

@@ -8,14 +8,14 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from nodes.choices import SchedulingState
-from fleets.choices import FleetState
 from audit.models import AuditEvent
+from fleets.choices import FleetState
 from fleets.models import Fleet
-from nodes.services.control import node_report_inventory, session_open
+from nodes.choices import SchedulingState
 from nodes.models import CardAlias, Node
-from nodes.services.scheduling import node_cordon
+from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
+from nodes.services.scheduling import node_cordon
 from placement.models import Deployment, TrainingJob
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 from tuneplane.errors import PlacementRefused
@@ -26,22 +26,31 @@ A100_INVENTORY = {**H100_INVENTORY, "cards": [{"name": "NVIDIA A100-SXM4-80GB", 
 @pytest.fixture
 def placeable(mint):
     """A node that may take work now: joined, a live lease, inventory observed just now."""
+
     def make(fleet, inventory=H100_INVENTORY):
-        result = node_join(token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1],
-                           inventory=inventory, address="10.0.0.1:1")
+        result = node_join(
+            token=mint(fleet)[1],
+            fleet_id=fleet.id,
+            csr=make_csr()[1],
+            inventory=inventory,
+            address="10.0.0.1:1",
+        )
         session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="test")
         return node_report_inventory(node_id=result.node.id, inventory=inventory)
+
     return make
 
 
 @pytest.fixture
 def fleet(make_fleet, placeable):
     """A Fleet with one placeable node of 8 × H100."""
+
     def make(fleet_id, capabilities, kind="node", inventory=H100_INVENTORY, nodes=1, **fields):
         made = make_fleet(fleet_id, kind=kind, capabilities=capabilities, **fields)
         for _ in range(nodes if kind == "node" else 0):
             placeable(made, inventory)
         return made
+
     return make
 
 
@@ -58,8 +67,10 @@ def refusal(response, reason):
 
 # -- the table, row by row ---------------------------------------------------------------
 
+
 def test_P1_training_job_placed_among_visible_fleets_that_train_fit_and_are_active(
-        fleet, member_api, project):
+    fleet, member_api, project
+):
     fleet("serve-only", ["serve"])
     fleet("drained", ["train"], state="draining")
     fleet("small", ["train"], inventory=A100_INVENTORY)
@@ -74,10 +85,10 @@ def test_P1_training_job_placed_among_visible_fleets_that_train_fit_and_are_acti
     assert AuditEvent.objects.filter(action="trainingjob.admitted").count() == 1
 
 
-@pytest.mark.parametrize("kind, capability", [("eval", "eval"), ("export", "train"),
-                                              ("merge", "train")])
-def test_P1_lifecycle_job_same_placement_same_gates(fleet, member_api, project, kind,
-                                                    capability):
+@pytest.mark.parametrize(
+    "kind, capability", [("eval", "eval"), ("export", "train"), ("merge", "train")]
+)
+def test_P1_lifecycle_job_same_placement_same_gates(fleet, member_api, project, kind, capability):
     fleet("evals", ["eval"])
     fleet("trains", ["train"])
     response = submit(member_api, "lifecycle-jobs", kind=kind, series="h100", cards=1)
@@ -107,8 +118,7 @@ def test_P2_with_more_than_one_an_unnamed_deployment_is_refused(fleet, member_ap
     assert not Deployment.objects.exists()
 
 
-def test_P2_none_serving_or_a_named_fleet_without_serve_is_capability(fleet, member_api,
-                                                                      project):
+def test_P2_none_serving_or_a_named_fleet_without_serve_is_capability(fleet, member_api, project):
     fleet("trains", ["train"])
     refusal(submit(member_api, "deployments", cards=1), "capability")
     error = refusal(submit(member_api, "deployments", fleet="trains", cards=1), "capability")
@@ -126,30 +136,44 @@ def test_P2_a_deployment_never_changes_fleet(fleet, member_api, project):
 
 
 def test_P3_volumes_and_datasets_are_not_placed_and_reach_a_job_through_delivery(
-        fleet, member_api, project):
+    fleet, member_api, project
+):
     fleet("shared", ["train"], config={"storage_root": "/mnt/lab"})
     assert member_api.post("/api/volumes", {"project": "ml", "name": "ckpt"}).status_code == 201
-    made = member_api.post("/api/datasets", {"project": "ml", "name": "tokens",
-                                             "uri": "s3://corp/tokens"})
+    made = member_api.post(
+        "/api/datasets", {"project": "ml", "name": "tokens", "uri": "s3://corp/tokens"}
+    )
     assert made.status_code == 201 and "fleet" not in made.json()
-    body = submit(member_api, "training-jobs", cards=1, volumes=["ckpt"],
-                  datasets=["tokens"]).json()
+    body = submit(
+        member_api, "training-jobs", cards=1, volumes=["ckpt"], datasets=["tokens"]
+    ).json()
     assert body["delivery"] == [
-        {"kind": "volume", "name": "ckpt", "delivery": "shared-mount",
-         "path": "/mnt/lab/ml/volumes/ckpt"},
-        {"kind": "dataset", "name": "tokens", "delivery": "shared-mount",
-         "path": "/mnt/lab/ml/datasets/tokens"}]
+        {
+            "kind": "volume",
+            "name": "ckpt",
+            "delivery": "shared-mount",
+            "path": "/mnt/lab/ml/volumes/ckpt",
+        },
+        {
+            "kind": "dataset",
+            "name": "tokens",
+            "delivery": "shared-mount",
+            "path": "/mnt/lab/ml/datasets/tokens",
+        },
+    ]
     Fleet.objects.filter(pk="shared").update(state=FleetState.DISABLED)
     fleet("pull", ["train"], delivery="object-pull")
     body = submit(member_api, "training-jobs", cards=1, datasets=["tokens"]).json()
-    assert body["delivery"] == [{"kind": "dataset", "name": "tokens", "delivery": "object-pull",
-                                 "uri": "s3://corp/tokens"}]
+    assert body["delivery"] == [
+        {"kind": "dataset", "name": "tokens", "delivery": "object-pull", "uri": "s3://corp/tokens"}
+    ]
     missing = submit(member_api, "training-jobs", cards=1, volumes=["nope"])
     assert missing.status_code == 400 and missing.json()["error"]["field"] == "volumes"
 
 
 def test_P4_playground_among_serving_node_and_kubernetes_fleets_never_slurm(
-        fleet, member_api, project):
+    fleet, member_api, project
+):
     fleet("hpc", ["serve"], kind="slurm")
     refusal(submit(member_api, "playground-sessions", cards=1), "capability")
     fleet("serve-a", ["serve"])
@@ -157,18 +181,22 @@ def test_P4_playground_among_serving_node_and_kubernetes_fleets_never_slurm(
 
 
 def test_P5_environment_named_in_its_manifest_must_declare_env_and_resolves_live(
-        fleet, member_api, project):
+    fleet, member_api, project
+):
     fleet("trains", ["train"])
     envs = fleet("envs", ["env"])
-    missing = member_api.post("/api/environments", {"project": "ml", "name": "e",
-                                                    "manifest": {}})
+    missing = member_api.post("/api/environments", {"project": "ml", "name": "e", "manifest": {}})
     assert missing.status_code == 400
     assert missing.json()["error"]["field"] == "manifest.fleet"
-    refusal(member_api.post("/api/environments", {"project": "ml", "name": "e",
-                                                  "manifest": {"fleet": "trains"}}),
-            "capability")
-    made = member_api.post("/api/environments", {"project": "ml", "name": "e",
-                                                 "manifest": {"fleet": "envs"}}).json()
+    refusal(
+        member_api.post(
+            "/api/environments", {"project": "ml", "name": "e", "manifest": {"fleet": "trains"}}
+        ),
+        "capability",
+    )
+    made = member_api.post(
+        "/api/environments", {"project": "ml", "name": "e", "manifest": {"fleet": "envs"}}
+    ).json()
     assert made["fleet"] == "envs"
     resolved = member_api.post(f"/api/environments/{made['id']}/resolve").json()
     node = Node.objects.get(fleet=envs)
@@ -179,27 +207,36 @@ def test_P5_environment_named_in_its_manifest_must_declare_env_and_resolves_live
 
 # -- gates ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path, body", [
-    ("training-jobs", {"cards": 1}), ("lifecycle-jobs", {"kind": "eval", "cards": 1}),
-    ("deployments", {"fleet": "FLEET", "cards": 1}),
-    ("playground-sessions", {"cards": 1}),
-    ("environments", {"manifest": {"fleet": "FLEET"}}),
-])
-def test_F8_an_invisible_fleet_answers_exactly_as_a_missing_one(fleet, member_api, project,
-                                                                path, body):
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("training-jobs", {"cards": 1}),
+        ("lifecycle-jobs", {"kind": "eval", "cards": 1}),
+        ("deployments", {"fleet": "FLEET", "cards": 1}),
+        ("playground-sessions", {"cards": 1}),
+        ("environments", {"manifest": {"fleet": "FLEET"}}),
+    ],
+)
+def test_F8_an_invisible_fleet_answers_exactly_as_a_missing_one(
+    fleet, member_api, project, path, body
+):
     from tuneplane.models import Project
 
     other = Project.objects.create(slug="secret", name="Secret")
     fleet("hidden", ["train", "eval", "serve", "env"], visibility="project", project=other)
     if "fleet" in body or "manifest" in body:
+
         def named(name):
-            return {key: name if value == "FLEET" else {"fleet": name} if key == "manifest"
-                    else value for key, value in body.items()}
+            return {
+                key: name if value == "FLEET" else {"fleet": name} if key == "manifest" else value
+                for key, value in body.items()
+            }
+
         hidden = submit(member_api, path, **named("hidden"))
         missing = submit(member_api, path, **named("nothing"))
         assert hidden.status_code == missing.status_code == 404
-        assert hidden.content.replace(b"hidden", b"X") == missing.content.replace(b"nothing",
-                                                                                  b"X")
+        assert hidden.content.replace(b"hidden", b"X") == missing.content.replace(b"nothing", b"X")
     else:
         # Automatic placement never counts, names or hints at it.
         error = refusal(submit(member_api, path, **body), "capability")
@@ -213,16 +250,21 @@ def test_D1_a_draining_or_disabled_fleet_is_refused_with_state(fleet, member_api
 
 
 def test_P6_inventory_fit_refusal_names_the_best_offer_among_visible_fleets_only(
-        fleet, member_api, project):
+    fleet, member_api, project
+):
     from tuneplane.models import Project
 
     fleet("gpu-lab", ["train"])
     other = Project.objects.create(slug="secret", name="Secret")
-    fleet("hidden", ["train"], visibility="project", project=other, nodes=1,
-          inventory={**H100_INVENTORY, "cards": [{"name": "NVIDIA H100 80GB HBM3",
-                                                  "count": 16}]})
-    error = refusal(submit(member_api, "training-jobs", series="h100", cards=12),
-                    "inventory_fit")
+    fleet(
+        "hidden",
+        ["train"],
+        visibility="project",
+        project=other,
+        nodes=1,
+        inventory={**H100_INVENTORY, "cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 16}]},
+    )
+    error = refusal(submit(member_api, "training-jobs", series="h100", cards=12), "inventory_fit")
     assert error["best_offer"] == "largest fit: 8 × h100 on one node in gpu-lab"
     assert "hidden" not in str(error) and "16" not in str(error)
 
@@ -234,33 +276,37 @@ def test_P6_refusals_are_the_body_the_openapi_document_promises(fleet, member_ap
 
     document = member_api.get("/api/schema", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     components = document.json()["components"]
-    validator = Draft202012Validator({"$ref": "#/components/schemas/PlacementRefusal",
-                                      "components": components})
+    validator = Draft202012Validator(
+        {"$ref": "#/components/schemas/PlacementRefusal", "components": components}
+    )
     documented = set(components["schemas"]["PlacementRefusalDetail"]["properties"])
     fleet("serve-a", ["serve"])
     fleet("serve-b", ["serve"], state="draining")
-    bodies = [refusal(submit(member_api, "deployments", cards=1), "fleet_not_named"),
-              refusal(submit(member_api, "deployments", fleet="serve-b"), "state"),
-              refusal(submit(member_api, "training-jobs", cards=1), "capability"),
-              refusal(submit(member_api, "deployments", fleet="serve-a", cards=64),
-                      "inventory_fit")]
+    bodies = [
+        refusal(submit(member_api, "deployments", cards=1), "fleet_not_named"),
+        refusal(submit(member_api, "deployments", fleet="serve-b"), "state"),
+        refusal(submit(member_api, "training-jobs", cards=1), "capability"),
+        refusal(submit(member_api, "deployments", fleet="serve-a", cards=64), "inventory_fit"),
+    ]
     for error in bodies:
         validator.validate({"error": error})
         assert set(error) <= documented, set(error) - documented
 
 
-def test_L1_stale_inventory_never_fits_although_the_node_shows_schedulable(fleet, member_api,
-                                                                          project):
+def test_L1_stale_inventory_never_fits_although_the_node_shows_schedulable(
+    fleet, member_api, project
+):
     made = fleet("gpu-lab", ["train"])
     Node.objects.filter(fleet=made).update(
-        inventory_observed_at=timezone.now() - timedelta(seconds=46))
+        inventory_observed_at=timezone.now() - timedelta(seconds=46)
+    )
     assert Node.objects.get(fleet=made).scheduling_state == SchedulingState.SCHEDULABLE
     refusal(submit(member_api, "training-jobs", cards=1), "inventory_fit")
 
 
 def test_L1_a_closed_stream_never_fits(fleet, member_api, project):
-    from nodes.services.control import session_close
     from nodes.models import ControlSession
+    from nodes.services.control import session_close
 
     fleet("gpu-lab", ["train"])
     session_close(session_id=ControlSession.objects.get().id, reason="stream ended")
@@ -277,8 +323,9 @@ def test_L1_a_lease_past_its_end_never_fits_though_inventory_is_fresh(fleet, mem
     before = session.lease_expires_at - timedelta(seconds=1)
     assert admit_automatically(member, Need("train", "h100", 1), now=before).fleet_id == "gpu-lab"
     with pytest.raises(PlacementRefused) as refused:
-        admit_automatically(member, Need("train", "h100", 1),
-                            now=session.lease_expires_at + timedelta(seconds=1))
+        admit_automatically(
+            member, Need("train", "h100", 1), now=session.lease_expires_at + timedelta(seconds=1)
+        )
     assert refused.value.reason == "inventory_fit"
 
 
@@ -298,7 +345,8 @@ def test_D1_a_cordoned_draining_or_gone_node_never_fits(fleet, member_api, proje
 
 
 def test_J4_an_unmapped_card_never_fits_a_pinned_series_and_fits_once_mapped(
-        fleet, member_api, project):
+    fleet, member_api, project
+):
     from nodes.models import HardwareSeries
     from nodes.services.hardware import card_alias_map
 
@@ -306,21 +354,21 @@ def test_J4_an_unmapped_card_never_fits_a_pinned_series_and_fits_once_mapped(
     fleet("gpu-lab", ["train"], inventory=mystery)
     assert submit(member_api, "training-jobs", cards=8).status_code == 201  # no series pinned
     refusal(submit(member_api, "training-jobs", series="h100", cards=8), "inventory_fit")
-    card_alias_map(actor=SYSTEM, alias=CardAlias.objects.get(name="Mystery X1"),
-                   series=HardwareSeries.objects.get(slug="h100"))
+    card_alias_map(
+        actor=SYSTEM,
+        alias=CardAlias.objects.get(name="Mystery X1"),
+        series=HardwareSeries.objects.get(slug="h100"),
+    )
     assert submit(member_api, "training-jobs", series="h100", cards=8).status_code == 201
 
 
 def test_P1_multi_node_fit_needs_that_many_fitting_nodes(fleet, member_api, project):
     fleet("gpu-lab", ["train"], nodes=2)
-    assert submit(member_api, "training-jobs", series="h100", cards=8, nodes=2
-                  ).status_code == 201
-    refusal(submit(member_api, "training-jobs", series="h100", cards=8, nodes=3),
-            "inventory_fit")
+    assert submit(member_api, "training-jobs", series="h100", cards=8, nodes=2).status_code == 201
+    refusal(submit(member_api, "training-jobs", series="h100", cards=8, nodes=3), "inventory_fit")
 
 
-def test_F7_a_fleet_with_a_live_deployment_cannot_be_deleted(fleet, admin_api, member_api,
-                                                            project):
+def test_F7_a_fleet_with_a_live_deployment_cannot_be_deleted(fleet, admin_api, member_api, project):
     made = fleet("serve-a", ["serve"], nodes=0)
     Node.objects.filter(fleet=made).delete()
     from placement.models import Revision
@@ -333,8 +381,7 @@ def test_F7_a_fleet_with_a_live_deployment_cannot_be_deleted(fleet, admin_api, m
     assert Fleet.objects.filter(pk="serve-a").exists()
 
 
-def test_L2_a_deployment_is_degraded_while_its_node_is_quiet_for_serve(fleet, member_api,
-                                                                       project):
+def test_L2_a_deployment_is_degraded_while_its_node_is_quiet_for_serve(fleet, member_api, project):
     fleet("serve-a", ["serve"])
     made = submit(member_api, "deployments", cards=1).json()
     node = Node.objects.get(pk=made["revisions"][0]["node"])
@@ -351,8 +398,9 @@ def test_a_project_the_submitter_is_not_in_reads_as_missing(fleet, outsider_api,
     assert response.status_code == 404 and "Project 'ml' not found" in response.content.decode()
 
 
-def test_admission_queries_do_not_grow_with_nodes_or_fleets(fleet, member_api, project,
-                                                            django_assert_max_num_queries):
+def test_admission_queries_do_not_grow_with_nodes_or_fleets(
+    fleet, member_api, project, django_assert_max_num_queries
+):
     fleet("gpu-lab", ["train"])
     submit(member_api, "training-jobs", cards=1)
     with django_assert_max_num_queries(30) as few:
@@ -363,14 +411,19 @@ def test_admission_queries_do_not_grow_with_nodes_or_fleets(fleet, member_api, p
         assert submit(member_api, "training-jobs", cards=1).status_code == 201
 
 
-
-
 def test_admin_lists_workloads(client, admin_user, fleet, member_api, project):
     fleet("serve-a", ["serve"])
     made = submit(member_api, "deployments", cards=1).json()
     client.force_login(admin_user)
-    for path in ("trainingjob", "lifecyclejob", "deployment", "playgroundsession",
-                 "environment", "volume", "dataset"):
+    for path in (
+        "trainingjob",
+        "lifecyclejob",
+        "deployment",
+        "playgroundsession",
+        "environment",
+        "volume",
+        "dataset",
+    ):
         assert client.get(f"/admin/placement/{path}/").status_code == 200, path
     page = client.get(f"/admin/placement/deployment/{made['id']}/change/")
     assert page.status_code == 200 and b"serve-a" in page.content

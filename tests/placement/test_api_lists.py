@@ -32,8 +32,13 @@ EVERY_CAPABILITY = list(FleetCapability)
 
 def _placeable(mint, fleet) -> Node:
     """Joined with a token, a live lease, inventory observed just now."""
-    joined = node_join(token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1],
-                       inventory=H100_INVENTORY, address="10.0.0.1:1")
+    joined = node_join(
+        token=mint(fleet)[1],
+        fleet_id=fleet.id,
+        csr=make_csr()[1],
+        inventory=H100_INVENTORY,
+        address="10.0.0.1:1",
+    )
     session_open(node_id=joined.node.id, serial=joined.certificate.serial, gateway="test")
     return node_report_inventory(node_id=joined.node.id, inventory=H100_INVENTORY)
 
@@ -46,6 +51,7 @@ def lab(make_fleet, mint):
 
 
 # -- nodes, tokens, commands, audit ---------------------------------------------------
+
 
 class TestNodeList(ListContract):
     list_path = "/api/nodes"
@@ -80,8 +86,9 @@ class TestNodeCommandList(ListContract):
         return self.list_path.format(node_id=self.node.id)
 
     def make_listed(self, n):
-        node_command_create(actor=SYSTEM, node=self.node, kind=CommandKind.RUN,
-                            payload={"argv": ["echo", str(n)]})
+        node_command_create(
+            actor=SYSTEM, node=self.node, kind=CommandKind.RUN, payload={"argv": ["echo", str(n)]}
+        )
 
     @pytest.fixture(autouse=True)
     def _node(self, lab):
@@ -96,6 +103,7 @@ class TestAuditList(ListContract):
 
 
 # -- workloads and storage ------------------------------------------------------------
+
 
 class WorkloadListContract(ListContract):
     """Submitted by a member through the services the API calls, read by that member."""
@@ -115,25 +123,36 @@ class TestTrainingJobList(WorkloadListContract):
     list_path = "/api/training-jobs"
 
     def make_listed(self, n):
-        services.training_job_submit(actor=self.actor, project="ml", name=f"job-{n}",
-                                     volumes=["ckpt", "logs"], datasets=["corpus", "evals"])
+        services.training_job_submit(
+            actor=self.actor,
+            project="ml",
+            name=f"job-{n}",
+            volumes=["ckpt", "logs"],
+            datasets=["corpus", "evals"],
+        )
 
 
 class TestLifecycleJobList(WorkloadListContract):
     list_path = "/api/lifecycle-jobs"
 
     def make_listed(self, n):
-        services.lifecycle_job_submit(actor=self.actor, project="ml", name=f"eval-{n}",
-                                      kind=LifecycleKind.EVAL, volumes=["ckpt"],
-                                      datasets=["evals"])
+        services.lifecycle_job_submit(
+            actor=self.actor,
+            project="ml",
+            name=f"eval-{n}",
+            kind=LifecycleKind.EVAL,
+            volumes=["ckpt"],
+            datasets=["evals"],
+        )
 
 
 class TestDeploymentList(WorkloadListContract):
     list_path = "/api/deployments"
 
     def make_listed(self, n):
-        deployment = services.deployment_submit(actor=self.actor, project="ml",
-                                                name=f"serve-{n}", fleet="lab")
+        deployment = services.deployment_submit(
+            actor=self.actor, project="ml", name=f"serve-{n}", fleet="lab"
+        )
         Revision.objects.create(deployment=deployment, number=2, node=self.nodes[1])
 
 
@@ -148,8 +167,9 @@ class TestEnvironmentList(WorkloadListContract):
     list_path = "/api/environments"
 
     def make_listed(self, n):
-        services.environment_submit(actor=self.actor, project="ml", name=f"env-{n}",
-                                    manifest={"fleet": "lab"})
+        services.environment_submit(
+            actor=self.actor, project="ml", name=f"env-{n}", manifest={"fleet": "lab"}
+        )
 
 
 class TestVolumeList(WorkloadListContract):
@@ -183,6 +203,7 @@ def test_every_list_endpoint_keeps_the_list_contract(anon_api):
 
 # -- L2: one selector for Ready, wherever it is shown ----------------------------------
 
+
 def _admin_status(client, deployment_id) -> tuple[str, list[str]]:
     """The status column of the admin list, and the Ready column of the change page."""
     listed = client.get("/admin/placement/deployment/").content.decode()
@@ -190,14 +211,16 @@ def _admin_status(client, deployment_id) -> tuple[str, list[str]]:
     status = re.search(r'<td class="field-status">(\w+)</td>', row).group(1)
     page = client.get(f"/admin/placement/deployment/{deployment_id}/change/").content.decode()
     ready = re.findall(r'<td class="field-ready">\s*<p><img [^>]*alt="(\w+)"', page)
-    assert f"<div class=\"readonly\">{status}</div>" in page
+    assert f'<div class="readonly">{status}</div>' in page
     return status, ready
 
 
-def test_L2_api_and_admin_read_status_and_ready_from_one_selector(lab, member, member_api,
-                                                                   admin_user, client):
-    deployment = services.deployment_submit(actor=Actor.of_user(member), project="ml",
-                                            name="serve", fleet="lab")
+def test_L2_api_and_admin_read_status_and_ready_from_one_selector(
+    lab, member, member_api, admin_user, client
+):
+    deployment = services.deployment_submit(
+        actor=Actor.of_user(member), project="ml", name="serve", fleet="lab"
+    )
     second = next(node for node in lab[1] if node.pk != deployment.revisions.get().node_id)
     Revision.objects.create(deployment=deployment, number=2, node=second)
     client.force_login(admin_user)
@@ -213,8 +236,9 @@ def test_L2_api_and_admin_read_status_and_ready_from_one_selector(lab, member, m
     Node.objects.filter(pk=second.pk).update(quiet_serve=True)
     assert api() == ("degraded", [True, False])
     assert _admin_status(client, deployment.pk) == ("degraded", ["True", "False"])
-    Node.objects.filter(pk=second.pk).update(quiet_serve=False,
-                                              scheduling_state=SchedulingState.GONE)
+    Node.objects.filter(pk=second.pk).update(
+        quiet_serve=False, scheduling_state=SchedulingState.GONE
+    )
     assert api() == ("degraded", [True, False])
     Node.objects.filter(pk=second.pk).update(scheduling_state=SchedulingState.SCHEDULABLE)
     assert api() == ("ready", [True, True])
@@ -234,8 +258,9 @@ def test_L2_a_deployment_without_a_ready_revision_is_degraded(lab, member):
     assert [r.ready for r in revisions_with_ready(unplaced.revisions.all())] == [False]
 
 
-def test_admin_deployment_list_shows_status_in_queries_flat_in_rows(lab, member, admin_user,
-                                                                    client):
+def test_admin_deployment_list_shows_status_in_queries_flat_in_rows(
+    lab, member, admin_user, client
+):
     client.force_login(admin_user)
     actor = Actor.of_user(member)
 

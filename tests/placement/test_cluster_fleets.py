@@ -33,9 +33,16 @@ def replay(monkeypatch):
 
 @pytest.fixture
 def kube(replay, make_fleet):
-    fleet = make_fleet("k8s-lab", kind="kubernetes", capabilities=["train", "serve"], config={
-        "kube_api_url": replay.url, "kube_token_env": TOKEN_ENV,
-        "kuberay_namespace": "ml-jobs"})
+    fleet = make_fleet(
+        "k8s-lab",
+        kind="kubernetes",
+        capabilities=["train", "serve"],
+        config={
+            "kube_api_url": replay.url,
+            "kube_token_env": TOKEN_ENV,
+            "kuberay_namespace": "ml-jobs",
+        },
+    )
     cluster_refresh(fleet)
     return fleet
 
@@ -49,8 +56,10 @@ def refusal(member, need, now=None) -> PlacementRefused:
 def test_only_the_ready_schedulable_node_fits_and_the_gfd_label_maps_to_h100(kube, member):
     admitted = admit_automatically(member, Need("train", "h100", 8))
     assert admitted.fleet_id == "k8s-lab" and admitted.nodes == ["gpu-h100-01"]
-    assert refusal(member, Need("train", "h100", 9)).details["best_offer"] == \
-        "largest fit: 8 × h100 on one node in k8s-lab"
+    assert (
+        refusal(member, Need("train", "h100", 9)).details["best_offer"]
+        == "largest fit: 8 × h100 on one node in k8s-lab"
+    )
     assert refusal(member, Need("train", "a100-80gb", 1)).reason == "inventory_fit"  # NotReady
 
 
@@ -67,10 +76,18 @@ def test_L1_a_failed_read_keeps_the_snapshot_until_it_ages_out(kube, member, rep
     kube.cluster_snapshot.refresh_from_db()
     assert failed == {"read": 0, "failed": 1} and "500" in kube.cluster_snapshot.error
     window = timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
-    assert admit_automatically(member, Need("train", "h100", 8),
-                               now=read.observed_at + window).fleet_id == "k8s-lab"
-    assert refusal(member, Need("train", "h100", 8),
-                   now=read.observed_at + window + timedelta(seconds=1)).reason == "inventory_fit"
+    assert (
+        admit_automatically(
+            member, Need("train", "h100", 8), now=read.observed_at + window
+        ).fleet_id
+        == "k8s-lab"
+    )
+    assert (
+        refusal(
+            member, Need("train", "h100", 8), now=read.observed_at + window + timedelta(seconds=1)
+        ).reason
+        == "inventory_fit"
+    )
 
 
 def test_a_401_shows_on_the_fleet_page_without_the_token(kube, replay, admin_client):
@@ -85,10 +102,17 @@ def test_a_401_shows_on_the_fleet_page_without_the_token(kube, replay, admin_cli
 
 
 def test_P7_an_admitted_training_job_becomes_a_rayjob_and_its_state_is_read_back(
-        kube, member, project, replay):
+    kube, member, project, replay
+):
     replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
-    job = training_job_submit(actor=Actor.of_user(member), project="ml", name="sft", series="h100", cards=8,
-                              script="python train.py")
+    job = training_job_submit(
+        actor=Actor.of_user(member),
+        project="ml",
+        name="sft",
+        series="h100",
+        cards=8,
+        script="python train.py",
+    )
     job = cluster_job_handover(job.pk)
     assert job.backend_job_id == "ml-jobs/llama-sft-7b-x9k2p", job.backend_error
     [posted] = [r for r in replay.requests if r.method == "POST"]
@@ -100,8 +124,9 @@ def test_P7_an_admitted_training_job_becomes_a_rayjob_and_its_state_is_read_back
     assert AuditEvent.objects.filter(action="trainingjob.handed_over").count() == 1
 
 
-def test_a_job_without_a_script_is_admitted_but_not_handed_over_and_says_why(kube, member,
-                                                                             project):
-    job = training_job_submit(actor=Actor.of_user(member), project="ml", name="sft", series="h100", cards=8)
+def test_a_job_without_a_script_is_admitted_but_not_handed_over_and_says_why(kube, member, project):
+    job = training_job_submit(
+        actor=Actor.of_user(member), project="ml", name="sft", series="h100", cards=8
+    )
     job = cluster_job_handover(job.pk)
     assert job.backend_job_id == "" and "no script" in job.backend_error

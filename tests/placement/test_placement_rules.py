@@ -17,12 +17,19 @@ from tests.conftest import H100_INVENTORY, make_csr
 def joined(mint):
     """A node of a Fleet that may take work now: a live lease, inventory observed just now.
     Returns it with the serial of its credential, to open sessions again."""
+
     def join(fleet, address="10.0.0.1:1"):
-        result = node_join(token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1],
-                           inventory=H100_INVENTORY, address=address)
+        result = node_join(
+            token=mint(fleet)[1],
+            fleet_id=fleet.id,
+            csr=make_csr()[1],
+            inventory=H100_INVENTORY,
+            address=address,
+        )
         session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="gw-1")
         node = node_report_inventory(node_id=result.node.id, inventory=H100_INVENTORY)
         return node, result.certificate.serial
+
     return join
 
 
@@ -34,28 +41,42 @@ def submit(api, path, **body):
 
 # -- P3: volumes and datasets reach a job through its Fleet's delivery --------------------
 
+
 @pytest.mark.parametrize("public_url", ["https://tuneplane.corp", "https://tuneplane.corp/"])
-@pytest.mark.parametrize("path, extra", [("training-jobs", {}),
-                                         ("lifecycle-jobs", {"kind": "export"})])
+@pytest.mark.parametrize(
+    "path, extra", [("training-jobs", {}), ("lifecycle-jobs", {"kind": "export"})]
+)
 def test_P3_object_pull_storage_without_its_own_uri_is_pulled_from_the_console(
-        settings, make_fleet, joined, member_api, project, public_url, path, extra):
+    settings, make_fleet, joined, member_api, project, public_url, path, extra
+):
     settings.TUNEPLANE_PUBLIC_URL = public_url
     joined(make_fleet("pull", kind="node", delivery="object-pull", capabilities=["train"]))
-    for kind, name, uri in [("volumes", "ckpt", ""), ("datasets", "tokens", ""),
-                            ("datasets", "corpus", "s3://corp/corpus")]:
+    for kind, name, uri in [
+        ("volumes", "ckpt", ""),
+        ("datasets", "tokens", ""),
+        ("datasets", "corpus", "s3://corp/corpus"),
+    ]:
         made = member_api.post(f"/api/{kind}", {"project": "ml", "name": name, "uri": uri})
         assert made.status_code == 201, made.content
 
-    job = submit(member_api, path, cards=1, volumes=["ckpt"], datasets=["tokens", "corpus"],
-                 **extra)
+    job = submit(
+        member_api, path, cards=1, volumes=["ckpt"], datasets=["tokens", "corpus"], **extra
+    )
 
     expected = [
-        {"kind": "volume", "name": "ckpt", "delivery": "object-pull",
-         "uri": "https://tuneplane.corp/objects/ml/volumes/ckpt"},
-        {"kind": "dataset", "name": "corpus", "delivery": "object-pull",
-         "uri": "s3://corp/corpus"},
-        {"kind": "dataset", "name": "tokens", "delivery": "object-pull",
-         "uri": "https://tuneplane.corp/objects/ml/datasets/tokens"},
+        {
+            "kind": "volume",
+            "name": "ckpt",
+            "delivery": "object-pull",
+            "uri": "https://tuneplane.corp/objects/ml/volumes/ckpt",
+        },
+        {"kind": "dataset", "name": "corpus", "delivery": "object-pull", "uri": "s3://corp/corpus"},
+        {
+            "kind": "dataset",
+            "name": "tokens",
+            "delivery": "object-pull",
+            "uri": "https://tuneplane.corp/objects/ml/datasets/tokens",
+        },
     ]
     assert job["fleet"] == "pull"
     assert job["delivery"] == expected
@@ -65,12 +86,14 @@ def test_P3_object_pull_storage_without_its_own_uri_is_pulled_from_the_console(
 
 # -- P5: an environment's node is resolved from nodes answering now -----------------------
 
+
 @pytest.fixture
 def environment(make_fleet, member_api, project):
     """An environment on a Fleet that declares env, and its nodes made by the test."""
     fleet = make_fleet("envs", kind="node", capabilities=["env"])
-    made = member_api.post("/api/environments", {"project": "ml", "name": "e",
-                                                 "manifest": {"fleet": "envs"}})
+    made = member_api.post(
+        "/api/environments", {"project": "ml", "name": "e", "manifest": {"fleet": "envs"}}
+    )
     assert made.status_code == 201, made.content
     return fleet, made.json()["id"]
 
@@ -88,15 +111,17 @@ def resolved(api, environment_id) -> str | None:
 def heard(node: Node, seconds_ago: float) -> None:
     """Its latest session heard from it then: the most recently heard is picked first."""
     ControlSession.objects.filter(node=node).update(
-        last_heartbeat_at=timezone.now() - timedelta(seconds=seconds_ago))
+        last_heartbeat_at=timezone.now() - timedelta(seconds=seconds_ago)
+    )
 
 
 def open_session(node: Node) -> ControlSession:
     return ControlSession.objects.get(node=node, closed_at__isnull=True)
 
 
-def test_P5_a_node_whose_session_closed_is_never_picked_a_live_one_is(environment, joined,
-                                                                      member_api):
+def test_P5_a_node_whose_session_closed_is_never_picked_a_live_one_is(
+    environment, joined, member_api
+):
     fleet, environment_id = environment
     closed, _ = joined(fleet, "10.0.0.1:1")
     live, _ = joined(fleet, "10.0.0.2:1")
@@ -110,24 +135,26 @@ def test_P5_a_node_whose_session_closed_is_never_picked_a_live_one_is(environmen
     assert resolved(member_api, environment_id) is None
 
 
-def test_P5_a_node_whose_lease_expired_is_never_picked_a_live_one_is(environment, joined,
-                                                                     member_api):
+def test_P5_a_node_whose_lease_expired_is_never_picked_a_live_one_is(
+    environment, joined, member_api
+):
     fleet, environment_id = environment
     expired, _ = joined(fleet, "10.0.0.1:1")
     live, _ = joined(fleet, "10.0.0.2:1")
     heard(expired, 0)
     heard(live, 5)
     ControlSession.objects.filter(node=expired).update(
-        lease_expires_at=timezone.now() - timedelta(seconds=1))  # open, but not renewed
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )  # open, but not renewed
 
     assert [resolved(member_api, environment_id) for _ in range(3)] == [live.id] * 3
     ControlSession.objects.filter(node=live).update(
-        lease_expires_at=timezone.now() - timedelta(seconds=1))
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
     assert resolved(member_api, environment_id) is None
 
 
-def test_P5_one_session_must_be_both_open_and_within_its_lease(environment, joined,
-                                                               member_api):
+def test_P5_one_session_must_be_both_open_and_within_its_lease(environment, joined, member_api):
     """A closed session whose lease had time left, and a newer open one past its lease:
     neither answers now, whatever the two say together."""
     fleet, environment_id = environment
@@ -135,10 +162,12 @@ def test_P5_one_session_must_be_both_open_and_within_its_lease(environment, join
     session_close(session_id=open_session(node).id, reason="stream ended")
     reopened = session_open(node_id=node.id, serial=serial, gateway="gw-2")
     ControlSession.objects.filter(pk=reopened.pk).update(
-        lease_expires_at=timezone.now() - timedelta(seconds=1))
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
     heard(node, 0)
-    assert ControlSession.objects.filter(node=node, closed_at__isnull=False,
-                                         lease_expires_at__gt=timezone.now()).exists()
+    assert ControlSession.objects.filter(
+        node=node, closed_at__isnull=False, lease_expires_at__gt=timezone.now()
+    ).exists()
 
     assert resolved(member_api, environment_id) is None
     live, _ = joined(fleet, "10.0.0.2:1")
@@ -148,8 +177,10 @@ def test_P5_one_session_must_be_both_open_and_within_its_lease(environment, join
 
 # -- P7: inventory fit is a check, not a reservation ----------------------------------------
 
-def test_P7_two_jobs_admitted_onto_the_same_cards_are_both_admitted(make_fleet, joined,
-                                                                   member_api, project):
+
+def test_P7_two_jobs_admitted_onto_the_same_cards_are_both_admitted(
+    make_fleet, joined, member_api, project
+):
     node, _ = joined(make_fleet("gpu-lab", kind="node", capabilities=["train"]))
     assert node.series_cards == {"h100": 8}
 

@@ -56,12 +56,17 @@ def test_a_bad_token_is_a_500_with_errors(slurm_cluster):
 
 
 def test_a_submitted_job_runs_to_completion(slurm_cluster, tmp_path):
-    submission = {"script": "#!/bin/sh\nsleep 1",
-                  "job": {"current_working_directory": str(tmp_path),
-                          "environment": {"PATH": "/bin:/usr/bin"}}}
+    submission = {
+        "script": "#!/bin/sh\nsleep 1",
+        "job": {
+            "current_working_directory": str(tmp_path),
+            "environment": {"PATH": "/bin:/usr/bin"},
+        },
+    }
 
-    status, body = call(slurm_cluster, "POST", f"{API}/job/submit",
-                        headers=slurm_cluster.headers, body=submission)
+    status, body = call(
+        slurm_cluster, "POST", f"{API}/job/submit", headers=slurm_cluster.headers, body=submission
+    )
 
     assert status == 200 and body["errors"] == [], body
     assert final_state(slurm_cluster, body["job_id"]) == "COMPLETED"

@@ -17,8 +17,8 @@ from audit.models import AuditEvent
 from audit.services import Actor
 from fleets.models import Fleet
 from nodes.backends import backend_for
-from nodes.services.clusters import cluster_refresh
 from nodes.models import CardAlias, HardwareSeries
+from nodes.services.clusters import cluster_refresh
 from nodes.services.hardware import card_alias_map
 from placement.admission import Need, admit_automatically
 from placement.handover import _spec, cluster_job_handover, cluster_jobs_track
@@ -36,13 +36,25 @@ def hpc(slurm_cluster, make_fleet, monkeypatch, tmp_path, admin_user):
     """A slurm Fleet on the cluster's debug partition, its card type mapped as an admin
     would map it (J4), and read once."""
     monkeypatch.setenv(TOKEN_ENV, slurm_cluster.token)
-    fleet = make_fleet("hpc", kind="slurm", capabilities=["train"], config={
-        "slurm_rest_url": slurm_cluster.url, "slurm_api_version": "v0.0.38",
-        "slurm_partition": slurm_cluster.partition, "slurm_user": "root",
-        "slurm_token_env": TOKEN_ENV, "slurm_workdir": str(tmp_path)})
+    fleet = make_fleet(
+        "hpc",
+        kind="slurm",
+        capabilities=["train"],
+        config={
+            "slurm_rest_url": slurm_cluster.url,
+            "slurm_api_version": "v0.0.38",
+            "slurm_partition": slurm_cluster.partition,
+            "slurm_user": "root",
+            "slurm_token_env": TOKEN_ENV,
+            "slurm_workdir": str(tmp_path),
+        },
+    )
     cluster_refresh(fleet)
-    card_alias_map(actor=Actor.of_user(admin_user), alias=CardAlias.objects.get(name="h100"),
-                   series=HardwareSeries.objects.get(slug="h100"))
+    card_alias_map(
+        actor=Actor.of_user(admin_user),
+        alias=CardAlias.objects.get(name="h100"),
+        series=HardwareSeries.objects.get(slug="h100"),
+    )
     return fleet
 
 
@@ -71,13 +83,21 @@ def test_its_inventory_is_what_slurm_says_four_h100(hpc, slurm_cluster):
 
 
 def test_J4_an_unmapped_slurm_card_type_never_fits_a_pinned_series(hpc, member, admin_user):
-    card_alias_map(actor=Actor.of_user(admin_user), alias=CardAlias.objects.get(name="h100"), series=None)
+    card_alias_map(
+        actor=Actor.of_user(admin_user), alias=CardAlias.objects.get(name="h100"), series=None
+    )
     assert refused(member, 2).reason == "inventory_fit"
 
 
 def test_P7_two_h100_are_admitted_handed_to_slurm_and_run_to_completed(hpc, member, project):
-    job = training_job_submit(actor=Actor.of_user(member), project="ml", name="finetune", series="h100",
-                              cards=2, script="#!/bin/sh\nsleep 1\n")
+    job = training_job_submit(
+        actor=Actor.of_user(member),
+        project="ml",
+        name="finetune",
+        series="h100",
+        cards=2,
+        script="#!/bin/sh\nsleep 1\n",
+    )
     assert job.fleet_id == "hpc" and job.admission["fits_on"]
     job = cluster_job_handover(job.pk)
     assert job.backend_job_id.isdigit(), job.backend_error
@@ -88,24 +108,36 @@ def test_P7_two_h100_are_admitted_handed_to_slurm_and_run_to_completed(hpc, memb
         job.refresh_from_db()
         time.sleep(0.5)
     assert job.backend_state == "COMPLETED"
-    states = list(AuditEvent.objects.filter(action="trainingjob.backend_state")
-                  .order_by("pk").values_list("after__backend_state", flat=True))
+    states = list(
+        AuditEvent.objects.filter(action="trainingjob.backend_state")
+        .order_by("pk")
+        .values_list("after__backend_state", flat=True)
+    )
     assert states[-1] == "COMPLETED" and len(states) == len(set(states))
 
 
 def slurm_jobs_with_comment(slurm_cluster, comment: str) -> list[str]:
-    jobs = httpx.get(f"{slurm_cluster.url}/slurm/v0.0.38/jobs", headers=slurm_cluster.headers,
-                     timeout=10).json()["jobs"]
+    jobs = httpx.get(
+        f"{slurm_cluster.url}/slurm/v0.0.38/jobs", headers=slurm_cluster.headers, timeout=10
+    ).json()["jobs"]
     return [str(job["job_id"]) for job in jobs if job.get("comment") == comment]
 
 
 def test_P7_a_handover_that_died_after_slurm_took_the_job_is_resumed_never_submitted_twice(
-        hpc, member, slurm_cluster):
-    job = training_job_submit(actor=Actor.of_user(member), project="ml", name="resume-me", series="h100",
-                              cards=1, script="#!/bin/sh\nsleep 1\n")
+    hpc, member, slurm_cluster
+):
+    job = training_job_submit(
+        actor=Actor.of_user(member),
+        project="ml",
+        name="resume-me",
+        series="h100",
+        cards=1,
+        script="#!/bin/sh\nsleep 1\n",
+    )
     # As a crashed attempt leaves it: marked and keyed, Slurm given the job, nothing recorded.
     TrainingJob.objects.filter(pk=job.pk).update(
-        handover_key="tp-crashed0001", handover_started_at=timezone.now() - timedelta(minutes=2))
+        handover_key="tp-crashed0001", handover_started_at=timezone.now() - timedelta(minutes=2)
+    )
     job.refresh_from_db()
     taken = backend_for(hpc).submit(_spec(job))
 
@@ -130,10 +162,17 @@ class AnswerLost:
         class Handler(BaseHTTPRequestHandler):
             def _forward(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                answer = httpx.request(self.command, proxy.upstream + self.path, content=body,
-                                       headers={k: v for k, v in self.headers.items()
-                                                if k.lower().startswith("x-slurm")
-                                                or k.lower() == "content-type"}, timeout=10)
+                answer = httpx.request(
+                    self.command,
+                    proxy.upstream + self.path,
+                    content=body,
+                    headers={
+                        k: v
+                        for k, v in self.headers.items()
+                        if k.lower().startswith("x-slurm") or k.lower() == "content-type"
+                    },
+                    timeout=10,
+                )
                 if self.path.endswith("/job/submit") and not proxy.dropped:
                     proxy.dropped += 1
                     self.connection.shutdown(socket.SHUT_RDWR)  # taken; the answer lost
@@ -159,13 +198,19 @@ class AnswerLost:
 
 
 def test_P7_a_submission_whose_answer_was_lost_is_resumed_not_failed_nor_repeated(
-        hpc, member, slurm_cluster):
+    hpc, member, slurm_cluster
+):
     proxy = AnswerLost(slurm_cluster.url)
     try:
-        Fleet.objects.filter(pk=hpc.pk).update(config={**hpc.config,
-                                                       "slurm_rest_url": proxy.url})
-        job = training_job_submit(actor=Actor.of_user(member), project="ml", name="answer-lost",
-                                  series="h100", cards=1, script="#!/bin/sh\nsleep 1\n")
+        Fleet.objects.filter(pk=hpc.pk).update(config={**hpc.config, "slurm_rest_url": proxy.url})
+        job = training_job_submit(
+            actor=Actor.of_user(member),
+            project="ml",
+            name="answer-lost",
+            series="h100",
+            cards=1,
+            script="#!/bin/sh\nsleep 1\n",
+        )
 
         job = cluster_job_handover(job.pk)
         job.refresh_from_db()
@@ -183,10 +228,17 @@ def test_P7_a_submission_whose_answer_was_lost_is_resumed_not_failed_nor_repeate
 
 
 def test_P7_a_handover_under_way_is_left_to_its_worker(hpc, member, slurm_cluster):
-    job = training_job_submit(actor=Actor.of_user(member), project="ml", name="under-way", series="h100",
-                              cards=1, script="#!/bin/sh\nsleep 1\n")
-    TrainingJob.objects.filter(pk=job.pk).update(handover_key="tp-underway0001",
-                                                 handover_started_at=timezone.now())
+    job = training_job_submit(
+        actor=Actor.of_user(member),
+        project="ml",
+        name="under-way",
+        series="h100",
+        cards=1,
+        script="#!/bin/sh\nsleep 1\n",
+    )
+    TrainingJob.objects.filter(pk=job.pk).update(
+        handover_key="tp-underway0001", handover_started_at=timezone.now()
+    )
 
     cluster_jobs_track()
 
@@ -202,7 +254,8 @@ def test_P6_eight_h100_are_refused_with_the_largest_fit_that_exists(hpc, member)
 
 
 def test_D1_a_node_drained_in_slurm_stops_fitting_and_shows_as_not_made_by_the_console(
-        hpc, member, slurm_cluster, admin_client):
+    hpc, member, slurm_cluster, admin_client
+):
     node = slurm_cluster.node_name
     slurm_cluster.scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason=test-drain")
     try:
@@ -218,8 +271,9 @@ def test_D1_a_node_drained_in_slurm_stops_fitting_and_shows_as_not_made_by_the_c
     assert admit_automatically(member, Need("train", "h100", 2)).fleet_id == "hpc"
 
 
-def test_D1_a_draining_slurm_fleet_takes_no_new_work_and_slurm_is_untouched(hpc, member,
-                                                                           slurm_cluster):
+def test_D1_a_draining_slurm_fleet_takes_no_new_work_and_slurm_is_untouched(
+    hpc, member, slurm_cluster
+):
     hpc.state = "draining"
     hpc.save(update_fields=["state"])
     assert refused(member, 2).reason == "state"
@@ -227,7 +281,8 @@ def test_D1_a_draining_slurm_fleet_takes_no_new_work_and_slurm_is_untouched(hpc,
 
 
 def test_L1_slurmrestd_gone_ages_the_fleet_out_of_placement_with_the_error_shown(
-        hpc, member, slurm_cluster, admin_client, settings):
+    hpc, member, slurm_cluster, admin_client, settings
+):
     read = cluster_refresh(hpc)
     slurm_cluster.stop_restd()
     try:
@@ -236,8 +291,10 @@ def test_L1_slurmrestd_gone_ages_the_fleet_out_of_placement_with_the_error_shown
         window = timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
         within = read.observed_at + window - timedelta(seconds=1)
         assert admit_automatically(member, Need("train", "h100", 2), now=within).fleet_id == "hpc"
-        assert refused(member, 2, now=read.observed_at + window + timedelta(seconds=1)) \
-            .reason == "inventory_fit"
+        assert (
+            refused(member, 2, now=read.observed_at + window + timedelta(seconds=1)).reason
+            == "inventory_fit"
+        )
         page = admin_client.get("/admin/fleets/fleet/hpc/change/").content.decode()
         assert "unreachable" in page and "did not answer" in page
         assert AuditEvent.objects.filter(action="fleet.cluster_unreachable").count() == 1

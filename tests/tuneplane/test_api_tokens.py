@@ -40,8 +40,11 @@ def test_token_is_printed_once_and_stored_only_as_its_hash(admin_user):
 def test_product_page_curl_with_the_printed_token(admin_user):
     secret = create_token("ops")
     response = bearer(secret).post(
-        "/api/fleets", '{"id": "gpu-lab", "kind": "node", "delivery": "shared-mount", '
-        '"capabilities": ["train", "serve"]}', content_type="application/json")
+        "/api/fleets",
+        '{"id": "gpu-lab", "kind": "node", "delivery": "shared-mount", '
+        '"capabilities": ["train", "serve"]}',
+        content_type="application/json",
+    )
     assert response.status_code == 201
 
 

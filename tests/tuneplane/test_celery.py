@@ -14,15 +14,23 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.django_db(transact
 
 
 def start(args, env):
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tuneplane", *args], env=env,
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tuneplane", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_worker_answers_a_ping_over_redis(require_redis, tmp_path):
     assert app.conf.broker_url == require_redis
     name = f"test-{uuid.uuid4().hex[:8]}@localhost"
-    worker = start(["worker", "-l", "INFO", "--pool", "solo", "-n", name],
-                   console_env(tmp_path, REDIS_URL=require_redis))
+    worker = start(
+        ["worker", "-l", "INFO", "--pool", "solo", "-n", name],
+        console_env(tmp_path, REDIS_URL=require_redis),
+    )
     try:
         deadline = time.monotonic() + 60
         replies = []

@@ -38,7 +38,9 @@ def test_request_id_is_echoed(admin_api):
     response = admin_api.get("/api/fleets", HTTP_X_REQUEST_ID="trace-123")
     assert response["X-Request-ID"] == "trace-123"
     generated = admin_api.get("/api/fleets", HTTP_X_REQUEST_ID="bad id with spaces")
-    assert generated["X-Request-ID"] != "bad id with spaces" and len(generated["X-Request-ID"]) == 32
+    assert (
+        generated["X-Request-ID"] != "bad id with spaces" and len(generated["X-Request-ID"]) == 32
+    )
 
 
 @pytest.mark.parametrize("path", ["/healthz"])

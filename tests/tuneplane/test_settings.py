@@ -8,22 +8,28 @@ import pytest
 
 from tests.e2e.console import ROOT
 
-SHOW = ("import json; from django.conf import settings as s; import django; django.setup(); "
-        "print(json.dumps({'engine': s.DATABASES['default']['ENGINE'], "
-        "'name': str(s.DATABASES['default']['NAME']), 'broker': s.CELERY_BROKER_URL, "
-        "'ttl': s.TUNEPLANE_JOIN_TOKEN_TTL, 'fresh': s.TUNEPLANE_PLACEMENT_FRESHNESS, "
-        "'train': s.TUNEPLANE_QUIET_TRAIN, 'serve': s.TUNEPLANE_QUIET_SERVE, "
-        "'env': s.TUNEPLANE_QUIET_ENV}))")
+SHOW = (
+    "import json; from django.conf import settings as s; import django; django.setup(); "
+    "print(json.dumps({'engine': s.DATABASES['default']['ENGINE'], "
+    "'name': str(s.DATABASES['default']['NAME']), 'broker': s.CELERY_BROKER_URL, "
+    "'ttl': s.TUNEPLANE_JOIN_TOKEN_TTL, 'fresh': s.TUNEPLANE_PLACEMENT_FRESHNESS, "
+    "'train': s.TUNEPLANE_QUIET_TRAIN, 'serve': s.TUNEPLANE_QUIET_SERVE, "
+    "'env': s.TUNEPLANE_QUIET_ENV}))"
+)
 
 # Each test starts a Python process that loads the settings.
 pytestmark = pytest.mark.e2e
 
 
 def settings_under(tmp_path, **env):
-    base = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "tuneplane.settings",
-            "TUNEPLANE_VAR_DIR": str(tmp_path)}
-    return subprocess.run([sys.executable, "-c", SHOW], cwd=ROOT, env={**base, **env},
-                          capture_output=True, text=True)
+    base = {
+        "PATH": "/usr/bin:/bin",
+        "DJANGO_SETTINGS_MODULE": "tuneplane.settings",
+        "TUNEPLANE_VAR_DIR": str(tmp_path),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", SHOW], cwd=ROOT, env={**base, **env}, capture_output=True, text=True
+    )
 
 
 def test_embedded_defaults_are_sqlite_and_a_filesystem_broker(tmp_path):
@@ -32,21 +38,31 @@ def test_embedded_defaults_are_sqlite_and_a_filesystem_broker(tmp_path):
     assert shown["name"] == str(tmp_path / "tuneplane.sqlite3")
     assert shown["broker"] == "filesystem://"
     assert (shown["ttl"], shown["fresh"], shown["train"], shown["serve"], shown["env"]) == (
-        86400, 45, 300, 45, 45)
+        86400,
+        45,
+        300,
+        45,
+        45,
+    )
     assert (tmp_path / "broker" / "queue").is_dir()
 
 
 def test_urls_move_it_onto_postgresql_and_redis(tmp_path):
-    shown = json.loads(settings_under(
-        tmp_path, DATABASE_URL="postgres://tp:secret@db.internal:6543/console",
-        REDIS_URL="redis://cache.internal:6380/2").stdout)
+    shown = json.loads(
+        settings_under(
+            tmp_path,
+            DATABASE_URL="postgres://tp:secret@db.internal:6543/console",
+            REDIS_URL="redis://cache.internal:6380/2",
+        ).stdout
+    )
     assert shown["engine"] == "django.db.backends.postgresql" and shown["name"] == "console"
     assert shown["broker"] == "redis://cache.internal:6380/2"
 
 
 def test_durations_are_whole_seconds_and_tests_can_shorten_them(tmp_path):
-    shown = json.loads(settings_under(tmp_path, TUNEPLANE_QUIET_SERVE="3",
-                                      TUNEPLANE_QUIET_TRAIN="7").stdout)
+    shown = json.loads(
+        settings_under(tmp_path, TUNEPLANE_QUIET_SERVE="3", TUNEPLANE_QUIET_TRAIN="7").stdout
+    )
     assert (shown["serve"], shown["train"]) == (3, 7)
 
 

@@ -57,14 +57,21 @@ def exception_handler(exc, context):
         # The database restarting, unreachable, or a deadlock it broke: the request's
         # transaction was rolled back, and the next connection is a new one. A client is
         # told to retry, in the API's own error body, not handed a 500 page.
-        logger.warning("database unavailable for %s: %s", context["request"].path,
-                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return Response(error_body(
-            "database_unavailable", "The console's database did not answer, so the request "
-            "may not have completed; read before repeating a write. Retry in "
-            f"{DATABASE_RETRY_AFTER} seconds."),
+        logger.warning(
+            "database unavailable for %s: %s",
+            context["request"].path,
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
+        return Response(
+            error_body(
+                "database_unavailable",
+                "The console's database did not answer, so the request "
+                "may not have completed; read before repeating a write. Retry in "
+                f"{DATABASE_RETRY_AFTER} seconds.",
+            ),
             status=status.HTTP_503_SERVICE_UNAVAILABLE,
-            headers={"Retry-After": str(DATABASE_RETRY_AFTER)})
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER)},
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

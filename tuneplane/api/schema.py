@@ -29,13 +29,14 @@ _DESCRIPTIONS = {
     422: "Placement refused at admission; `reason` says why.",
     429: "Too many requests from this address; retry after the `Retry-After` seconds.",
     503: "The console's database did not answer (a restart, say); retry after the "
-         "`Retry-After` seconds.",
+    "`Retry-After` seconds.",
 }
 
 
 def errors(*statuses: int) -> dict:
-    return {status: OpenApiResponse(ErrorBody, description=_DESCRIPTIONS[status])
-            for status in statuses}
+    return {
+        status: OpenApiResponse(ErrorBody, description=_DESCRIPTIONS[status]) for status in statuses
+    }
 
 
 def document_request_refusals(result, generator, request, public):
@@ -45,8 +46,13 @@ def document_request_refusals(result, generator, request, public):
     for operation in (op for item in result.get("paths", {}).values() for op in item.values()):
         responses = operation.setdefault("responses", {})
         for status in (400, 414, 503):
-            responses.setdefault(str(status), {
-                "description": _DESCRIPTIONS[status],
-                "content": {"application/json": {"schema": {
-                    "$ref": "#/components/schemas/Error"}}}})
+            responses.setdefault(
+                str(status),
+                {
+                    "description": _DESCRIPTIONS[status],
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                },
+            )
     return result

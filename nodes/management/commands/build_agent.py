@@ -7,8 +7,11 @@ class Command(BaseCommand):
     help = "Build the tuneplane-node wheel and its dependencies into TUNEPLANE_DOWNLOADS_DIR."
 
     def add_arguments(self, parser):
-        parser.add_argument("--if-missing", action="store_true",
-                            help="Do nothing when an agent wheel is already there.")
+        parser.add_argument(
+            "--if-missing",
+            action="store_true",
+            help="Do nothing when an agent wheel is already there.",
+        )
 
     def handle(self, *args, if_missing, **options):
         if if_missing and agent_wheel_present():

@@ -33,8 +33,11 @@ class Command(BaseCommand):
     help = "Serve NodeControl and grpc.health.v1 with client certificates required."
 
     def add_arguments(self, parser):
-        parser.add_argument("--bind", default=settings.TUNEPLANE_GATEWAY_BIND,
-                            help="HOST:PORT (TUNEPLANE_GATEWAY_BIND).")
+        parser.add_argument(
+            "--bind",
+            default=settings.TUNEPLANE_GATEWAY_BIND,
+            help="HOST:PORT (TUNEPLANE_GATEWAY_BIND).",
+        )
 
     def handle(self, *args, bind, **options):
         settings.TUNEPLANE_GATEWAY_BIND = bind
@@ -50,8 +53,9 @@ class Command(BaseCommand):
     async def _serve(self, bind: str) -> None:
         # No SO_REUSEPORT: two processes on one address would share a replica name, and
         # the second to start would close the first's sessions (control.gateway_started).
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024 * 1024),
-                                          ("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", 1024 * 1024), ("grpc.so_reuseport", 0)]
+        )
         gateway = Gateway(name=replica_name(bind))
         grpc_settings.ROOT_HANDLERS_HOOK(server, gateway)
         server.add_secure_port(bind, server_credentials())

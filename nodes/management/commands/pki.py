@@ -10,8 +10,12 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("init", help="Create the CA in TUNEPLANE_PKI_DIR unless it exists.")
         gateway = sub.add_parser("issue-gateway", help="Issue the gateway's TLS certificate.")
-        gateway.add_argument("--host", action="append", required=True,
-                             help="A DNS name or IP the gateway answers at (repeatable).")
+        gateway.add_argument(
+            "--host",
+            action="append",
+            required=True,
+            help="A DNS name or IP the gateway answers at (repeatable).",
+        )
 
     def handle(self, *args, action, **options):
         if action == "init":

@@ -23,8 +23,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--bind", default="127.0.0.1:8000", help="HOST:PORT for the web.")
-        parser.add_argument("--gateway-bind", default=settings.TUNEPLANE_GATEWAY_BIND,
-                            help="HOST:PORT for the gRPC gateway (TUNEPLANE_GATEWAY_BIND).")
+        parser.add_argument(
+            "--gateway-bind",
+            default=settings.TUNEPLANE_GATEWAY_BIND,
+            help="HOST:PORT for the gRPC gateway (TUNEPLANE_GATEWAY_BIND).",
+        )
 
     def handle(self, *args, bind, gateway_bind, **options):
         call_command("migrate", interactive=False, verbosity=0)
@@ -68,20 +71,25 @@ class Command(BaseCommand):
         try:
             call_command("build_agent", "--if-missing")
         except CommandError as exc:
-            self.stderr.write(f"install.sh will fail until `python manage.py build_agent` "
-                              f"succeeds: {exc}")
+            self.stderr.write(
+                f"install.sh will fail until `python manage.py build_agent` succeeds: {exc}"
+            )
 
     def _ensure_admin(self) -> None:
         users = get_user_model().objects
         if users.filter(is_superuser=True).exists():
-            self.stdout.write(f"Admin login: the existing superuser (reset a password with "
-                              f"`python manage.py changepassword {ADMIN_USERNAME}`).")
+            self.stdout.write(
+                f"Admin login: the existing superuser (reset a password with "
+                f"`python manage.py changepassword {ADMIN_USERNAME}`)."
+            )
             return
         password = secrets.token_urlsafe(12)
         users.create_superuser(ADMIN_USERNAME, "", password)
-        self.stdout.write(self.style.SUCCESS(
-            f"Admin login, shown this once: username {ADMIN_USERNAME}  password {password}"
-        ))
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Admin login, shown this once: username {ADMIN_USERNAME}  password {password}"
+            )
+        )
 
     def _announce(self, bind: str, gateway_bind: str, children: dict) -> None:
         base = f"http://{bind}"

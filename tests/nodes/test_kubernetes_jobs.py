@@ -9,54 +9,35 @@ real cluster answers the same way is the stored responses' claim, not these test
 import dataclasses
 import json
 import re
-import socket
 
 import pytest
 
-from nodes.backends.base import BackendError, JobSpec
+from nodes.backends.base import BackendError
 from nodes.backends.kubernetes import KubernetesBackend, rayjob_name_prefix, rayjob_naming
 
-from .kube_replay import RESPONSES, KubeReplay
-
-NODES = "/api/v1/nodes"
-RAYJOBS = "/apis/ray.io/v1/namespaces/ml-jobs/rayjobs"
-RAYJOB = f"{RAYJOBS}/llama-sft-7b-x9k2p"
-TOKEN = "eyJhbGciOiJSUzI1NiJ9.replay-test-token.c2lnbmF0dXJl"  # distinctive, to look for leaks
-TOKEN_ENV = "TUNEPLANE_TOKEN_TEST_KUBE_TOKEN"
-SHORT_TIMEOUT = (0.5, 0.5)
-H100 = "NVIDIA-H100-80GB-HBM3"
-SFT_JOB = JobSpec(
-    name="Llama SFT 7B", script="python train.py --epochs 3", series=H100, cards=8, nodes=2
+from .kube_backend import (  # noqa: F401 -- no_proxy: an autouse fixture
+    H100,
+    KEYED_JOB,
+    NODES,
+    RAYJOB,
+    RAYJOBS,
+    SFT_JOB,
+    SHORT_TIMEOUT,
+    TOKEN,
+    TOKEN_ENV,
+    backend_at,
+    free_port,
+    no_proxy,
+    replay_file,
 )
-
-
-@pytest.fixture(autouse=True)
-def no_proxy(monkeypatch):
-    """The client takes HTTP(S)_PROXY from the environment; the replay server is local."""
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
-        monkeypatch.delenv(name, raising=False)
+from .kube_replay import KubeReplay
 
 
 @pytest.fixture
 def replay():
+    """A replayed API that serves nothing until the test says what."""
     with KubeReplay() as server:
         yield server
-
-
-def backend_at(url: str, **config) -> KubernetesBackend:
-    return KubernetesBackend.from_config(
-        {"kube_api_url": url, "kuberay_namespace": "ml-jobs", **config}
-    )
-
-
-def replay_file(name: str) -> str:
-    return (RESPONSES / name).read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 # Jobs
@@ -92,7 +73,6 @@ def test_a_job_for_any_series_has_no_node_selector(replay):
     assert "nodeSelector" not in workers["template"]["spec"]
 
 
-KEYED_JOB = dataclasses.replace(SFT_JOB, key="tp-0123456789ab")
 ALREADY_EXISTS = {
     "kind": "Status",
     "apiVersion": "v1",

@@ -54,12 +54,18 @@ def running_gateway(tmp_path, console_pki, **settings):
     )
     line = process.stdout.readline()
     assert "gateway serving" in line, line + process.stdout.read()
+    # Read on while it serves: a pipe nobody reads fills up, and the gateway then blocks on
+    # its next log line.
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
     try:
         yield f"127.0.0.1:{port}"
     finally:
         process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=20)[0]
-    assert process.returncode == 0, output
+        process.wait(timeout=20)
+        reader.join(timeout=5)
+    assert process.returncode == 0, "".join(lines)
 
 
 def lay_out_a_joined_node(node_fleet, mint, tmp_path, name="gpu-01"):

@@ -64,7 +64,9 @@ def test_two_beats_for_a_minute_make_every_transition_once(
         finally:
             for process in (*beats, worker):
                 process.terminate()
-            output = "".join(process.communicate(timeout=30)[0] for process in (*beats, worker))
+            for process in (*beats, worker):
+                process.wait(timeout=30)
+            output = "".join(process.log.read_text() for process in (*beats, worker))
     sent = output.count("Sending due task Liveness sweep")
     assert sent >= 1.5 * MINUTE, f"two beats should have sent ~{2 * MINUTE} sweeps: {sent}"
     events = AuditEvent.objects.filter(

@@ -1,3 +1,4 @@
+import importlib
 import json
 import os
 
@@ -146,6 +147,24 @@ def secrets_dir(settings, tmp_path):
     directory.mkdir()
     settings.TUNEPLANE_SECRETS_DIR = directory
     return directory
+
+
+@pytest.fixture(autouse=True)
+def _hardware_registry(request):
+    """The card registry a migration seeds (nodes 0002), there for every test with a database:
+    a transactional test empties every table when it ends, and under pytest-xdist such a test
+    may come before others in the same worker's database."""
+    if request.node.get_closest_marker("django_db") is None and not (
+        {"db", "transactional_db"} & set(request.fixturenames)
+    ):
+        return
+    request.getfixturevalue("_django_db_helper")
+    from django.apps import apps
+
+    from nodes.models import HardwareSeries
+
+    if not HardwareSeries.objects.filter(slug="h100").exists():
+        importlib.import_module("nodes.migrations.0002_seed_hardware_series").seed(apps, None)
 
 
 @pytest.fixture(autouse=True)

@@ -31,7 +31,7 @@ def _ours(model_admin_class, method: str) -> bool:
     return False
 
 
-def writing_admins(request):
+def writing_admins():
     for model, model_admin in admin.site._registry.items():
         if model._meta.app_label in NOT_OURS:
             continue
@@ -47,7 +47,7 @@ def staff_request(admin_user):
 
 def test_A1_every_admin_that_writes_does_so_through_our_own_save_and_delete(staff_request):
     unaudited = []
-    for model, model_admin in writing_admins(staff_request):
+    for model, model_admin in writing_admins():
         name, klass = model._meta.label, type(model_admin)
         if (
             model_admin.has_add_permission(staff_request)
@@ -74,7 +74,7 @@ def test_A1_every_admin_that_writes_does_so_through_our_own_save_and_delete(staf
     assert not unaudited, "admin writes that skip the services: " + "; ".join(unaudited)
 
 
-def test_A1_the_check_finds_an_admin_that_saves_with_djangos_default(staff_request):
+def test_A1_the_check_finds_an_admin_that_saves_with_djangos_default():
     """The check above can fail: an admin like ours but saving as Django does is caught."""
 
     class Careless(ModelAdmin):

@@ -39,3 +39,8 @@ ACTIVE_COMMAND_STATES = (CommandState.PENDING, CommandState.RUNNING)
 
 class CommandKind(models.TextChoices):
     RUN = "run", "run"  # a process under the agent: payload {"argv": [...]}
+    # A job's member (placement's allocator writes these, DESIGN §7): start it with its
+    # cards, stop it (SIGTERM, SIGKILL after the grace), clean up what it left (R7).
+    START = "start", "start"
+    STOP = "stop", "stop"
+    CLEANUP = "cleanup", "cleanup"

@@ -29,6 +29,38 @@ def _count(value, field: str, *, minimum: int, required: bool = False) -> int | 
     return value
 
 
+def _devices(devices, totals: dict[str, int]) -> list[dict]:
+    """Each card by index and UUID (what the allocator holds, R1): indices and UUIDs each
+    once, and as many of each name as ``cards`` counts."""
+    if devices is None or devices == []:
+        return []
+    field = "inventory.devices"
+    if not isinstance(devices, list) or len(devices) > MAX_CARDS:
+        raise ValidationFailed(f"{field} must be a list of at most {MAX_CARDS}.", field=field)
+    found, counts = [], {}
+    for position, device in enumerate(devices):
+        here = f"{field}[{position}]"
+        if not isinstance(device, dict) or set(device) != {"index", "uuid", "name"}:
+            raise ValidationFailed(f'{here} must be {{"index", "uuid", "name"}}.', field=here)
+        index = _count(device["index"], f"{here}.index", minimum=0, required=True)
+        if index >= MAX_CARDS:
+            raise ValidationFailed(f"{here}.index must be below {MAX_CARDS}.", field=here)
+        uuid = _text(device["uuid"], f"{here}.uuid", required=True).strip()
+        name = _text(device["name"], f"{here}.name", required=True).strip()
+        counts[name] = counts.get(name, 0) + 1
+        found.append({"index": index, "uuid": uuid, "name": name})
+    if len({d["index"] for d in found}) != len(found) or len({d["uuid"] for d in found}) != len(
+        found
+    ):
+        raise ValidationFailed(f"{field}: each index and each UUID once.", field=field)
+    if counts != totals:
+        raise ValidationFailed(
+            f"{field} must name as many cards of each name as inventory.cards counts.",
+            field=field,
+        )
+    return sorted(found, key=lambda device: device["index"])
+
+
 def normalize_inventory(data) -> dict:
     if not isinstance(data, dict):
         raise ValidationFailed("inventory must be a JSON object.", field="inventory")
@@ -39,6 +71,7 @@ def normalize_inventory(data) -> dict:
         "storage_root_visible",
         "cpu_budget",
         "memory_budget_bytes",
+        "devices",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -68,7 +101,9 @@ def normalize_inventory(data) -> dict:
             "inventory.storage_root_visible must be true or false.",
             field="inventory.storage_root_visible",
         )
+    devices = _devices(data.get("devices"), totals)
     return {
+        **({"devices": devices} if devices else {}),
         "cards": [{"name": name, "count": count} for name, count in sorted(totals.items())],
         "driver": _text(data.get("driver"), "inventory.driver"),
         "container_runtime": _text(data.get("container_runtime"), "inventory.container_runtime"),

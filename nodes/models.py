@@ -268,6 +268,11 @@ class NodeCommand(models.Model):
         max_length=16, choices=CommandState.choices, default=CommandState.PENDING, db_index=True
     )
     exit_code = models.IntegerField(null=True, blank=True)
+    # A member's (kind start): why it ended in the node's words, when the node confirmed
+    # everything it left is gone (its cards are held till then, R7), its confinement (R5).
+    reason = models.CharField(max_length=32, blank=True)
+    cleaned_at = models.DateTimeField(null=True, blank=True)
+    confinement = models.CharField(max_length=200, blank=True)
     created_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()

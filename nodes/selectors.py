@@ -1,13 +1,13 @@
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from fleets.selectors import fleets_visible_to
 from tuneplane.permissions import is_admin
 
-from .choices import ACTIVE_COMMAND_STATES, CommandState, SchedulingState
+from .choices import ACTIVE_COMMAND_STATES, CommandKind, CommandState, SchedulingState
 from .models import (
     CardAlias,
     ClusterSnapshot,
@@ -146,10 +146,13 @@ def commands_pending(
 
 
 def commands_active_on(node) -> list[str]:
-    """Ids of the node's commands that may still be running: what drain waits for and what
-    a forced removal leaves behind (D3)."""
+    """Ids of the node's commands that may still be running, and of its members not yet
+    cleaned up (R7): what drain waits for and what a forced removal leaves behind (D3)."""
     return list(
-        NodeCommand.objects.filter(node=node, state__in=ACTIVE_COMMAND_STATES)
+        NodeCommand.objects.filter(node=node)
+        .filter(
+            Q(state__in=ACTIVE_COMMAND_STATES) | Q(kind=CommandKind.START, cleaned_at__isnull=True)
+        )
         .order_by("created_at")
         .values_list("id", flat=True)
     )

@@ -9,6 +9,7 @@ class PlacementConfig(AppConfig):
 
     def ready(self):
         from fleets.deletion import register_deletion_blocker
+        from nodes.services.commands import register_command_observer
 
         from . import (
             tasks,  # noqa: F401 -- registered wherever placement runs: services send them by name
@@ -17,3 +18,6 @@ class PlacementConfig(AppConfig):
 
         register_deletion_blocker(live_deployments_blocking_deletion)
         register_deletion_blocker(workload_records_blocking_deletion)
+        from .services.runs import member_command_observed
+
+        register_command_observer(member_command_observed)

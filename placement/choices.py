@@ -41,3 +41,38 @@ class Refusal(models.TextChoices):
     INVENTORY_FIT = "inventory_fit", "inventory_fit"
     FLEET_NOT_NAMED = "fleet_not_named", "fleet_not_named"
     NO_NODE_ANSWERING = "no_node_answering", "no_node_answering"
+
+
+class JobState(models.TextChoices):
+    """A job on a node Fleet (DESIGN §7): queued until the allocator gives it cards."""
+
+    QUEUED = "queued", "queued"
+    STARTING = "starting", "starting"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+JOB_ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class RunState(models.TextChoices):
+    """An attempt's and a member's (DESIGN §7)."""
+
+    STARTING = "starting", "starting"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    UNKNOWN = "unknown", "unknown"
+    LOST = "lost", "lost"
+    CANCELLED = "cancelled", "cancelled"
+    ABANDONED = "abandoned", "abandoned"
+
+
+RUN_LIVE = (RunState.STARTING, RunState.RUNNING, RunState.UNKNOWN)
+
+
+class Cleanup(models.TextChoices):
+    PENDING = "pending", "pending"
+    CLEANED = "cleaned", "cleaned"

@@ -7,7 +7,7 @@ from fleets.models import Fleet
 from nodes.models import Node
 from tuneplane.models import Project
 
-from .choices import DeploymentState, LifecycleKind
+from .choices import Cleanup, DeploymentState, JobState, LifecycleKind, RunState
 
 
 class StorageRecord(models.Model):
@@ -64,11 +64,32 @@ class Workload(models.Model):
         return f"{self.name} on {self.fleet_id}"
 
 
-class TrainingJob(Workload):
+class Job(Workload):
+    """What a job runs and how it is going. On a node Fleet the allocator gives its attempts
+    cards and the agents run them (DESIGN §7); a cluster Fleet's manager runs its script."""
+
+    # A node Fleet's job runs ``command`` (argv) or ``script`` (by /bin/bash); a cluster
+    # Fleet's manager runs the script (a batch script for Slurm, an entrypoint for Ray).
+    command = models.JSONField(default=list, blank=True)
+    script = models.TextField(blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    cpus = models.FloatField(null=True, blank=True)
+    memory_bytes = models.BigIntegerField(null=True, blank=True)
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    state = models.CharField(
+        max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True
+    )
+    reason = models.CharField(max_length=64, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta(Workload.Meta):
+        abstract = True
+
+
+class TrainingJob(Job):
     volumes = models.ManyToManyField(Volume, blank=True, related_name="+")
     datasets = models.ManyToManyField(Dataset, blank=True, related_name="+")
-    # What a cluster Fleet's manager runs (a batch script for Slurm, an entrypoint for Ray).
-    script = models.TextField(blank=True)
     # The manager's own record of it, once handed over: its id, its state in its words, and
     # why handing it over failed, if it did. The allocator is the manager (P7).
     backend_job_id = models.CharField(max_length=200, blank=True)
@@ -82,7 +103,7 @@ class TrainingJob(Workload):
     handover_started_at = models.DateTimeField(null=True, blank=True)
 
 
-class LifecycleJob(Workload):
+class LifecycleJob(Job):
     kind = models.CharField(max_length=16, choices=LifecycleKind.choices)
     volumes = models.ManyToManyField(Volume, blank=True, related_name="+")
     datasets = models.ManyToManyField(Dataset, blank=True, related_name="+")
@@ -119,3 +140,95 @@ class PlaygroundSession(Workload):
 
 class Environment(Workload):
     manifest = models.JSONField(default=dict)
+
+
+class Attempt(models.Model):
+    """One try at a job: its members hold cards from allocation until their cleanup (R7)."""
+
+    training_job = models.ForeignKey(
+        TrainingJob, null=True, blank=True, on_delete=models.CASCADE, related_name="attempts"
+    )
+    lifecycle_job = models.ForeignKey(
+        LifecycleJob, null=True, blank=True, on_delete=models.CASCADE, related_name="attempts"
+    )
+    fleet = models.ForeignKey(Fleet, on_delete=models.PROTECT, related_name="+")
+    number = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.STARTING)
+    reason = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                name="attempt_of_one_job",
+                condition=models.Q(training_job__isnull=False, lifecycle_job__isnull=True)
+                | models.Q(training_job__isnull=True, lifecycle_job__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.job}"
+
+    @property
+    def job(self):
+        return self.training_job if self.training_job_id else self.lifecycle_job
+
+    @staticmethod
+    def job_field(job_or_model) -> str:
+        """The attempt's field naming a job of that kind."""
+        model = job_or_model if isinstance(job_or_model, type) else type(job_or_model)
+        return "training_job" if issubclass(model, TrainingJob) else "lifecycle_job"
+
+
+class Member(models.Model):
+    """One node's part of an attempt: a process there, holding specific cards (R1, R4)."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="members")
+    rank = models.PositiveSmallIntegerField()
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="members")
+    # The node's start command: the agent reports the member's state as that command's.
+    command = models.OneToOneField(
+        "nodes.NodeCommand", on_delete=models.PROTECT, related_name="member"
+    )
+    cards = models.JSONField(default=list)  # [{"index": 0, "uuid": "GPU-…"}, …]
+    cpus = models.FloatField(null=True, blank=True)
+    memory_bytes = models.BigIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.STARTING)
+    reason = models.CharField(max_length=64, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    confinement = models.CharField(max_length=200, blank=True)
+    cleanup = models.CharField(max_length=16, choices=Cleanup.choices, default=Cleanup.PENDING)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    cleanup_requested_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["attempt_id", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "rank"], name="one_member_per_rank"),
+        ]
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} of {self.attempt} on {self.node_id}"
+
+
+class CardHold(models.Model):
+    """A card given to a member, from allocation until the node confirms its cleanup (R7).
+    One row a card: the database itself refuses one card to two members (R1)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="card_holds")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=200)
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="holds")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="one_hold_per_card"),
+        ]
+
+    def __str__(self) -> str:
+        return f"card {self.index} of {self.node_id} held by {self.member_id}"

@@ -13,10 +13,12 @@ from tuneplane.permissions import is_admin
 
 from .choices import DeploymentState, DeploymentStatus, Refusal
 from .models import (
+    Attempt,
     Dataset,
     Deployment,
     Environment,
     LifecycleJob,
+    Member,
     Revision,
     TrainingJob,
     Volume,
@@ -60,6 +62,12 @@ def workloads_shown_to(user, model) -> QuerySet:
         records = records.prefetch_related(
             Prefetch("volumes", queryset=Volume.objects.select_related("project")),
             Prefetch("datasets", queryset=Dataset.objects.select_related("project")),
+            Prefetch(
+                "attempts",
+                queryset=Attempt.objects.order_by("number").prefetch_related(
+                    Prefetch("members", queryset=Member.objects.order_by("rank"))
+                ),
+            ),
         )
     if model is Deployment:
         records = deployments_with_status(records).prefetch_related(

@@ -3,6 +3,7 @@
 from celery import shared_task
 
 from .handover import HANDOVER_TASK, cluster_job_handover, cluster_jobs_track
+from .services.allocator import ALLOCATE_TASK, allocate, allocate_all
 
 
 @shared_task(name=HANDOVER_TASK, ignore_result=True)
@@ -13,3 +14,13 @@ def cluster_job_handover_task(job_id: int) -> None:
 @shared_task(name="placement.cluster_jobs_track", ignore_result=True)
 def cluster_jobs_track_task() -> dict:
     return cluster_jobs_track()
+
+
+@shared_task(name=ALLOCATE_TASK, ignore_result=True)
+def allocate_task(fleet_id: str) -> dict:
+    return allocate(fleet_id=fleet_id)
+
+
+@shared_task(name="placement.allocate_all", ignore_result=True)
+def allocate_all_task() -> dict:
+    return allocate_all()

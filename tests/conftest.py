@@ -202,6 +202,12 @@ H100_INVENTORY = {
     "cpu_budget": 64,
     "memory_budget_bytes": 512 * 2**30,
 }
+# The same machine with each card by index and UUID, as an agent reports it (R1).
+H100_DEVICES = [
+    {"index": index, "uuid": f"GPU-0000{index}-h100-fake", "name": "NVIDIA H100 80GB HBM3"}
+    for index in range(8)
+]
+H100_DEVICE_INVENTORY = {**H100_INVENTORY, "devices": H100_DEVICES}
 
 
 # --- The suite's own machinery: test settings, parallel workers, the e2e marker. ---

@@ -228,6 +228,12 @@ TUNEPLANE_SWEEP_INTERVAL = env_seconds("TUNEPLANE_SWEEP_INTERVAL", 5)
 # How often cluster Fleets (slurm, kubernetes) are read from their managers, and their
 # submitted jobs' states read back. Keep it well inside TUNEPLANE_PLACEMENT_FRESHNESS.
 TUNEPLANE_CLUSTER_REFRESH_INTERVAL = env_seconds("TUNEPLANE_CLUSTER_REFRESH_INTERVAL", 15)
+# Running work on node Fleets (DESIGN §7). The allocator runs when something changes and on
+# this interval as a safety net; a job waiting longer than RESERVE_AFTER reserves its nodes
+# (R2). A stop is SIGTERM, then SIGKILL after the grace (R10).
+TUNEPLANE_ALLOCATION_INTERVAL = env_seconds("TUNEPLANE_ALLOCATION_INTERVAL", 5)
+TUNEPLANE_ALLOCATION_RESERVE_AFTER = env_seconds("TUNEPLANE_ALLOCATION_RESERVE_AFTER", 300)
+TUNEPLANE_STOP_GRACE = env_seconds("TUNEPLANE_STOP_GRACE", 30)
 # The control stream: how often a node heartbeats, and how long a lease outlives silence.
 TUNEPLANE_HEARTBEAT_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_INTERVAL", 10)
 TUNEPLANE_LEASE_TTL = env_seconds("TUNEPLANE_LEASE_TTL", 30)

@@ -1,5 +1,9 @@
 """Commands the console gave this node, and their durable state in the state dir (L5).
 
+Kinds: ``run`` (a process), and a job's members: ``start`` (a member, members.py),
+``stop`` (SIGTERM to it, SIGKILL after its grace) and ``cleanup`` (whatever it left
+behind removed; its cards may then go to the next job, R7).
+
 Each command is a file ``commands/<id>.json``, written before the console is
 told "running". A ``run`` command's process starts in a session of its own, so
 it outlives the agent: an agent that is killed, upgraded or loses its stream
@@ -13,14 +17,16 @@ import logging
 import re
 import subprocess
 import threading
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import state
+from . import members, state
 
 logger = logging.getLogger("tuneplane-node")
 
 RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+START, STOP, CLEANUP = "start", "stop", "cleanup"
 # The code a command gets when its process is gone and left no exit code behind.
 VANISHED = -1
 # "$0" is the exit file; the command's argv follows. The code is written atomically.
@@ -38,6 +44,25 @@ class Command:
     exit_code: int | None = None
     pid: int | None = None
     started: str | None = None  # the process's start time in /proc, against pid reuse
+    # A member's (kind start): why it ended, whether what it left is gone, its confinement,
+    # the boot it started in, its cards, and a stop under way (grace, when asked, when killed).
+    reason: str = ""
+    cleaned: bool = False
+    confinement: str = ""
+    boot_id: str = ""
+    cards: list = field(default_factory=list)
+    stop_at: float | None = None
+    grace: float = members.DEFAULT_GRACE
+    killed_at: float | None = None
+    cleanup_wanted: bool = False
+
+    def reported(self) -> tuple:
+        """What the console is told: a change in any of it is reported."""
+        return (self.state, self.exit_code, self.reason, self.cleaned, self.confinement)
+
+    @property
+    def holds_cards(self) -> bool:
+        return self.kind == START and not self.cleaned
 
 
 def _started(pid: int) -> str | None:
@@ -48,8 +73,14 @@ def _started(pid: int) -> str | None:
 
 
 class Commands:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, devices=lambda: [], storage_root: str | None = None):
+        self.root = directory
+        self.storage_root = storage_root
         self.directory = directory / "commands"
+        self.logs = directory / "logs"
+        self.scratch = directory / "members"
+        # The cards this node has now, as its inventory reports them ({index, uuid}).
+        self.devices = devices
         self.children: dict[str, subprocess.Popen] = {}
         # The stream's reader accepts commands while the heartbeat thread refreshes them.
         self.lock = threading.RLock()
@@ -68,6 +99,10 @@ class Commands:
             logger.warning("unreadable command file %s left alone", path)
             return None
 
+    def get(self, command_id: str) -> Command | None:
+        path = self._path(command_id)
+        return self._load(path) if COMMAND_ID.fullmatch(command_id) and path.exists() else None
+
     def known(self) -> list[Command]:
         """Every command in the state dir, with the state of its process now."""
         if not self.directory.is_dir():
@@ -78,6 +113,12 @@ class Commands:
 
     def _refresh(self, command: Command) -> Command:
         if command.state != RUNNING:
+            if command.kind == START and command.cleanup_wanted and not command.cleaned:
+                self._clean(command)
+            return command
+        if command.kind == START:
+            return self._refresh_member(command)
+        if command.kind != "run":
             return command
         child = self.children.get(command.command_id)
         if child is not None:
@@ -108,7 +149,13 @@ class Commands:
             existing = self._load(path)
             if existing is not None:
                 return self._refresh(existing)
-        argv = payload.get("argv") if isinstance(payload, dict) else None
+        if not isinstance(payload, dict):
+            payload = {}
+        if kind == START:
+            return self._start(command_id, payload)
+        if kind in (STOP, CLEANUP):
+            return self._on_member(command_id, kind, payload)
+        argv = payload.get("argv")
         command = Command(command_id=command_id, kind=kind, argv=argv or [])
         self._save(command)
         if kind != "run" or not argv or not all(isinstance(arg, str) for arg in argv):
@@ -135,13 +182,187 @@ class Commands:
         self._save(command)
         return command
 
+    # Members -------------------------------------------------------------------------------
+
+    def _refusal(self, payload: dict) -> str:
+        """R1: the console is authoritative — a start naming cards this node does not have,
+        or that another live member holds, is refused; no card is ever substituted."""
+        cards = payload.get("cards")
+        argv, script = payload.get("argv"), payload.get("script")
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)) and not (
+            isinstance(script, str) and script
+        ):
+            return "refused: neither argv nor script"
+        if not isinstance(cards, list) or not all(
+            isinstance(card, dict) and isinstance(card.get("index"), int) for card in cards
+        ):
+            return "refused: cards must be a list of {index, uuid}"
+        have = {(device["index"], device["uuid"]) for device in self.devices()}
+        for card in cards:
+            if (card["index"], card.get("uuid")) not in have:
+                return f"refused: no card {card['index']} ({card.get('uuid')}) on this node"
+        held = {
+            card["index"] for other in self.known() if other.holds_cards for card in other.cards
+        }
+        taken = sorted(held & {card["index"] for card in cards})
+        if taken:
+            return f"refused: card(s) {taken} held by another member"
+        return ""
+
+    def _start(self, command_id: str, payload: dict) -> Command:
+        refusal = self._refusal(payload)
+        command = Command(
+            command_id=command_id,
+            kind=START,
+            argv=[],
+            cards=[] if refusal else payload["cards"],
+            boot_id=members.boot_id(),
+            grace=float(payload.get("grace_seconds") or members.DEFAULT_GRACE),
+        )
+        if refusal:
+            command.state, command.exit_code, command.reason = FAILED, VANISHED, "refused"
+            command.cleaned = True
+            logger.warning("member %s %s", command_id, refusal)
+            self._save(command)
+            return command
+        scratch = self.scratch / command_id
+        state.ensure_private_dir(scratch)
+        argv = members.argv_of(payload, scratch)
+        command.argv = argv[:1]
+        self._save(command)  # persisted before it starts (R4)
+        command.confinement, procs = members.confine(
+            command_id, payload.get("cpus"), payload.get("memory_bytes")
+        )
+        state.ensure_private_dir(self.logs)
+        log = open(self.logs / f"{command_id}.log", "ab")  # noqa: SIM115 -- closed below
+        try:
+            child = subprocess.Popen(
+                ["/bin/sh", "-c", members.WRAPPER, "sh"]
+                + [str(self._path(command_id, ".exit")), " ".join(procs), *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=scratch,
+                env=members.member_env(payload, scratch, self.storage_root),
+                start_new_session=True,
+            )
+        except OSError as error:
+            logger.warning("member %s could not start: %s", command_id, error)
+            command.state, command.exit_code, command.reason = FAILED, VANISHED, "start_failed"
+        else:
+            self.children[command_id] = child
+            command.pid, command.started = child.pid, _started(child.pid)
+        finally:
+            log.close()
+        self._save(command)
+        return command
+
+    def _refresh_member(self, command: Command) -> Command:
+        child = self.children.get(command.command_id)
+        if child is not None:
+            child.poll()
+        exit_file = self._path(command.command_id, ".exit")
+        if exit_file.exists():
+            code = int(exit_file.read_text().strip() or VANISHED)
+            if members.oom_killed(command.command_id):
+                reason = "oom"
+            else:
+                reason = "stopped" if command.stop_at is not None else "exit"
+        elif command.pid and _started(command.pid) == command.started:
+            self._escalate(command)
+            return command
+        elif command.stop_at is not None:
+            code, reason = -9, "stopped"  # killed with its wrapper by the SIGKILL
+        elif command.boot_id and command.boot_id != members.boot_id():
+            code, reason = VANISHED, "node_rebooted"  # R6: never running after a reboot
+        else:
+            code, reason = VANISHED, "vanished"
+        command.state = SUCCEEDED if code == 0 and reason == "exit" else FAILED
+        command.exit_code, command.reason = code, reason
+        self.children.pop(command.command_id, None)
+        if command.cleanup_wanted:
+            self._clean(command)
+        self._save(command)
+        return command
+
+    def _escalate(self, command: Command) -> None:
+        """A stop under way: SIGKILL once the grace is over; unkillable a minute after."""
+        if command.stop_at is None:
+            return
+        now = time.time()
+        if command.killed_at is None and now >= command.stop_at + command.grace:
+            members.signal_member(command.pid, command.command_id, members.SIGKILL)
+            command.killed_at = now
+            self._save(command)
+        elif (
+            command.killed_at is not None
+            and now >= command.killed_at + members.UNKILLABLE_AFTER
+            and command.reason != "unkillable"
+        ):
+            command.reason = "unkillable"
+            self._save(command)
+
+    def _stop(self, command: Command, grace: float) -> None:
+        if command.state != RUNNING or command.stop_at is not None:
+            return
+        command.stop_at, command.grace = time.time(), grace
+        self._save(command)
+        members.signal_member(command.pid, command.command_id, members.SIGTERM)
+        self._escalate(command)
+
+    def _clean(self, command: Command) -> None:
+        """Whatever the member left is gone: its processes, cgroup and scratch dir (R7)."""
+        members.signal_member(command.pid, command.command_id, members.SIGKILL)
+        members.release(command.command_id)
+        members.remove_scratch(self.scratch / command.command_id)
+        command.cleaned = not members.cgroup_pids(command.command_id)
+        self._save(command)
+
+    def _on_member(self, command_id: str, kind: str, payload: dict) -> Command:
+        """A stop or cleanup: applied to the member it names, answered at once. A member
+        this node does not know is still cleaned by its id (a lost state file, R7)."""
+        command = Command(command_id=command_id, kind=kind, argv=[])
+        member_id = payload.get("member")
+        grace = payload.get("grace_seconds")
+        grace = float(grace) if isinstance(grace, (int, float)) else members.DEFAULT_GRACE
+        member = self.get(member_id) if isinstance(member_id, str) else None
+        if member is None or member.kind != START:
+            if kind == CLEANUP and isinstance(member_id, str) and COMMAND_ID.fullmatch(member_id):
+                members.signal_member(None, member_id, members.SIGKILL)
+                members.release(member_id)
+                members.remove_scratch(self.scratch / member_id)
+            command.state, command.reason = SUCCEEDED, "unknown_member"
+        else:
+            member = self._refresh(member)
+            self._stop(member, grace)
+            if kind == CLEANUP:
+                member.cleanup_wanted = True
+                self._save(member)
+                self._refresh(member)
+            command.state = SUCCEEDED
+        command.exit_code = 0
+        self._save(command)
+        return command
+
+    def log_tail(self, member_id: str, tail_bytes: int) -> bytes | None:
+        if not COMMAND_ID.fullmatch(member_id):
+            return None
+        path = self.logs / f"{member_id}.log"
+        return members.tail(path, tail_bytes) if path.exists() else None
+
     def forget_finished(self, command_ids) -> None:
-        """Finished commands the console has reconciled need not be reported again."""
+        """Finished commands the console has reconciled need not be reported again; a
+        member's only once it is cleaned (its cards are held till then, R7)."""
         with self.lock:
             for command_id in command_ids:
                 path = self._path(command_id)
                 command = self._load(path) if path.exists() else None
-                if command is not None and command.state != RUNNING:
+                if command is not None and command.state != RUNNING and not command.holds_cards:
                     # The output log stays for the machine's administrator.
                     for suffix in (".json", ".exit"):
                         self._path(command_id, suffix).unlink(missing_ok=True)
+
+    def expire_logs(self, retention_seconds: float) -> None:
+        keep = {command.command_id for command in self.known()}
+        for path in members.expired_logs(self.logs, retention_seconds, keep):
+            path.unlink(missing_ok=True)

@@ -26,23 +26,42 @@ class Gpus:
     cards: list[dict] = field(default_factory=list)
     driver: str | None = None
     uuids: list[str] = field(default_factory=list)
+    # Each card by its index (PCI bus order, as CUDA_DEVICE_ORDER=PCI_BUS_ID counts) and UUID.
+    devices: list[dict] = field(default_factory=list)
+
+
+def cards_of(devices: list[dict]) -> list[dict]:
+    counts: dict[str, int] = {}
+    for device in devices:
+        counts[device["name"]] = counts.get(device["name"], 0) + 1
+    return [{"name": name, "count": count} for name, count in sorted(counts.items())]
 
 
 def probe_gpus() -> Gpus:
-    out = _run("nvidia-smi", "--query-gpu=name,driver_version,uuid", "--format=csv,noheader")
+    out = _run(
+        "nvidia-smi",
+        "--query-gpu=index,name,driver_version,uuid,pci.bus_id",
+        "--format=csv,noheader",
+    )
     gpus = Gpus()
     if not out:
         return gpus
-    counts: dict[str, int] = {}
+    found = []
     for line in out.splitlines():
         parts = [part.strip() for part in line.split(",")]
-        if len(parts) < 2 or not parts[0]:
+        if len(parts) < 4 or not parts[1] or not parts[0].isdigit():
             continue
-        counts[parts[0]] = counts.get(parts[0], 0) + 1
-        gpus.driver = gpus.driver or parts[1]
-        if len(parts) > 2:
-            gpus.uuids.append(parts[2])
-    gpus.cards = [{"name": name, "count": count} for name, count in sorted(counts.items())]
+        gpus.driver = gpus.driver or parts[2]
+        gpus.uuids.append(parts[3])
+        found.append((parts[4] if len(parts) > 4 else "", int(parts[0]), parts[1], parts[3]))
+    # nvidia-smi's own index may follow a different order; CUDA's PCI_BUS_ID order is the
+    # bus id's, and that is the index a member's CUDA_VISIBLE_DEVICES names.
+    found.sort(key=lambda item: (item[0], item[1]))
+    gpus.devices = [
+        {"index": index, "uuid": uuid, "name": name}
+        for index, (_bus, _smi, name, uuid) in enumerate(found)
+    ]
+    gpus.cards = cards_of(gpus.devices)
     return gpus
 
 
@@ -75,6 +94,7 @@ def probe(
     gpus = probe_gpus()
     return {
         "cards": gpus.cards,
+        "devices": gpus.devices,
         "driver": gpus.driver,
         "container_runtime": probe_container_runtime(),
         "storage_root_visible": storage_root_visible(storage_root),
@@ -89,6 +109,8 @@ def from_file(path: str) -> dict:
         data = json.load(handle)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: an inventory file holds one JSON object")
+    if data.get("devices") and "cards" not in data:
+        data["cards"] = cards_of(data["devices"])
     return data
 
 

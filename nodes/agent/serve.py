@@ -5,6 +5,7 @@ import queue
 import random
 import socket
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,6 +17,23 @@ from .commands import Command, Commands
 from .proto import control_pb2 as pb
 from .proto import control_pb2_grpc
 from .wire import command_payload, command_state, inventory_digest, inventory_message
+
+# How often members are looked at between heartbeats: an exit or a cleanup is reported
+# within this, not a heartbeat interval later.
+MEMBER_POLL_SECONDS = 1.0
+LOG_RETENTION_SECONDS = 7 * 24 * 3600
+
+
+def wire_state(command: Command) -> pb.CommandState:
+    return command_state(
+        command.command_id,
+        command.state,
+        command.exit_code,
+        reason=command.reason,
+        cleaned=command.cleaned,
+        confinement=command.confinement,
+    )
+
 
 logger = logging.getLogger("tuneplane-node")
 
@@ -64,9 +82,9 @@ class Agent:
         self.budgets = {"cpu_budget": cpu_budget, "memory_budget_bytes": memory_budget_bytes}
         self.stopping = threading.Event()
         self.call = None
-        self.commands = Commands(directory)
+        self.commands = Commands(directory, devices=self.devices, storage_root=storage_root)
         # What this stream has told the console of each command, to report only changes.
-        self.reported: dict[str, str] = {}
+        self.reported: dict[str, tuple] = {}
         self.last_inventory: pb.InventoryReport | None = None
         self.lease_ttl = BACKOFF_MAX  # until a Welcome gives the console's
 
@@ -77,6 +95,10 @@ class Agent:
         if self.storage_root:
             report["storage_root_visible"] = inventory.storage_root_visible(self.storage_root)
         return report
+
+    def devices(self) -> list[dict]:
+        """The cards a start may name: the inventory's, as last probed."""
+        return self.report().get("devices") or []
 
     def storage_root_visible(self) -> bool:
         """Probed when a storage root is configured; an inventory file may stand in for it."""
@@ -106,16 +128,13 @@ class Agent:
         """One stream, until it ends. Returns whether it got as far as a Welcome."""
         outgoing: queue.Queue = queue.Queue()
         known = self.commands.known()
-        self.reported = {command.command_id: command.state for command in known}
+        self.reported = {command.command_id: command.reported() for command in known}
         outgoing.put(
             pb.NodeMessage(
                 hello=pb.Hello(
                     node_id=self.identity["node_id"],
                     agent_version=__version__,
-                    commands=[
-                        command_state(command.command_id, command.state, command.exit_code)
-                        for command in known
-                    ],
+                    commands=[wire_state(command) for command in known],
                 )
             )
         )
@@ -151,6 +170,9 @@ class Agent:
                         threading.Thread(
                             target=self._rotate_when_due, args=(stub,), daemon=True
                         ).start()
+                        threading.Thread(
+                            target=self._watch, args=(outgoing, self.call), daemon=True
+                        ).start()
                     elif kind == "command":
                         self._accept(message.command, outgoing)
                     elif kind == "close":
@@ -180,20 +202,20 @@ class Agent:
             self._tell(command, outgoing)
 
     def _tell(self, command: Command, outgoing: queue.Queue) -> None:
-        self.reported[command.command_id] = command.state
-        outgoing.put(
-            pb.NodeMessage(
-                command_update=pb.CommandUpdate(
-                    state=command_state(command.command_id, command.state, command.exit_code)
-                )
-            )
-        )
+        self.reported[command.command_id] = command.reported()
+        outgoing.put(pb.NodeMessage(command_update=pb.CommandUpdate(state=wire_state(command))))
 
     def _report_finished(self, outgoing: queue.Queue) -> None:
+        """Every change since the last report: an exit, a cleanup done, a stop escalated."""
         for command in self.commands.known():
-            if self.reported.get(command.command_id) not in (None, command.state):
+            if self.reported.get(command.command_id) not in (None, command.reported()):
                 logger.info(
-                    "command %s %s (exit %s)", command.command_id, command.state, command.exit_code
+                    "command %s %s (exit %s, %s%s)",
+                    command.command_id,
+                    command.state,
+                    command.exit_code,
+                    command.reason or "-",
+                    ", cleaned" if command.cleaned else "",
                 )
                 self._tell(command, outgoing)
 
@@ -215,7 +237,16 @@ class Agent:
                     )
                 )
             )
+
+    def _watch(self, outgoing: queue.Queue, call) -> None:
+        """Members and commands, looked at every second for this stream: what changed is
+        reported (an exit, a cleanup done, a stop escalated); old logs are removed."""
+        expired_at = 0.0
+        while not self.stopping.wait(MEMBER_POLL_SECONDS) and call.is_active():
             self._report_finished(outgoing)
+            if time.monotonic() - expired_at > 3600:
+                expired_at = time.monotonic()
+                self.commands.expire_logs(LOG_RETENTION_SECONDS)
 
     def _seconds_until_rotation(self) -> float:
         cert = x509.load_pem_x509_certificate((self.directory / state.CERTIFICATE).read_bytes())

@@ -18,6 +18,10 @@ def inventory_message(report: dict) -> pb.InventoryReport:
         storage_root_visible=bool(report.get("storage_root_visible")),
         cpu_budget=report.get("cpu_budget") or 0,
         memory_budget_bytes=report.get("memory_budget_bytes") or 0,
+        devices=[
+            pb.Device(index=d["index"], uuid=d["uuid"], name=d["name"])
+            for d in sorted(report.get("devices") or [], key=lambda device: device["index"])
+        ],
     )
 
 
@@ -26,6 +30,11 @@ def inventory_report(message: pb.InventoryReport) -> dict:
     data = MessageToDict(message, preserving_proto_field_name=True)
     data["cards"] = [{"name": c.name, "count": c.count} for c in message.cards]
     data["storage_root_visible"] = message.storage_root_visible
+    data.pop("devices", None)
+    if message.devices:
+        data["devices"] = [
+            {"index": d.index, "uuid": d.uuid, "name": d.name} for d in message.devices
+        ]
     for key in ("cpu_budget", "memory_budget_bytes"):
         data[key] = int(data[key]) if key in data else None
     return data
@@ -37,9 +46,25 @@ def inventory_digest(message: pb.InventoryReport) -> str:
     return hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
 
 
-def command_state(command_id: str, state: str, exit_code: int | None) -> pb.CommandState:
-    """A command's durable state as the agent reports it (L5)."""
-    return pb.CommandState(command_id=command_id, state=state, exit_code=exit_code or 0)
+def command_state(
+    command_id: str,
+    state: str,
+    exit_code: int | None,
+    *,
+    reason: str = "",
+    cleaned: bool = False,
+    confinement: str = "",
+) -> pb.CommandState:
+    """A command's durable state as the agent reports it (L5); a member's with why it ended,
+    whether it is cleaned up (R7) and how it is confined (R5)."""
+    return pb.CommandState(
+        command_id=command_id,
+        state=state,
+        exit_code=exit_code or 0,
+        reason=reason or "",
+        cleaned=cleaned,
+        confinement=confinement or "",
+    )
 
 
 def command_message(command_id: str, kind: str, payload) -> pb.ControlMessage:

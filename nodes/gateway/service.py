@@ -82,9 +82,7 @@ class NodeControlService(AsyncService):
                 grpc.StatusCode.PERMISSION_DENIED, "Hello names a node other than the certificate's"
             )
         try:
-            reported = [
-                commands.Reported.of(c.command_id, c.state, c.exit_code) for c in hello.commands
-            ]
+            reported = [commands.Reported.from_wire(c) for c in hello.commands]
             session = await self.gateway.database.run(
                 control.session_open,
                 node_id=peer.node_id,
@@ -225,9 +223,7 @@ class NodeControlService(AsyncService):
                     await self.gateway.database.run(
                         commands.node_command_report,
                         node_id=node_id,
-                        reported=commands.Reported.of(
-                            state.command_id, state.state, state.exit_code
-                        ),
+                        reported=commands.Reported.from_wire(state),
                     )
             except ValidationFailed as error:
                 logger.warning("node %s: %s refused: %s", node_id, kind, error.message)

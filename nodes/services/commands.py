@@ -7,6 +7,7 @@ Hello carries the durable state of every command it knows, and
 ``node_commands_reconcile`` settles the two views — nothing is killed for it.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -14,7 +15,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from audit.services import Actor, audit_record
+from audit.services import Actor, audit_record, audit_record_many
 from tuneplane.errors import Conflict, ValidationFailed
 
 from .. import bus
@@ -27,20 +28,55 @@ MAX_ARG_CHARS = 4096
 # What a node may say of a command; "pending" and "lost" are the console's words.
 REPORTABLE = {CommandState.RUNNING, CommandState.SUCCEEDED, CommandState.FAILED}
 FINISHED = {CommandState.SUCCEEDED, CommandState.FAILED}
+# A member in one of these may be cleaned up: nothing of it should run any more.
+ENDED = {*FINISHED, CommandState.LOST}
+
+
+MAX_REASON = 32
+MAX_CONFINEMENT = 200
 
 
 @dataclass(frozen=True)
 class Reported:
-    """One command as the node reports it, from its state dir."""
+    """One command as the node reports it, from its state dir: for a member (kind start),
+    also why it ended, whether it is cleaned up and how it is confined."""
 
     command_id: str
     state: str
     exit_code: int | None = None
+    reason: str = ""
+    cleaned: bool = False
+    confinement: str = ""
 
     @classmethod
-    def of(cls, command_id: str, state: str, exit_code: int) -> "Reported":
+    def of(cls, command_id: str, state: str, exit_code: int, **member) -> "Reported":
         """From the wire, where an unset exit code reads 0: only a finished command has one."""
-        return checked(cls(command_id, state, exit_code if state in FINISHED else None))
+        return checked(cls(command_id, state, exit_code if state in FINISHED else None, **member))
+
+    @classmethod
+    def from_wire(cls, message) -> "Reported":
+        """A CommandState as the agent sent it."""
+        return cls.of(
+            message.command_id,
+            message.state,
+            message.exit_code,
+            reason=message.reason[:MAX_REASON],
+            cleaned=message.cleaned,
+            confinement=message.confinement[:MAX_CONFINEMENT],
+        )
+
+
+# Who hears of a command's change: placement, for its members (DESIGN §7: nodes carries the
+# reports and never imports placement). Each is called inside the transaction that stored
+# the change, with the command as it is now and what it was before.
+CommandObserver = Callable[[NodeCommand, dict], None]
+_observers: list[CommandObserver] = []
+
+
+def register_command_observer(observer: CommandObserver) -> CommandObserver:
+    if observer not in _observers:
+        _observers.append(observer)
+    return observer
 
 
 def _run_payload(payload) -> dict:
@@ -60,13 +96,107 @@ def _run_payload(payload) -> dict:
     return {"argv": argv}
 
 
-def node_command_create(*, actor: Actor, node: Node, kind: str, payload) -> NodeCommand:
-    """Record a command for a node; the gateway holding its stream delivers it."""
+def _member_payload(payload) -> dict:
+    """What placement's allocator asks a node to run; placement validated the job's
+    fields for the user, this is the node-facing shape."""
+    if not isinstance(payload, dict) or not (payload.get("argv") or payload.get("script")):
+        raise ValidationFailed("payload of a start command names argv or script.", field="payload")
+    if payload.get("argv"):
+        _run_payload({"argv": payload["argv"]})
+    cards = payload.get("cards", [])
+    if not isinstance(cards, list) or not all(
+        isinstance(card, dict) and isinstance(card.get("index"), int) and card.get("uuid")
+        for card in cards
+    ):
+        raise ValidationFailed("payload.cards must be [{index, uuid}, ...].", field="payload.cards")
+    return payload
+
+
+def _member_ref_payload(payload) -> dict:
+    if not isinstance(payload, dict) or not isinstance(payload.get("member"), str):
+        raise ValidationFailed(
+            'payload of a stop or cleanup command is {"member": "<start command id>"}.',
+            field="payload.member",
+        )
+    return payload
+
+
+_PAYLOADS = {
+    CommandKind.RUN: _run_payload,
+    CommandKind.START: _member_payload,
+    CommandKind.STOP: _member_ref_payload,
+    CommandKind.CLEANUP: _member_ref_payload,
+}
+
+
+def _payload(kind: str, payload) -> dict:
     if kind not in CommandKind.values:
         raise ValidationFailed(
             f"kind must be one of {', '.join(CommandKind.values)}.", field="kind"
         )
-    payload = _run_payload(payload)
+    return _PAYLOADS[kind](payload)
+
+
+def node_commands_create_many(*, actor: Actor, commands: list[tuple[str, str, dict]]):
+    """Several commands ``(node id, kind, payload)`` at once, in the caller's transaction, in
+    a number of statements that does not grow with them: the allocator's batch. A removed
+    node takes none (D4): the whole batch is refused."""
+    checked = [(node_id, kind, _payload(kind, payload)) for node_id, kind, payload in commands]
+    now = timezone.now()
+    node_ids = sorted({node_id for node_id, _, _ in checked})
+    with transaction.atomic():
+        removed = list(
+            Node.objects.select_for_update()
+            .filter(pk__in=node_ids, scheduling_state=SchedulingState.REMOVED)
+            .values_list("pk", flat=True)
+        )
+        if removed:
+            raise Conflict(
+                f"Node '{removed[0]}' is removed: it takes no commands (rule D4).",
+                rule="D4",
+                code="node_removed",
+            )
+        created = NodeCommand.objects.bulk_create(
+            [
+                NodeCommand(
+                    node_id=node_id,
+                    kind=kind,
+                    payload=payload,
+                    created_by=actor.label,
+                    created_at=now,
+                    updated_at=now,
+                )
+                for node_id, kind, payload in checked
+            ]
+        )
+        audit_record_many(
+            actor=actor,
+            action="node_command.created",
+            target_type=NodeCommand._meta.label_lower,
+            changes=[
+                (
+                    command.pk,
+                    None,
+                    {"node": command.node_id, "kind": command.kind, "payload": _shown(command)},
+                )
+                for command in created
+            ],
+        )
+        for node_id in node_ids:
+            bus.publish_on_commit(bus.COMMANDS, node_id)
+    return created
+
+
+def _shown(command: NodeCommand) -> dict:
+    """A payload as the audit keeps it: a member's env values are the job's secrets."""
+    if command.kind != CommandKind.START:
+        return command.payload
+    return {**command.payload, "env": sorted(command.payload.get("env") or {})}
+
+
+def node_command_create(*, actor: Actor, node: Node, kind: str, payload) -> NodeCommand:
+    """Record a command for a node; the gateway holding its stream delivers it."""
+    payload = _payload(kind, payload)
     now = timezone.now()
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node.pk)
@@ -94,26 +224,85 @@ def node_command_create(*, actor: Actor, node: Node, kind: str, payload) -> Node
     return command
 
 
+def _view(command: NodeCommand) -> dict:
+    view = {"state": command.state, "exit_code": command.exit_code}
+    if command.kind == CommandKind.START:
+        view.update(
+            reason=command.reason,
+            cleaned=command.cleaned_at is not None,
+            confinement=command.confinement,
+        )
+    return view
+
+
 def _apply(command: NodeCommand, reported: Reported, now: datetime) -> bool:
-    """Move a command to what its node reports; a finished command stays finished."""
-    if command.state in FINISHED or (
-        command.state == reported.state and command.exit_code == reported.exit_code
-    ):
+    """Move a command to what its node reports. A finished command stays finished; a
+    member's cleanup (once) and a reason that comes later (unkillable) still move it."""
+    before = _view(command)
+    if command.state not in FINISHED:
+        command.state, command.exit_code = reported.state, reported.exit_code
+    if command.kind == CommandKind.START:
+        if reported.reason and (command.state == reported.state or reported.state == "running"):
+            command.reason = reported.reason
+        command.confinement = reported.confinement or command.confinement
+        if reported.cleaned and command.cleaned_at is None and command.state in ENDED:
+            command.cleaned_at = now
+    after = _view(command)
+    if after == before:
         return False
-    before = {"state": command.state, "exit_code": command.exit_code}
-    command.state = reported.state
-    command.exit_code = reported.exit_code
     command.updated_at = now
-    command.save(update_fields=["state", "exit_code", "updated_at"])
+    command.save(
+        update_fields=["state", "exit_code", "reason", "confinement", "cleaned_at", "updated_at"]
+    )
+    cleaned = after.get("cleaned") and not before.get("cleaned")
     audit_record(
         actor=Actor.of_node(command.node_id),
-        action=f"node_command.{reported.state}",
+        action="node_command.cleaned"
+        if cleaned and before["state"] == after["state"]
+        else f"node_command.{command.state}",
         target=command,
         before=before,
-        after={"state": command.state, "exit_code": command.exit_code},
+        after=after,
     )
-    if command.state not in ACTIVE_COMMAND_STATES:
+    for observer in _observers:
+        observer(command, before)
+    if not command_active(command):
         node_drain_settle(node_id=command.node_id)
+    return True
+
+
+def command_active(command: NodeCommand) -> bool:
+    """May still run, or (a member) still holds what it was given on its node."""
+    return command.state in ACTIVE_COMMAND_STATES or (
+        command.kind == CommandKind.START and command.cleaned_at is None
+    )
+
+
+def node_command_lost(*, command: NodeCommand, reason: str = "") -> bool:
+    """The console gives up on a command (a member whose node is gone past the reconcile
+    deadline, R8): recorded lost, audited, observers told. Call inside a transaction."""
+    return _apply(command, Reported(command.id, CommandState.LOST, reason=reason), timezone.now())
+
+
+def node_command_cleaned_by_id(*, command: NodeCommand) -> bool:
+    """A member's cleanup confirmed by its cleanup command (the node may no longer know the
+    member itself: it cleaned by id, R7)."""
+    if command.state not in ENDED or command.cleaned_at is not None:
+        return False
+    before = _view(command)
+    command.cleaned_at = timezone.now()
+    command.updated_at = command.cleaned_at
+    command.save(update_fields=["cleaned_at", "updated_at"])
+    audit_record(
+        actor=Actor.of_node(command.node_id),
+        action="node_command.cleaned",
+        target=command,
+        before=before,
+        after=_view(command),
+    )
+    for observer in _observers:
+        observer(command, before)
+    node_drain_settle(node_id=command.node_id)
     return True
 
 

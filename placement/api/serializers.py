@@ -3,12 +3,14 @@ from rest_framework import serializers
 
 from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
 
-from ..choices import DeploymentState, DeploymentStatus, LifecycleKind
+from ..choices import Cleanup, DeploymentState, DeploymentStatus, JobState, LifecycleKind, RunState
 from ..models import (
+    Attempt,
     Dataset,
     Deployment,
     Environment,
     LifecycleJob,
+    Member,
     PlaygroundSession,
     Revision,
     TrainingJob,
@@ -38,24 +40,62 @@ class CardsRequest(StrictSerializer):
 
 
 class JobRequest(CardsRequest):
+    """The run fields are checked by placement.runspec (the one place that knows them), so
+    the API, the admin and a script refuse the same input with the same words."""
+
     nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, required=False, default=1)
     volumes = _names()
     datasets = _names()
+    command = serializers.ListField(
+        child=StrictCharField(max_length=4096, allow_blank=True),
+        max_length=64,
+        required=False,
+        default=list,
+        help_text="On a node Fleet: the argv to run, or give `script`.",
+    )
+    script = StrictCharField(
+        max_length=100_000,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Run by /bin/bash on a node Fleet; what a cluster Fleet's manager runs "
+        "(a batch script for Slurm, an entrypoint for a RayJob).",
+    )
+    env = serializers.DictField(
+        child=StrictCharField(max_length=4096, allow_blank=True),
+        required=False,
+        default=dict,
+        help_text="Names to string values, for every member (not shown again).",
+    )
+    cpus = serializers.FloatField(
+        min_value=0.001,
+        max_value=1024,
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="CPUs each member is confined to (R5).",
+    )
+    memory_bytes = serializers.IntegerField(
+        min_value=1 << 20,
+        max_value=1 << 50,
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="Memory each member is confined to (R5); over it the member ends oom.",
+    )
+    max_attempts = serializers.IntegerField(
+        min_value=1,
+        max_value=10,
+        required=False,
+        default=3,
+        help_text="Attempts in all, retries included (R9).",
+    )
 
     class Meta:
         ref_name = "JobRequest"
 
 
 class TrainingJobRequest(JobRequest):
-    script = StrictCharField(
-        max_length=100_000,
-        required=False,
-        allow_blank=True,
-        default="",
-        help_text="What a cluster Fleet's manager runs: a batch script "
-        "for Slurm, an entrypoint for a RayJob.",
-    )
-
     class Meta:
         ref_name = "TrainingJobRequest"
 
@@ -126,15 +166,70 @@ class WorkloadSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class MemberSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node_id", read_only=True)
+    state = serializers.ChoiceField(choices=RunState.choices, read_only=True)
+    cleanup = serializers.ChoiceField(choices=Cleanup.choices, read_only=True)
+    cards = serializers.ListField(child=serializers.DictField(), read_only=True)
+
+    class Meta:
+        model = Member
+        fields = [
+            "rank",
+            "node",
+            "cards",
+            "state",
+            "reason",
+            "exit_code",
+            "confinement",
+            "cleanup",
+            "started_at",
+            "ended_at",
+        ]
+        read_only_fields = fields
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    state = serializers.ChoiceField(choices=RunState.choices, read_only=True)
+    members = MemberSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Attempt
+        fields = ["number", "state", "reason", "created_at", "started_at", "ended_at", "members"]
+        read_only_fields = fields
+
+
 class JobSerializer(WorkloadSerializer):
     volumes = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     datasets = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     delivery = serializers.SerializerMethodField()
+    state = serializers.ChoiceField(choices=JobState.choices, read_only=True)
+    attempts = AttemptSerializer(many=True, read_only=True)
+    env = serializers.SerializerMethodField(help_text="The names; values are not shown again.")
 
     class Meta(WorkloadSerializer.Meta):
         model = TrainingJob
-        fields = WorkloadSerializer.Meta.fields + ["volumes", "datasets", "delivery"]
+        fields = WorkloadSerializer.Meta.fields + [
+            "volumes",
+            "datasets",
+            "delivery",
+            "command",
+            "script",
+            "env",
+            "cpus",
+            "memory_bytes",
+            "max_attempts",
+            "state",
+            "reason",
+            "cancel_requested_at",
+            "ended_at",
+            "attempts",
+        ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_env(self, job):
+        return sorted(job.env)
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_delivery(self, job):
@@ -144,7 +239,6 @@ class JobSerializer(WorkloadSerializer):
 class TrainingJobSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
         fields = JobSerializer.Meta.fields + [
-            "script",
             "backend_job_id",
             "backend_state",
             "backend_error",

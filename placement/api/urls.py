@@ -4,7 +4,17 @@ from . import views
 
 urlpatterns = [
     path("training-jobs", views.TrainingJobsView.as_view(), name="training-jobs"),
+    path(
+        "training-jobs/<int:job_id>/cancel",
+        views.TrainingJobCancelView.as_view(),
+        name="training-job-cancel",
+    ),
     path("lifecycle-jobs", views.LifecycleJobsView.as_view(), name="lifecycle-jobs"),
+    path(
+        "lifecycle-jobs/<int:job_id>/cancel",
+        views.LifecycleJobCancelView.as_view(),
+        name="lifecycle-job-cancel",
+    ),
     path("deployments", views.DeploymentsView.as_view(), name="deployments"),
     path(
         "deployments/<int:deployment_id>",

@@ -20,6 +20,7 @@ from ..models import (
     Volume,
 )
 from ..selectors import environment_resolve, workloads_shown_to, workloads_visible_to
+from ..services import runs
 from . import serializers as s
 from .schema import refusals
 
@@ -88,6 +89,38 @@ class DeploymentsView(WorkloadListView):
 
     def submit(self, actor, data):
         return services.deployment_submit(actor=actor, **data)
+
+
+class JobCancelView(GenericAPIView):
+    """R10: a queued job is cancelled at once; a running one is stopped, then cleaned up."""
+
+    model = None
+
+    def post(self, request, job_id: int):
+        job = workloads_shown_to(request.user, self.model).filter(pk=job_id).first()
+        if job is None:
+            raise NotFound(f"{self.model._meta.verbose_name.capitalize()} {job_id} not found.")
+        runs.job_cancel(actor=Actor.of_user(request.user), job=job)
+        shown = workloads_shown_to(request.user, self.model).get(pk=job_id)
+        return Response(self.serializer_class(shown).data)
+
+
+@extend_schema(
+    summary="Cancel a training job (R10)",
+    request=None,
+    responses={200: s.TrainingJobSerializer, **errors(401, 404, 409)},
+)
+class TrainingJobCancelView(JobCancelView):
+    model, serializer_class = TrainingJob, s.TrainingJobSerializer
+
+
+@extend_schema(
+    summary="Cancel a lifecycle job (R10)",
+    request=None,
+    responses={200: s.LifecycleJobSerializer, **errors(401, 404, 409)},
+)
+class LifecycleJobCancelView(JobCancelView):
+    model, serializer_class = LifecycleJob, s.LifecycleJobSerializer
 
 
 class DeploymentDetailView(GenericAPIView):

@@ -107,7 +107,12 @@ def make_hidden(make_fleet, add_node, mint, admin_user):
             add_node(made, inventory)
         mint(made)
         placement.training_job_submit(
-            actor=Actor.of_user(admin_user), project="secret", name="t", series="h100", cards=16
+            actor=Actor.of_user(admin_user),
+            project="secret",
+            name="t",
+            series="h100",
+            cards=16,
+            command=["true"],
         )
         return (
             placement.deployment_submit(

@@ -127,6 +127,7 @@ class TestTrainingJobList(WorkloadListContract):
             actor=self.actor,
             project="ml",
             name=f"job-{n}",
+            command=["python", "train.py"],
             volumes=["ckpt", "logs"],
             datasets=["corpus", "evals"],
         )
@@ -141,6 +142,7 @@ class TestLifecycleJobList(WorkloadListContract):
             project="ml",
             name=f"eval-{n}",
             kind=LifecycleKind.EVAL,
+            script="python eval.py",
             volumes=["ckpt"],
             datasets=["evals"],
         )

@@ -33,8 +33,13 @@ def joined(mint):
     return join
 
 
+def runs(path: str) -> dict:
+    """A job on a node Fleet says what it runs (DESIGN §7)."""
+    return {"command": ["true"]} if path.endswith("-jobs") else {}
+
+
 def submit(api, path, **body):
-    response = api.post(f"/api/{path}", {"project": "ml", "name": "w", **body})
+    response = api.post(f"/api/{path}", {"project": "ml", "name": "w", **runs(path), **body})
     assert response.status_code == 201, response.content
     return response.json()
 

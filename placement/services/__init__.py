@@ -15,10 +15,10 @@ from tuneplane.errors import NotFound, PlacementRefused, ValidationFailed
 from tuneplane.models import Membership, Project
 from tuneplane.permissions import is_admin
 
-from .admission import Admitted, Need, admit_automatically, admit_deployment, admit_named
-from .choices import LIFECYCLE_CAPABILITY, DeploymentState, LifecycleKind, Refusal
-from .handover import handover_on_commit
-from .models import (
+from ..admission import Admitted, Need, admit_automatically, admit_deployment, admit_named
+from ..choices import LIFECYCLE_CAPABILITY, DeploymentState, LifecycleKind, Refusal
+from ..handover import handover_on_commit
+from ..models import (
     Dataset,
     Deployment,
     Environment,
@@ -28,6 +28,8 @@ from .models import (
     TrainingJob,
     Volume,
 )
+from ..runspec import checked_run, require_runnable
+from .allocator import allocate_on_commit
 
 
 def project_for(user, slug: str) -> Project:
@@ -55,7 +57,14 @@ def _storage(project: Project, model, names, field: str) -> list:
 
 
 def _record(
-    model, *, actor: Actor, project: Project, admitted: Admitted, extra_after=None, **fields
+    model,
+    *,
+    actor: Actor,
+    project: Project,
+    admitted: Admitted,
+    extra_after=None,
+    check=None,
+    **fields,
 ):
     """Write the admitted workload against its locked Fleet, and audit it."""
     fleet = Fleet.objects.select_for_update(of=("self",)).filter(pk=admitted.fleet_id).first()
@@ -66,6 +75,8 @@ def _record(
             f"Fleet '{fleet.id}' is {fleet.state}: it takes no new work (rule D1).",
             reason=Refusal.STATE,
         )
+    if check is not None:
+        check(fleet)
     record = model.objects.create(
         project=project,
         fleet=fleet,
@@ -84,15 +95,17 @@ def _record(
             **{
                 key: value
                 for key, value in fields.items()
-                if isinstance(value, (str, int, dict)) and key != "script"
+                if isinstance(value, (str, int, float, list)) and key not in ("script", "env")
             },
+            **({"env": sorted(fields["env"])} if fields.get("env") else {}),
             **(extra_after or {}),
         },
     )
     return record
 
 
-def _job(model, *, actor: Actor, project_slug, need: Need, volumes, datasets, **fields):
+def _job(model, *, actor: Actor, project_slug, need: Need, volumes, datasets, run, **fields):
+    run = checked_run(**run)
     project = project_for(actor.user, project_slug)
     volumes = _storage(project, Volume, volumes, "volumes")
     datasets = _storage(project, Dataset, datasets, "datasets")
@@ -106,13 +119,22 @@ def _job(model, *, actor: Actor, project_slug, need: Need, volumes, datasets, **
             series=need.series,
             cards=need.cards,
             nodes=need.nodes,
+            check=_runnable_on_node(run),
+            **run,
             **fields,
         )
         job.volumes.set(volumes)
         job.datasets.set(datasets)
-        if job.fleet.kind != FleetKind.NODE and isinstance(job, TrainingJob):
+        if job.fleet.kind == FleetKind.NODE:
+            allocate_on_commit(job.fleet_id)
+        elif isinstance(job, TrainingJob):
             handover_on_commit(job)
     return job
+
+
+def _runnable_on_node(run: dict):
+    """The check a job's record makes once its Fleet is known and locked."""
+    return lambda fleet: require_runnable(run) if fleet.kind == FleetKind.NODE else None
 
 
 def training_job_submit(
@@ -126,6 +148,11 @@ def training_job_submit(
     volumes=(),
     datasets=(),
     script: str = "",
+    command=None,
+    env=None,
+    cpus=None,
+    memory_bytes=None,
+    max_attempts: int = 3,
 ) -> TrainingJob:
     """P1: placed automatically among the visible Fleets that pass every gate. On a cluster
     Fleet, its script is then handed to the manager (placement.handover)."""
@@ -136,8 +163,15 @@ def training_job_submit(
         volumes=volumes,
         datasets=datasets,
         need=Need(FleetCapability.TRAIN, series, cards, nodes),
+        run={
+            "command": command,
+            "script": script,
+            "env": env,
+            "cpus": cpus,
+            "memory_bytes": memory_bytes,
+            "max_attempts": max_attempts,
+        },
         name=name,
-        script=script,
     )
 
 
@@ -152,6 +186,12 @@ def lifecycle_job_submit(
     nodes: int = 1,
     volumes=(),
     datasets=(),
+    script: str = "",
+    command=None,
+    env=None,
+    cpus=None,
+    memory_bytes=None,
+    max_attempts: int = 3,
 ) -> LifecycleJob:
     """The same placement on the same gates; eval needs eval, the others train."""
     if kind not in LifecycleKind.values:
@@ -165,6 +205,14 @@ def lifecycle_job_submit(
         volumes=volumes,
         datasets=datasets,
         need=Need(LIFECYCLE_CAPABILITY[kind], series, cards, nodes),
+        run={
+            "command": command,
+            "script": script,
+            "env": env,
+            "cpus": cpus,
+            "memory_bytes": memory_bytes,
+            "max_attempts": max_attempts,
+        },
         name=name,
         kind=kind,
     )

@@ -1,0 +1,208 @@
+"""A member: one process of a job's attempt on this node, holding the cards it was given.
+
+What the console's ``start`` command asks for runs here (R4): its argv or script, with
+``CUDA_VISIBLE_DEVICES`` (indices, PCI bus order) and ``NVIDIA_VISIBLE_DEVICES`` (UUIDs)
+naming exactly its cards, the job's env, its Fleet's delivery and, in a gang, the rendezvous
+env. It is confined to its CPU and memory in a cgroup named after it (R5), in a session of
+its own so that nothing the agent does (a restart, an upgrade, a lost stream) takes it with
+it (R6). Everything it leaves behind is named by its id — the cgroup, the scratch dir, the
+log — so that ``cleanup`` finds it even when the state file is gone (R7).
+"""
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+# "$1" is the exit file, "$2" the cgroup.procs files to join (space-separated); the argv
+# follows. The wrapper joins the cgroups, then runs the argv in the foreground with a TERM
+# trap: a stop's SIGTERM to the process group reaches the member, while the wrapper (whose
+# trap runs only once the member is gone, and which the member does not inherit) stays to
+# write the exit code, atomically, for an agent that may have restarted since.
+WRAPPER = (
+    'exitfile=$1; procs=$2; shift 2; for f in $procs; do echo $$ > "$f" || '
+    '{ echo 125 > "$exitfile.tmp"; mv "$exitfile.tmp" "$exitfile"; exit 125; }; done; '
+    'trap : TERM; "$@"; code=$?; echo "$code" > "$exitfile.tmp" && mv "$exitfile.tmp" "$exitfile"'
+)
+CONTROLLERS_V1 = ("memory", "cpu")
+CPU_PERIOD_US = 100_000
+# A process group still alive this long after SIGKILL is unkillable (stuck in the kernel).
+UNKILLABLE_AFTER = 60.0
+DEFAULT_GRACE = 30.0
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def cgroup_root() -> Path:
+    return Path(os.environ.get("TUNEPLANE_NODE_CGROUP_ROOT", "/sys/fs/cgroup"))
+
+
+def cgroup_paths(member_id: str) -> tuple[str, list[Path]]:
+    """The cgroup version this node offers and the member's directories in it."""
+    root = cgroup_root()
+    if (root / "cgroup.controllers").is_file():
+        return "cgroup-v2", [root / "tuneplane" / member_id]
+    if all((root / controller / "cgroup.procs").is_file() for controller in CONTROLLERS_V1):
+        return "cgroup-v1", [root / c / "tuneplane" / member_id for c in CONTROLLERS_V1]
+    return "", []
+
+
+def _write(path: Path, value: str) -> None:
+    path.write_text(value)
+
+
+def confine(member_id: str, cpus: float | None, memory_bytes: int | None) -> tuple[str, list[str]]:
+    """Make the member's cgroup with its limits. Returns the confinement it got (reported
+    to the console) and the cgroup.procs files the wrapper joins."""
+    version, paths = cgroup_paths(member_id)
+    if not version:
+        return "none: no cgroup v1 memory and cpu controllers or cgroup v2 here", []
+    try:
+        if version == "cgroup-v2":
+            parent = paths[0].parent
+            parent.mkdir(exist_ok=True)
+            _write(cgroup_root() / "cgroup.subtree_control", "+cpu +memory")
+            _write(parent / "cgroup.subtree_control", "+cpu +memory")
+            paths[0].mkdir(exist_ok=True)
+            if memory_bytes:
+                _write(paths[0] / "memory.max", str(memory_bytes))
+                _write(paths[0] / "memory.swap.max", "0")
+            if cpus:
+                _write(paths[0] / "cpu.max", f"{int(cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+        else:
+            memory, cpu = paths
+            for path in paths:
+                path.mkdir(parents=True, exist_ok=True)
+            if memory_bytes:
+                _write(memory / "memory.limit_in_bytes", str(memory_bytes))
+                swap = memory / "memory.memsw.limit_in_bytes"
+                if swap.exists():  # no swap beyond the limit: over it is an OOM, not a crawl
+                    _write(swap, str(memory_bytes))
+            if cpus:
+                _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                _write(cpu / "cpu.cfs_quota_us", str(int(cpus * CPU_PERIOD_US)))
+    except OSError as error:
+        release(member_id)
+        return f"none: {error.strerror or error} ({error.filename})", []
+    return version, [str(path / "cgroup.procs") for path in paths]
+
+
+def oom_killed(member_id: str) -> bool:
+    """Whether the kernel's OOM killer acted in the member's cgroup."""
+    version, paths = cgroup_paths(member_id)
+    name = "memory.events" if version == "cgroup-v2" else "memory.oom_control"
+    try:
+        lines = (paths[0] / name).read_text().splitlines()
+    except (OSError, IndexError):
+        return False
+    counts = dict(line.split(maxsplit=1) for line in lines if " " in line)
+    return int(counts.get("oom_kill", "0").strip() or 0) > 0
+
+
+def cgroup_pids(member_id: str) -> list[int]:
+    pids: set[int] = set()
+    for path in cgroup_paths(member_id)[1]:
+        try:
+            pids.update(int(line) for line in (path / "cgroup.procs").read_text().split())
+        except (OSError, ValueError):
+            continue
+    return sorted(pids)
+
+
+def signal_member(pid: int | None, member_id: str, signum: int) -> None:
+    """To its process group and to anything in its cgroup (a child that left the group)."""
+    targets = [("group", pid)] if pid else []
+    targets += [("pid", other) for other in cgroup_pids(member_id)]
+    for kind, target in targets:
+        try:
+            if kind == "group":
+                os.killpg(target, signum)
+            else:
+                os.kill(target, signum)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def release(member_id: str) -> None:
+    """Remove the member's cgroups (each empty by now; a busy one is left for the next try)."""
+    for path in cgroup_paths(member_id)[1]:
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            time.sleep(0.1)  # the kernel frees a killed group's last task asynchronously
+            try:
+                path.rmdir()
+            except OSError:
+                continue
+
+
+def member_env(payload: dict, scratch: Path, storage_root: str | None = None) -> dict:
+    """R4: exactly its cards, the job's env, its Fleet's delivery, a gang's rendezvous."""
+    cards = sorted(payload.get("cards") or [], key=lambda card: card["index"])
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("TUNEPLANE_", "CUDA_", "NVIDIA_"))
+    }
+    env.update(payload.get("env") or {})
+    env.update(
+        {
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(card["index"]) for card in cards),
+            "NVIDIA_VISIBLE_DEVICES": ",".join(card["uuid"] for card in cards) or "void",
+            "TUNEPLANE_SCRATCH_DIR": str(scratch),
+        }
+    )
+    env.update({key: str(value) for key, value in (payload.get("labels") or {}).items()})
+    delivery = payload.get("delivery") or {}
+    shared = delivery.get("mode") == "shared-mount"
+    for key, value in (delivery.get("env") or {}).items():
+        env[key] = str(Path(storage_root or "/", value)) if shared else str(value)
+    env.update({key: str(value) for key, value in (payload.get("rendezvous") or {}).items()})
+    return env
+
+
+def argv_of(payload: dict, scratch: Path) -> list[str]:
+    if payload.get("script"):
+        script = scratch / "script.sh"
+        script.write_text(payload["script"])
+        return ["/bin/bash", str(script)]
+    return list(payload["argv"])
+
+
+def remove_scratch(scratch: Path) -> None:
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def expired_logs(logs: Path, retention_seconds: float, keep: set[str]) -> list[Path]:
+    """Log files of members no longer known, older than the retention."""
+    if not logs.is_dir():
+        return []
+    cutoff = time.time() - retention_seconds
+    return [
+        path
+        for path in logs.glob("*.log")
+        if path.stem not in keep and path.stat().st_mtime < cutoff
+    ]
+
+
+def tail(path: Path, tail_bytes: int) -> bytes:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - tail_bytes))
+            return handle.read()
+    except OSError:
+        return b""
+
+
+SIGTERM, SIGKILL = signal.SIGTERM, signal.SIGKILL

@@ -1,0 +1,88 @@
+"""What a job on a node Fleet runs, checked before anything is written (DESIGN §7).
+
+Each refusal names its field. The env a member gets from the agent (its cards, its labels,
+its delivery, a gang's rendezvous) cannot be set by the job: those names are refused rather
+than silently overridden.
+"""
+
+import re
+
+from tuneplane.errors import ValidationFailed
+
+MAX_ARGV = 64
+MAX_ARG_CHARS = 4096
+MAX_SCRIPT_CHARS = 100_000
+MAX_ENV = 128
+MAX_ENV_VALUE = 4096
+MAX_CPUS = 1024
+MIN_MEMORY = 1 << 20
+MAX_ATTEMPTS = 10
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+RESERVED_ENV = re.compile(
+    r"(TUNEPLANE_.*|CUDA_VISIBLE_DEVICES|CUDA_DEVICE_ORDER|NVIDIA_VISIBLE_DEVICES|MASTER_ADDR"
+    r"|MASTER_PORT|WORLD_SIZE|RANK|NODE_RANK|LOCAL_WORLD_SIZE)"
+)
+
+
+def _refuse(field: str, message: str):
+    raise ValidationFailed(f"{field}: {message}", field=field)
+
+
+def checked_run(
+    *, command=None, script="", env=None, cpus=None, memory_bytes=None, max_attempts=3
+) -> dict:
+    """The run fields of a job, normalised; a ValidationFailed naming the field otherwise."""
+    command = [] if command is None else command
+    if not isinstance(command, list) or len(command) > MAX_ARGV:
+        _refuse("command", f"a list of at most {MAX_ARGV} strings (argv).")
+    if command and (
+        not all(isinstance(arg, str) and len(arg) <= MAX_ARG_CHARS for arg in command)
+        or not command[0]
+    ):
+        _refuse("command", f"strings of at most {MAX_ARG_CHARS} characters, the first the program.")
+    if not isinstance(script, str) or len(script) > MAX_SCRIPT_CHARS:
+        _refuse("script", f"a string of at most {MAX_SCRIPT_CHARS} characters.")
+    if command and script:
+        _refuse("script", "give command or script, not both.")
+    env = {} if env is None else env
+    if not isinstance(env, dict) or len(env) > MAX_ENV:
+        _refuse("env", f"an object of at most {MAX_ENV} names to strings.")
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(name):
+            _refuse(f"env.{name[:64]}", "not a variable name ([A-Za-z_][A-Za-z0-9_]*).")
+        if RESERVED_ENV.fullmatch(name):
+            _refuse(f"env.{name}", "set by the agent for every member (rule R4); not settable.")
+        if not isinstance(value, str) or len(value) > MAX_ENV_VALUE or "\0" in value:
+            _refuse(f"env.{name}", f"a string of at most {MAX_ENV_VALUE} characters.")
+    if cpus is not None and (
+        isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not 0 < cpus <= MAX_CPUS
+    ):
+        _refuse("cpus", f"a number above 0 and at most {MAX_CPUS}.")
+    if memory_bytes is not None and (
+        isinstance(memory_bytes, bool)
+        or not isinstance(memory_bytes, int)
+        or memory_bytes < MIN_MEMORY
+        or memory_bytes > 1 << 50
+    ):
+        _refuse("memory_bytes", f"a whole number of bytes, at least {MIN_MEMORY}.")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        _refuse("max_attempts", f"a whole number from 1 to {MAX_ATTEMPTS}.")
+    if not 1 <= max_attempts <= MAX_ATTEMPTS:
+        _refuse("max_attempts", f"a whole number from 1 to {MAX_ATTEMPTS}.")
+    return {
+        "command": command,
+        "script": script,
+        "env": env,
+        "cpus": float(cpus) if cpus is not None else None,
+        "memory_bytes": memory_bytes,
+        "max_attempts": max_attempts,
+    }
+
+
+def require_runnable(run: dict) -> None:
+    """On a node Fleet the agents run the job: it must say what to run."""
+    if not run["command"] and not run["script"]:
+        _refuse(
+            "command",
+            "a job on a node Fleet runs a command (argv) or a script; give one of them.",
+        )

@@ -1,0 +1,369 @@
+"""The allocator: which nodes and which cards a node Fleet's queued jobs get (R1–R3).
+
+Admission said which Fleet (P1–P7); fit there was a check. Here cards are held by device —
+index and UUID — on placeable nodes only (L1: a live lease, a fresh inventory, schedulable,
+no cordon, not quiet for train; the Fleet active), never more than a node has, and each card
+by one member at a time: the Fleet's row is locked for the pass (two allocators, in two
+workers or two beats, take turns), and a unique row per held card refuses a second holder
+in the database itself. A pass reads the queue, the nodes and what they hold in a fixed
+number of queries and writes everything it decided in a fixed number more, whatever the
+number of jobs and nodes (``make bench``).
+
+Jobs are taken in admission order (R2). One that cannot start now does not stop later ones
+that can; one that has waited longer than TUNEPLANE_ALLOCATION_RESERVE_AFTER reserves the
+nodes closest to fitting it, so that smaller jobs behind it cannot starve it. A gang is
+allocated all or nothing (R3).
+"""
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import Actor, audit_record_each
+from fleets.choices import FleetDelivery, FleetKind, FleetState
+from fleets.models import Fleet
+from nodes.choices import CommandKind
+from nodes.models import CardAlias
+from nodes.selectors import nodes_placeable
+from nodes.services.commands import node_commands_create_many
+
+from ..choices import Cleanup, JobState
+from ..models import Attempt, CardHold, LifecycleJob, Member, TrainingJob
+
+logger = logging.getLogger("tuneplane.allocator")
+
+ALLOCATE_TASK = "placement.allocate"
+ALLOCATOR = Actor.system("allocator")
+JOB_MODELS = (TrainingJob, LifecycleJob)
+# A gang's rank 0 listens here (torchrun's default), offset by the attempt so that two gangs
+# whose rank 0 share a node do not collide.
+MASTER_PORT_BASE = 29500
+
+
+@dataclass
+class Capacity:
+    """What a placeable node has free now, as this pass sees it."""
+
+    node_id: str
+    address: str
+    free: dict[str, list[dict]]  # series slug (or "" for any card) → free devices
+    cpus: float | None
+    memory: int | None
+    devices_by_series: dict[str, int] = field(default_factory=dict)
+
+    def free_of(self, series: str) -> list[dict]:
+        return self.free.get(series, [])
+
+    def fits(self, job) -> bool:
+        return (
+            len(self.free_of(job.series)) >= job.cards
+            and (not job.cpus or self.cpus is None or self.cpus >= job.cpus)
+            and (not job.memory_bytes or self.memory is None or self.memory >= job.memory_bytes)
+        )
+
+    def could_fit(self, job) -> bool:
+        """Once everything on it is cleaned up: whether reserving it for the job helps."""
+        return self.devices_by_series.get(job.series, 0) >= job.cards
+
+    def take(self, job) -> list[dict]:
+        taken = self.free_of(job.series)[: job.cards]
+        for device in taken:
+            for devices in self.free.values():
+                if device in devices:
+                    devices.remove(device)
+        if job.cpus and self.cpus is not None:
+            self.cpus -= job.cpus
+        if job.memory_bytes and self.memory is not None:
+            self.memory -= job.memory_bytes
+        return [{"index": device["index"], "uuid": device["uuid"]} for device in taken]
+
+
+def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
+    """Placeable nodes with their free devices and budgets: three queries."""
+    nodes = list(
+        nodes_placeable([fleet.id], now)
+        .filter(quiet_train=False)
+        .values_list("id", "address", "inventory")
+    )
+    series_of = dict(
+        CardAlias.objects.filter(series__isnull=False).values_list("name", "series__slug")
+    )
+    in_use: dict[str, list] = {}
+    for node_id, cards, cpus, memory in Member.objects.filter(
+        node_id__in=[node_id for node_id, _, _ in nodes], cleanup=Cleanup.PENDING
+    ).values_list("node_id", "cards", "cpus", "memory_bytes"):
+        in_use.setdefault(node_id, []).append((cards, cpus, memory))
+    capacities = {}
+    for node_id, address, inventory in nodes:
+        held = {card["index"] for cards, _, _ in in_use.get(node_id, []) for card in cards}
+        free: dict[str, list[dict]] = {"": []}
+        totals: dict[str, int] = {"": 0}
+        for device in inventory.get("devices", []):
+            series = series_of.get(device["name"])
+            totals[""] += 1
+            if series:
+                totals[series] = totals.get(series, 0) + 1
+            if device["index"] in held:
+                continue
+            free[""].append(device)
+            if series:
+                free.setdefault(series, []).append(device)
+        cpus, memory = inventory.get("cpu_budget"), inventory.get("memory_budget_bytes")
+        for _, used_cpus, used_memory in in_use.get(node_id, []):
+            cpus = cpus - (used_cpus or 0) if cpus is not None else None
+            memory = memory - (used_memory or 0) if memory is not None else None
+        capacities[node_id] = Capacity(node_id, address, free, cpus, memory, totals)
+    return capacities
+
+
+def _queue(fleet: Fleet) -> list:
+    """The Fleet's queued jobs of both kinds, in admission order (R2): one query a kind."""
+    jobs = [
+        job
+        for model in JOB_MODELS
+        for job in model.objects.filter(fleet=fleet, state=JobState.QUEUED)
+        .select_related("fleet", "project")
+        .prefetch_related("volumes", "datasets")
+        .order_by("created_at", "id")
+    ]
+    return sorted(jobs, key=lambda job: (job.created_at, job._meta.model_name, job.pk))
+
+
+def _pick(job, capacities: dict[str, Capacity], reserved: set[str]) -> list[Capacity] | None:
+    """Best fit: the nodes with the fewest free cards that still fit, so that large holes
+    stay for large jobs. All of a gang's nodes, or none."""
+    fitting = [
+        capacity
+        for node_id, capacity in capacities.items()
+        if node_id not in reserved and capacity.fits(job)
+    ]
+    if len(fitting) < job.nodes:
+        return None
+    fitting.sort(key=lambda c: (len(c.free_of(job.series)), c.node_id))
+    return fitting[: job.nodes]
+
+
+def _reserve(job, capacities: dict[str, Capacity], reserved: set[str]) -> None:
+    """R2: a job waiting past the bound keeps later jobs off the nodes closest to fitting it."""
+    closest = sorted(
+        (c for c in capacities.values() if c.node_id not in reserved and c.could_fit(job)),
+        key=lambda c: (-len(c.free_of(job.series)), c.node_id),
+    )
+    reserved.update(capacity.node_id for capacity in closest[: job.nodes])
+
+
+def _host(address: str) -> str:
+    if address.startswith("["):
+        return address[1:].split("]", 1)[0]
+    return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+
+
+def _delivery(job) -> dict:
+    """R4: where the job's volumes and datasets are — paths under the node's storage root
+    (shared-mount) or the URIs a node pulls from (object-pull)."""
+    shared = job.fleet.delivery == FleetDelivery.SHARED_MOUNT
+    env = {}
+    for kind, records in (("VOLUME", job.volumes.all()), ("DATASET", job.datasets.all())):
+        for record in records:
+            name = f"TUNEPLANE_{kind}_{record.name.upper().replace('-', '_')}"
+            env[name] = (
+                f"{job.project.slug}/{kind.lower()}s/{record.name}" if shared else record.uri
+            )
+    return {"mode": job.fleet.delivery, "env": env}
+
+
+def _payload(job, attempt_number: int, rank: int, cards, rendezvous) -> dict:
+    payload = {
+        "env": job.env,
+        "cards": cards,
+        "cpus": job.cpus,
+        "memory_bytes": job.memory_bytes,
+        "grace_seconds": settings.TUNEPLANE_STOP_GRACE,
+        "labels": {
+            "TUNEPLANE_JOB": f"{job._meta.model_name}-{job.pk}",
+            "TUNEPLANE_ATTEMPT": attempt_number,
+            "TUNEPLANE_RANK": rank,
+        },
+        "delivery": _delivery(job),
+        "rendezvous": rendezvous(rank) if rendezvous else {},
+    }
+    if job.command:
+        payload["argv"] = job.command
+    else:
+        payload["script"] = job.script
+    return payload
+
+
+def _next_numbers(jobs) -> dict:
+    numbers = {}
+    for model in JOB_MODELS:
+        key = f"{Attempt.job_field(model)}_id"
+        ids = [job.pk for job in jobs if isinstance(job, model)]
+        if ids:
+            for job_id, number in Attempt.objects.filter(**{f"{key}__in": ids}).values_list(
+                key, "number"
+            ):
+                numbers[(model, job_id)] = max(numbers.get((model, job_id), 0), number)
+    return numbers
+
+
+def allocate(*, fleet_id: str) -> dict:
+    """One pass over a node Fleet's queue, in one transaction. Returns what it did."""
+    now = timezone.now()
+    with transaction.atomic():
+        fleet = Fleet.objects.select_for_update().filter(pk=fleet_id).first()
+        if fleet is None or fleet.kind != FleetKind.NODE or fleet.state != FleetState.ACTIVE:
+            return {"allocated": 0, "waiting": 0}
+        queue = _queue(fleet)
+        if not queue:
+            return {"allocated": 0, "waiting": 0}
+        capacities = _capacities(fleet, now)
+        bound = now - timedelta(seconds=settings.TUNEPLANE_ALLOCATION_RESERVE_AFTER)
+        reserved: set[str] = set()
+        decided = []
+        for job in queue:
+            chosen = _pick(job, capacities, reserved)
+            if chosen is None:
+                if job.created_at <= bound:
+                    _reserve(job, capacities, reserved)
+                continue
+            decided.append((job, [(c, c.take(job)) for c in chosen]))
+        if decided:
+            _write(fleet, decided, now)
+    waiting = len(queue) - len(decided)
+    if decided:
+        logger.info("fleet %s: %d job(s) allocated, %d waiting", fleet_id, len(decided), waiting)
+    return {"allocated": len(decided), "waiting": waiting}
+
+
+def _write(fleet: Fleet, decided, now) -> None:
+    """Attempts, start commands, members, held cards and the jobs' new state: a fixed number
+    of statements for the whole pass, each change audited (A1)."""
+    numbers = _next_numbers([job for job, _ in decided])
+    attempts = Attempt.objects.bulk_create(
+        [
+            Attempt(
+                fleet=fleet,
+                number=numbers.get((type(job), job.pk), 0) + 1,
+                created_at=now,
+                **{Attempt.job_field(job): job},
+            )
+            for job, _ in decided
+        ]
+    )
+    commands = []
+    for (job, placed), attempt in zip(decided, attempts, strict=True):
+        rendezvous = None
+        if job.nodes > 1:
+            master = _host(placed[0][0].address)
+            port = MASTER_PORT_BASE + attempt.pk % 10000
+
+            def rendezvous(rank, master=master, port=port, job=job):
+                return {
+                    "MASTER_ADDR": master,
+                    "MASTER_PORT": port,
+                    "WORLD_SIZE": job.nodes * max(job.cards, 1),
+                    "RANK": rank,
+                    "NODE_RANK": rank,
+                    "LOCAL_WORLD_SIZE": max(job.cards, 1),
+                }
+
+        for rank, (capacity, cards) in enumerate(placed):
+            payload = _payload(job, attempt.number, rank, cards, rendezvous)
+            commands.append((capacity.node_id, CommandKind.START, payload))
+    created = iter(node_commands_create_many(actor=ALLOCATOR, commands=commands))
+    members = []
+    for (job, placed), attempt in zip(decided, attempts, strict=True):
+        for rank, (capacity, cards) in enumerate(placed):
+            members.append(
+                Member(
+                    attempt=attempt,
+                    rank=rank,
+                    node_id=capacity.node_id,
+                    command=next(created),
+                    cards=cards,
+                    cpus=job.cpus,
+                    memory_bytes=job.memory_bytes,
+                )
+            )
+    members = Member.objects.bulk_create(members)
+    CardHold.objects.bulk_create(
+        [
+            CardHold(node_id=member.node_id, index=card["index"], uuid=card["uuid"], member=member)
+            for member in members
+            for card in member.cards
+        ]
+    )
+    for model in JOB_MODELS:
+        jobs = [job for job, _ in decided if isinstance(job, model)]
+        for job in jobs:
+            job.state = JobState.STARTING
+        model.objects.bulk_update(jobs, ["state"])
+    audit_record_each(
+        actor=ALLOCATOR,
+        target_type="placement.attempt",
+        events=[("attempt.created", a.pk, None, _attempt_view(a)) for a in attempts],
+    )
+    audit_record_each(
+        actor=ALLOCATOR,
+        target_type="placement.member",
+        events=[("member.created", m.pk, None, _member_view(m)) for m in members],
+    )
+    for model in JOB_MODELS:
+        audit_record_each(
+            actor=ALLOCATOR,
+            target_type=model._meta.label_lower,
+            events=[
+                (
+                    f"{model._meta.model_name}.starting",
+                    job.pk,
+                    {"state": JobState.QUEUED},
+                    {"state": JobState.STARTING, "attempt": attempt.number},
+                )
+                for (job, _), attempt in zip(decided, attempts, strict=True)
+                if isinstance(job, model)
+            ],
+        )
+
+
+def _attempt_view(attempt: Attempt) -> dict:
+    return {
+        "job": f"{attempt.job._meta.model_name}-{attempt.job.pk}",
+        "number": attempt.number,
+        "state": attempt.state,
+    }
+
+
+def _member_view(member: Member) -> dict:
+    return {
+        "attempt": member.attempt_id,
+        "rank": member.rank,
+        "node": member.node_id,
+        "cards": member.cards,
+        "state": member.state,
+        "command": member.command_id,
+    }
+
+
+def allocate_on_commit(fleet_id: str) -> None:
+    """Something changed for a node Fleet (a job admitted, cards released): a pass soon, in
+    a worker. The beat's pass over every Fleet is the safety net."""
+    transaction.on_commit(lambda: current_app.tasks[ALLOCATE_TASK].delay(fleet_id))
+
+
+def allocate_all() -> dict:
+    """The beat's safety net: a pass for every node Fleet with queued jobs."""
+    fleet_ids = set()
+    for model in JOB_MODELS:
+        fleet_ids.update(
+            model.objects.filter(
+                state=JobState.QUEUED, fleet__kind=FleetKind.NODE, fleet__state=FleetState.ACTIVE
+            ).values_list("fleet_id", flat=True)
+        )
+    done = {fleet_id: allocate(fleet_id=fleet_id) for fleet_id in sorted(fleet_ids)}
+    return {"fleets": len(done), "allocated": sum(d["allocated"] for d in done.values())}

@@ -1,0 +1,201 @@
+"""Attempts and members as their nodes report them, and a job's state from its attempts.
+
+nodes carries the reports and never imports placement: ``member_command_observed`` is
+registered with it (placement.apps) and called inside the transaction that stored a
+command's change. From a member's change follow its attempt's and its job's, each one audit
+event (R10, A1): every member running → the attempt and the job run; a member failing
+fails the attempt and stops the others (R3); an ended member is cleaned up, and its cards
+are released only when the node confirms it (R7), which starts an allocation pass.
+"""
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import Actor, audit_record
+from nodes.choices import CommandKind, CommandState
+from nodes.models import NodeCommand
+from nodes.services.commands import node_command_cleaned_by_id, node_commands_create_many
+from tuneplane.errors import Conflict
+
+from ..choices import JOB_ENDED, RUN_LIVE, Cleanup, JobState, RunState
+from ..models import Attempt, CardHold, Member
+from .allocator import allocate_on_commit
+
+RUNS = Actor.system("runs")
+# Why a member ended, in the node's words, and what the member's state becomes.
+ENDED_AS = {
+    CommandState.SUCCEEDED: RunState.SUCCEEDED,
+    CommandState.FAILED: RunState.FAILED,
+    CommandState.LOST: RunState.FAILED,
+}
+# An attempt that ended for one of these is the machine's fault, not the job's: the job
+# gets another attempt while it has attempts left (R9). A non-zero exit or an OOM is not.
+RETRIED = {"lost", "vanished", "node_rebooted", "gang_deadline", "refused", "start_failed"}
+
+
+def _audit(record, action: str, before: dict, actor: Actor = RUNS) -> None:
+    audit_record(
+        actor=actor,
+        action=action,
+        target=record,
+        before=before,
+        after={"state": record.state, "reason": record.reason},
+    )
+
+
+def member_command_observed(command: NodeCommand, before: dict) -> None:
+    """A node's report moved one of its commands: follow it in the member it stands for."""
+    if command.kind == CommandKind.CLEANUP and command.state == CommandState.SUCCEEDED:
+        start = (
+            NodeCommand.objects.select_for_update()
+            .filter(pk=command.payload.get("member"), node_id=command.node_id)
+            .first()
+        )
+        if start is not None:
+            node_command_cleaned_by_id(command=start)
+        return
+    if command.kind != CommandKind.START:
+        return
+    member = Member.objects.select_for_update().filter(command=command).first()
+    if member is not None:
+        _member_moved(member, command)
+
+
+def _member_moved(member: Member, command: NodeCommand) -> None:
+    now = timezone.now()
+    before = {"state": member.state, "reason": member.reason}
+    if member.state in RUN_LIVE:
+        if command.state == CommandState.RUNNING and member.state != RunState.RUNNING:
+            member.state, member.started_at = RunState.RUNNING, member.started_at or now
+        elif command.state in ENDED_AS:
+            member.state = ENDED_AS[command.state]
+            member.exit_code = command.exit_code
+            member.reason = "vanished" if command.state == CommandState.LOST else command.reason
+            member.ended_at = now
+    member.confinement = command.confinement
+    if member.state != before["state"]:
+        member.save()
+        _audit(member, f"member.{member.state}", before)
+    elif member.confinement:
+        member.save(update_fields=["confinement"])
+    if command.cleaned_at is not None and member.cleanup != Cleanup.CLEANED:
+        member.cleanup = Cleanup.CLEANED
+        member.save(update_fields=["cleanup"])
+        CardHold.objects.filter(member=member).delete()
+        audit_record(
+            actor=RUNS,
+            action="member.cleaned",
+            target=member,
+            before={"cleanup": Cleanup.PENDING},
+            after={"cleanup": Cleanup.CLEANED, "cards_released": member.cards},
+        )
+        allocate_on_commit(member.attempt.fleet_id)
+    _attempt_settle(member.attempt_id)
+
+
+def _send(kind: str, members: list[Member], now, **extra) -> None:
+    """Stop or cleanup commands for members, recorded on them so none is sent twice."""
+    stamp = "stop_requested_at" if kind == CommandKind.STOP else "cleanup_requested_at"
+    members = [member for member in members if getattr(member, stamp) is None]
+    if not members:
+        return
+    node_commands_create_many(
+        actor=RUNS,
+        commands=[(m.node_id, kind, {"member": m.command_id, **extra}) for m in members],
+    )
+    Member.objects.filter(pk__in=[m.pk for m in members]).update(**{stamp: now})
+    for member in members:
+        setattr(member, stamp, now)
+
+
+def _attempt_settle(attempt_id: int) -> None:
+    """An attempt follows its members; its job follows it."""
+    now = timezone.now()
+    attempt = Attempt.objects.select_for_update().get(pk=attempt_id)
+    members = list(attempt.members.select_for_update().order_by("rank"))
+    job = type(attempt.job).objects.select_for_update().get(pk=attempt.job.pk)
+    before = {"state": attempt.state, "reason": attempt.reason}
+    live = [m for m in members if m.state in RUN_LIVE]
+    ended = [m for m in members if m.state not in RUN_LIVE]
+    if attempt.state in RUN_LIVE:
+        failed = next((m for m in members if m.state == RunState.FAILED), None)
+        if job.cancel_requested_at is not None and failed is None and not live:
+            attempt.state, attempt.reason = RunState.CANCELLED, "cancelled"
+        elif failed is not None:
+            cancelled = job.cancel_requested_at is not None and failed.reason == "stopped"
+            attempt.state = RunState.CANCELLED if cancelled else RunState.FAILED
+            attempt.reason = "cancelled" if cancelled else failed.reason or "exit"
+        elif members and all(m.state == RunState.SUCCEEDED for m in members):
+            attempt.state, attempt.reason = RunState.SUCCEEDED, "exit"
+        elif members and all(m.state == RunState.RUNNING for m in members):
+            attempt.state, attempt.started_at = RunState.RUNNING, attempt.started_at or now
+        if attempt.state not in RUN_LIVE:
+            attempt.ended_at = now
+        if attempt.state != before["state"]:
+            attempt.save()
+            _audit(attempt, f"attempt.{attempt.state}", before)
+    if attempt.state not in RUN_LIVE:
+        # R3: one member failing stops the others; what ended is cleaned up (R7).
+        _send(CommandKind.STOP, live, now, grace_seconds=settings.TUNEPLANE_STOP_GRACE)
+    _send(CommandKind.CLEANUP, ended, now)
+    _job_settle(job, attempt, now)
+
+
+def _job_settle(job, attempt: Attempt, now) -> None:
+    if job.state in JOB_ENDED:
+        return
+    before = {"state": job.state, "reason": job.reason}
+    if attempt.state == RunState.RUNNING:
+        job.state = JobState.RUNNING
+    elif attempt.state == RunState.SUCCEEDED:
+        job.state, job.reason = JobState.SUCCEEDED, ""
+    elif attempt.state == RunState.CANCELLED:
+        job.state, job.reason = JobState.CANCELLED, "cancelled"
+    elif attempt.state in (RunState.FAILED, RunState.LOST):
+        if attempt.reason in RETRIED and attempt.number < job.max_attempts:
+            job.state, job.reason = JobState.QUEUED, f"retrying after {attempt.reason}"
+            allocate_on_commit(job.fleet_id)
+        else:
+            job.state, job.reason = JobState.FAILED, attempt.reason
+    if job.state in JOB_ENDED:
+        job.ended_at = now
+    if (job.state, job.reason) != (before["state"], before["reason"]):
+        job.save(update_fields=["state", "reason", "ended_at"])
+        _audit(job, f"{job._meta.model_name}.{job.state}", before)
+
+
+def job_cancel(*, actor: Actor, job):
+    """R10: a queued job is cancelled at once; a starting or running one is stopped —
+    SIGTERM to its process groups, SIGKILL after the grace — and ends cancelled once its
+    members are stopped; its cards are released after their cleanup."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = type(job).objects.select_for_update().get(pk=job.pk)
+        if job.state in JOB_ENDED:
+            raise Conflict(
+                f"The job has already {job.state}; there is nothing to cancel.",
+                code="job_ended",
+            )
+        before = {"state": job.state, "reason": job.reason}
+        if job.state == JobState.QUEUED:
+            job.state, job.reason, job.ended_at = JobState.CANCELLED, "cancelled", now
+            job.cancel_requested_at = now
+            job.save(update_fields=["state", "reason", "ended_at", "cancel_requested_at"])
+            _audit(job, f"{job._meta.model_name}.cancelled", before, actor)
+            return job
+        if job.cancel_requested_at is None:
+            job.cancel_requested_at = now
+            job.save(update_fields=["cancel_requested_at"])
+            audit_record(
+                actor=actor,
+                action=f"{job._meta.model_name}.cancel_requested",
+                target=job,
+                before={"cancel_requested_at": None},
+                after={"cancel_requested_at": now.isoformat(), "state": job.state},
+            )
+            live = Member.objects.select_for_update().filter(
+                **{f"attempt__{Attempt.job_field(job)}": job}, state__in=RUN_LIVE
+            )
+            _send(CommandKind.STOP, list(live), now, grace_seconds=settings.TUNEPLANE_STOP_GRACE)
+    return job

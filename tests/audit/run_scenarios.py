@@ -1,0 +1,139 @@
+"""A1 for running work (DESIGN §7, R10): the allocator's pass, a member's report followed
+into its attempt and job, cancel, and the node commands they are made of. Merged into
+SCENARIOS by test_audit_completeness."""
+
+from django.test import TestCase
+
+from audit.services import Actor
+from nodes.choices import CommandKind
+from nodes.models import NodeCommand
+from nodes.services import commands, control
+from placement import services as placement
+from placement.models import Member, TrainingJob
+from placement.services import allocator, runs
+from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM
+
+from .scenarios import Scenario, changed, created, tasks_run_at_once
+
+STARTED = (
+    created("attempt.created"),
+    created("member.created"),
+    created("node_command.created"),
+    changed("trainingjob.starting"),
+)
+
+
+def _queued(w) -> TrainingJob:
+    """A member's job, queued on a node Fleet with one placeable node of 8 cards by UUID."""
+    placeable = w.placeable()
+    control.node_report_inventory(node_id=placeable.id, inventory=H100_DEVICE_INVENTORY)
+    return placement.training_job_submit(
+        actor=Actor.of_user(w.member), project="ml", name="sft", command=["true"], cards=2
+    )
+
+
+def _started(w) -> Member:
+    job = _queued(w)
+    allocator.allocate(fleet_id=job.fleet_id)
+    return Member.objects.select_related("command").get(attempt__training_job=job)
+
+
+def allocate(w):
+    job = _queued(w)
+    return lambda: allocator.allocate(fleet_id=job.fleet_id)
+
+
+def allocate_all(w):
+    _queued(w)
+    return allocator.allocate_all
+
+
+def allocate_on_commit(w):
+    job = _queued(w)
+
+    def call():
+        with tasks_run_at_once(), TestCase.captureOnCommitCallbacks(execute=True):
+            allocator.allocate_on_commit(job.fleet_id)
+
+    return call
+
+
+def member_running(w):
+    """The node reports the start command running: the member, its attempt and its job run."""
+    member = _started(w)
+    NodeCommand.objects.filter(pk=member.command_id).update(state="running")
+    command = NodeCommand.objects.get(pk=member.command_id)
+    return lambda: runs.member_command_observed(command, {"state": "pending"})
+
+
+def cancel_queued(w):
+    job = _queued(w)
+    return lambda: runs.job_cancel(actor=Actor.of_user(w.member), job=job)
+
+
+def cancel_running(w):
+    member = _started(w)
+    job = member.attempt.training_job
+    return lambda: runs.job_cancel(actor=Actor.of_user(w.member), job=job)
+
+
+def commands_create_many(w):
+    node = w.node()
+    batch = [(node.id, CommandKind.RUN, {"argv": ["true"]})] * 2
+    return lambda: commands.node_commands_create_many(actor=SYSTEM, commands=batch)
+
+
+def command_lost(w):
+    member = _started(w)
+    NodeCommand.objects.filter(pk=member.command_id).update(state="running")
+    command = NodeCommand.objects.get(pk=member.command_id)
+    return lambda: commands.node_command_lost(command=command, reason="lost")
+
+
+def command_cleaned_by_id(w):
+    """A member that succeeded, with its attempt and job, and whose cleanup was asked for."""
+    member = _started(w)
+    NodeCommand.objects.filter(pk=member.command_id).update(state="succeeded", exit_code=0)
+    Member.objects.filter(pk=member.pk).update(
+        state="succeeded", cleanup_requested_at=member.attempt.created_at
+    )
+    member.attempt.__class__.objects.filter(pk=member.attempt_id).update(state="succeeded")
+    TrainingJob.objects.filter(pk=member.attempt.training_job_id).update(state="succeeded")
+    command = NodeCommand.objects.get(pk=member.command_id)
+    return lambda: commands.node_command_cleaned_by_id(command=command)
+
+
+RUNNING = (changed("member.running"), changed("attempt.running"), changed("trainingjob.running"))
+
+SCENARIOS = {
+    "placement.services.allocator.allocate": Scenario(allocate, STARTED),
+    "placement.services.allocator.allocate_all": Scenario(allocate_all, STARTED),
+    # It dispatches the pass through the broker: run at once here.
+    "placement.services.allocator.allocate_on_commit": Scenario(allocate_on_commit, STARTED),
+    "placement.services.runs.member_command_observed": Scenario(member_running, RUNNING),
+    "placement.services.runs.job_cancel": Scenario(
+        cancel_queued, (changed("trainingjob.cancelled"),)
+    ),
+    # Running: the request is recorded, and each live member gets a stop command.
+    "placement.services.runs.job_cancel/running": Scenario(
+        cancel_running,
+        (changed("trainingjob.cancel_requested"), created("node_command.created")),
+    ),
+    "nodes.services.commands.node_commands_create_many": Scenario(
+        commands_create_many, (created("node_command.created"), created("node_command.created"))
+    ),
+    # The console gives up on a member: the command, then the member, attempt and job.
+    "nodes.services.commands.node_command_lost": Scenario(
+        command_lost,
+        (
+            changed("node_command.lost"),
+            changed("member.failed"),
+            changed("attempt.failed"),
+            changed("trainingjob.queued"),
+            created("node_command.created"),
+        ),
+    ),
+    "nodes.services.commands.node_command_cleaned_by_id": Scenario(
+        command_cleaned_by_id, (changed("node_command.cleaned"), changed("member.cleaned"))
+    ),
+}

@@ -1,0 +1,170 @@
+"""Jobs run for real on a node Fleet (DESIGN §7): submitted through the API, allocated by a
+real Celery worker, started by the real agent over a real gateway as real processes, their
+ends and cleanups reported back. Cards by index and UUID come from a fake inventory (this
+machine has no GPU); the processes, signals and cgroups are real.
+"""
+
+import json
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from nodes.models import ControlSession
+from placement.models import CardHold, Member, TrainingJob
+from tests.conftest import H100_DEVICE_INVENTORY
+
+from .agents import lay_out_a_joined_node, running_gateway, serve, wait_until
+from .console import console_env
+from .test_liveness import celery
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+FAST = {"TUNEPLANE_HEARTBEAT_INTERVAL": "1", "TUNEPLANE_LEASE_TTL": "3"}
+
+
+@contextmanager
+def worker(tmp_path, redis_url, **settings):
+    """A real Celery worker: what admission's allocation task runs in."""
+    process = celery(
+        "worker",
+        "-l",
+        "INFO",
+        "--pool",
+        "solo",
+        env=console_env(tmp_path, REDIS_URL=redis_url, **settings),
+    )
+    try:
+        yield process
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+@pytest.fixture
+def running_node(require_redis, tmp_path, console_pki, node_fleet, mint):
+    """A node Fleet's node with a live agent, a gateway and a worker: where jobs run."""
+    node, env, directory = lay_out_a_joined_node(node_fleet, mint, tmp_path)
+    with (
+        worker(tmp_path, require_redis, TUNEPLANE_STOP_GRACE="3"),
+        running_gateway(tmp_path, console_pki, REDIS_URL=require_redis, **FAST) as target,
+    ):
+        agent = serve(env, target, tmp_path, inventory=H100_DEVICE_INVENTORY)
+        try:
+            wait_until(
+                lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()
+                and node.__class__.objects.get(pk=node.pk).inventory.get("devices"),
+                what="the node connected with its devices",
+            )
+            yield node, env, directory, target, agent
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(20)
+
+
+def submit(api, **body):
+    response = api.post("/api/training-jobs", {"project": "ml", "name": "job", "cards": 2, **body})
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def shown(api, job_id):
+    return next(
+        job for job in api.get("/api/training-jobs").json()["results"] if job["id"] == job_id
+    )
+
+
+def state_is(api, job_id, *states):
+    job = shown(api, job_id)
+    return job if job["state"] in states else None
+
+
+def test_R4_R7_a_job_runs_with_exactly_its_cards_succeeds_and_holds_them_until_cleanup(
+    running_node, member_api, tmp_path
+):
+    node, _, directory, _, _ = running_node
+    out = tmp_path / "env.json"
+    job = submit(
+        member_api,
+        command=[
+            "python3",
+            "-c",
+            "import json, os, sys, time; "
+            f"json.dump(dict(os.environ), open({str(out)!r}, 'w')); time.sleep(1)",
+        ],
+        env={"LEARNING_RATE": "3e-4"},
+    )
+    assert job["state"] == "queued"
+    running = wait_until(
+        lambda: state_is(member_api, job["id"], "running", "succeeded"), what="the job running"
+    )
+    member = running["attempts"][0]["members"][0]
+    assert member["node"] == node.id and len(member["cards"]) == 2
+    # R7: the cards are held while it runs.
+    assert CardHold.objects.filter(node=node).count() == 2
+    done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), what="success")
+    attempt = done["attempts"][0]
+    assert (attempt["number"], attempt["state"]) == (1, "succeeded")
+    # R4: exactly its cards, in PCI bus order by index and by UUID, and the job's env.
+    env = json.loads(out.read_text())
+    indices = [card["index"] for card in member["cards"]]
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, sorted(indices)))
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(c["uuid"] for c in member["cards"])
+    assert env["LEARNING_RATE"] == "3e-4"
+    # R7: released only once the node confirmed the cleanup.
+    wait_until(
+        lambda: shown(member_api, job["id"])["attempts"][0]["members"][0]["cleanup"] == "cleaned",
+        what="the cleanup confirmed",
+    )
+    assert not CardHold.objects.filter(node=node).exists()
+    scratch = Path(directory) / "members" / Member.objects.get().command_id
+    assert not scratch.exists()
+
+
+def test_R10_a_failing_job_fails_with_its_exit_code_and_is_not_retried(running_node, member_api):
+    job = submit(member_api, script="echo failing; exit 3")
+    failed = wait_until(lambda: state_is(member_api, job["id"], "failed"), what="failure")
+    member = failed["attempts"][0]["members"][0]
+    assert (member["state"], member["exit_code"], member["reason"]) == ("failed", 3, "exit")
+    assert failed["reason"] == "exit" and len(failed["attempts"]) == 1  # R9: no retry on exit
+
+
+def test_R10_cancel_stops_a_running_job_and_it_ends_cancelled(running_node, member_api, tmp_path):
+    marker = tmp_path / "term"
+    job = submit(
+        member_api,
+        script=f"trap 'echo term > {marker}; exit 143' TERM; while true; do sleep 0.1; done",
+    )
+    wait_until(lambda: state_is(member_api, job["id"], "running"), what="the job running")
+    response = member_api.post(f"/api/training-jobs/{job['id']}/cancel")
+    assert response.status_code == 200, response.content
+    done = wait_until(lambda: state_is(member_api, job["id"], "cancelled"), what="cancelled")
+    assert marker.read_text().strip() == "term"  # SIGTERM reached the process group
+    assert done["attempts"][0]["state"] == "cancelled"
+    wait_until(lambda: not CardHold.objects.exists(), what="cards released after cleanup")
+
+
+def test_R6_a_killed_agent_takes_no_work_with_it_and_the_exit_is_recorded_once(
+    running_node, member_api, tmp_path
+):
+    node, env, _, target, agent = running_node
+    release = tmp_path / "release"
+    job = submit(
+        member_api,
+        script=f"while [ ! -e {release} ]; do sleep 0.1; done; exit 0",
+    )
+    wait_until(lambda: state_is(member_api, job["id"], "running"), what="the job running")
+    agent.send_signal(signal.SIGKILL)
+    agent.wait(10)
+    release.touch()  # it finishes while no agent watches
+    assert TrainingJob.objects.get(pk=job["id"]).state == "running"
+    again = serve(env, target, tmp_path, inventory=H100_DEVICE_INVENTORY)
+    try:
+        done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), what="success")
+        assert done["attempts"][0]["members"][0]["exit_code"] == 0
+        assert len(done["attempts"]) == 1
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.wait(20)

@@ -1,0 +1,214 @@
+"""The allocator (DESIGN §7, R1–R3, R7): which nodes and which cards, in process, on the
+real database. The race between two allocators in two processes is test_allocator_race.py;
+jobs running on real agents are tests/e2e/test_jobs.py."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from audit.services import Actor
+from fleets.choices import FleetState
+from fleets.models import Fleet
+from nodes.choices import CommandKind
+from nodes.models import Node, NodeCommand
+from nodes.services.control import node_report_inventory, session_open
+from nodes.services.join import node_join
+from nodes.services.scheduling import node_cordon
+from placement import services
+from placement.models import Attempt, CardHold, Member, TrainingJob
+from placement.services.allocator import allocate
+from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM, make_csr
+
+
+@pytest.fixture
+def gpu_node(mint):
+    """A placeable node (L1) whose cards are known by index and UUID."""
+
+    def make(fleet, cards: int = 8, address: str = "10.0.0.1:1") -> Node:
+        devices = [
+            {**device, "uuid": f"{device['uuid']}-{address}"}
+            for device in H100_DEVICE_INVENTORY["devices"][:cards]
+        ]
+        inventory = {
+            **H100_DEVICE_INVENTORY,
+            "cards": [{"name": devices[0]["name"], "count": cards}],
+            "devices": devices,
+        }
+        result = node_join(
+            token=mint(fleet)[1],
+            fleet_id=fleet.id,
+            csr=make_csr()[1],
+            inventory=inventory,
+            address=address,
+        )
+        session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="test")
+        return node_report_inventory(node_id=result.node.id, inventory=inventory)
+
+    return make
+
+
+@pytest.fixture
+def lab(node_fleet, gpu_node):
+    gpu_node(node_fleet)
+    return node_fleet
+
+
+def job(member, name="job", cards=1, **fields) -> TrainingJob:
+    return services.training_job_submit(
+        actor=Actor.of_user(member),
+        project="ml",
+        name=name,
+        command=["python", "train.py"],
+        cards=cards,
+        **fields,
+    )
+
+
+def held(job_record) -> list[dict]:
+    return [
+        card
+        for member in Member.objects.filter(attempt__training_job=job_record)
+        for card in member.cards
+    ]
+
+
+def states(*jobs) -> list[str]:
+    return [TrainingJob.objects.get(pk=j.pk).state for j in jobs]
+
+
+def test_R1_a_job_gets_specific_cards_of_its_node_each_held_by_one_row(lab, member):
+    first, second = job(member, "a", cards=3), job(member, "b", cards=5)
+    assert allocate(fleet_id=lab.id) == {"allocated": 2, "waiting": 0}
+    cards = held(first) + held(second)
+    devices = {(d["index"], d["uuid"]) for d in Node.objects.get().inventory["devices"]}
+    assert {(c["index"], c["uuid"]) for c in cards} == devices  # all 8, each once
+    assert CardHold.objects.count() == 8
+    command = NodeCommand.objects.get(member__attempt__training_job=first)
+    assert (command.kind, command.payload["cards"]) == (CommandKind.START, held(first))
+    assert states(first, second) == ["starting", "starting"]
+
+
+def test_R1_never_more_than_a_node_has(lab, member):
+    jobs = [job(member, f"j{n}", cards=3) for n in range(3)]
+    assert allocate(fleet_id=lab.id) == {"allocated": 2, "waiting": 1}
+    assert states(*jobs) == ["starting", "starting", "queued"]
+    assert CardHold.objects.count() == 6
+
+
+def test_R1_the_database_refuses_one_card_to_two_members(lab, member):
+    job(member, cards=1)
+    allocate(fleet_id=lab.id)
+    hold = CardHold.objects.get()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        CardHold.objects.create(
+            node_id=hold.node_id, index=hold.index, uuid=hold.uuid, member=hold.member
+        )
+
+
+@pytest.mark.parametrize("unplaceable", ["cordoned", "draining", "quiet", "no_lease", "fleet_draining"])
+def test_R1_only_placeable_nodes_of_an_active_fleet_get_cards(lab, member, unplaceable):
+    waiting = job(member, cards=1)
+    node = Node.objects.get()
+    if unplaceable == "cordoned":
+        node_cordon(actor=SYSTEM, node=node, reason="maintenance")
+    elif unplaceable == "draining":
+        Node.objects.filter(pk=node.pk).update(scheduling_state="draining")
+    elif unplaceable == "quiet":
+        Node.objects.filter(pk=node.pk).update(quiet_train=True)
+    elif unplaceable == "no_lease":
+        Node.objects.filter(pk=node.pk).update(lease_expires_at=timezone.now())
+    else:
+        Fleet.objects.filter(pk=lab.id).update(state=FleetState.DRAINING)
+    assert allocate(fleet_id=lab.id)["allocated"] == 0
+    assert states(waiting) == ["queued"] and not CardHold.objects.exists()
+
+
+def test_R7_cards_stay_held_after_the_exit_until_cleanup_is_confirmed(lab, member):
+    from nodes.services.commands import Reported, node_command_report
+
+    first = job(member, "first", cards=8)
+    allocate(fleet_id=lab.id)
+    command = NodeCommand.objects.get(member__attempt__training_job=first)
+    node_command_report(node_id=command.node_id, reported=Reported(command.id, "running"))
+    node_command_report(
+        node_id=command.node_id, reported=Reported(command.id, "succeeded", 0, "exit")
+    )
+    assert states(first) == ["succeeded"]
+    second = job(member, "second", cards=1)
+    assert allocate(fleet_id=lab.id)["allocated"] == 0  # exited, not cleaned: still held
+    assert CardHold.objects.count() == 8
+    # The exit sent the cleanup; the node confirms it.
+    cleanup = NodeCommand.objects.get(kind=CommandKind.CLEANUP)
+    assert cleanup.payload == {"member": command.id}
+    node_command_report(
+        node_id=command.node_id,
+        reported=Reported(command.id, "succeeded", 0, "exit", cleaned=True),
+    )
+    assert Member.objects.get(command=command).cleanup == "cleaned"
+    assert not CardHold.objects.exists()
+    assert allocate(fleet_id=lab.id)["allocated"] == 1
+    assert states(second) == ["starting"]
+
+
+def test_R2_jobs_are_taken_in_admission_order(lab, member):
+    jobs = [job(member, f"j{n}", cards=4) for n in range(3)]
+    allocate(fleet_id=lab.id)
+    assert states(*jobs) == ["starting", "starting", "queued"]
+
+
+def test_R2_a_job_that_cannot_start_does_not_block_a_smaller_one_behind_it(lab, member):
+    stuck = job(member, "stuck", cards=8)
+    TrainingJob.objects.filter(pk=stuck.pk).update(cards=9)  # more than the node has now
+    behind = job(member, "behind", cards=2)
+    allocate(fleet_id=lab.id)
+    assert states(stuck, behind) == ["queued", "starting"]
+
+
+def test_R2_a_job_waiting_past_the_bound_reserves_its_node_against_later_smaller_ones(
+    lab, member, settings
+):
+    settings.TUNEPLANE_ALLOCATION_RESERVE_AFTER = 60
+    holder = job(member, "holder", cards=4)
+    allocate(fleet_id=lab.id)
+    big = job(member, "big", cards=8)  # waits for holder's cards
+    small = job(member, "small", cards=2)
+    allocate(fleet_id=lab.id)
+    assert states(holder, big, small) == ["starting", "queued", "starting"]  # not yet starving
+    # big has now waited longer than the bound: nothing smaller overtakes it any more.
+    TrainingJob.objects.filter(pk=big.pk).update(created_at=timezone.now() - timedelta(seconds=61))
+    smaller = job(member, "smaller", cards=1)
+    allocate(fleet_id=lab.id)
+    assert states(big, smaller) == ["queued", "queued"]
+
+
+def test_R3_a_gang_is_allocated_all_or_nothing(node_fleet, gpu_node, member):
+    for n in range(2):
+        gpu_node(node_fleet, cards=8, address=f"10.0.0.{n + 1}:1")
+    too_big = job(member, "three-nodes", cards=8, nodes=2)
+    TrainingJob.objects.filter(pk=too_big.pk).update(nodes=3)
+    gang = job(member, "gang", cards=8, nodes=2)
+    allocate(fleet_id=node_fleet.id)
+    assert states(too_big, gang) == ["queued", "starting"]
+    assert not Attempt.objects.filter(training_job=too_big).exists()
+    members = list(Member.objects.filter(attempt__training_job=gang).order_by("rank"))
+    assert len({m.node_id for m in members}) == 2
+    rendezvous = [NodeCommand.objects.get(pk=m.command_id).payload["rendezvous"] for m in members]
+    assert [r["RANK"] for r in rendezvous] == [0, 1]
+    assert {r["MASTER_ADDR"] for r in rendezvous} == {members[0].node.address.split(":")[0]}
+    assert {r["WORLD_SIZE"] for r in rendezvous} == {16}
+
+
+def test_R1_an_allocation_pass_takes_a_fixed_number_of_queries(node_fleet, gpu_node, member):
+    def queries(nodes: int, jobs: int) -> int:
+        for n in range(nodes):
+            gpu_node(node_fleet, address=f"10.1.{nodes}.{n}:1")
+        for n in range(jobs):
+            job(member, f"q{nodes}-{n}", cards=1)
+        with CaptureQueriesContext(connection) as captured:
+            assert allocate(fleet_id=node_fleet.id)["allocated"] == jobs
+        return len(captured)
+
+    assert queries(1, 1) == queries(4, 6)

@@ -1,0 +1,157 @@
+"""The agent's members (DESIGN §7, R1, R4–R7) on this machine: real processes in real
+cgroups (v1 memory and cpu controllers here, as root), driven through the agent's own
+command handling without a stream — what the stream delivers is tests/e2e/test_jobs.py."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from nodes.agent import members
+from nodes.agent.commands import Commands
+from tests.conftest import H100_DEVICES
+
+pytestmark = pytest.mark.e2e
+
+CARDS = [{"index": d["index"], "uuid": d["uuid"]} for d in H100_DEVICES]
+
+
+@pytest.fixture
+def node(tmp_path) -> Commands:
+    return Commands(tmp_path / "state", devices=lambda: H100_DEVICES, storage_root="/srv/tp")
+
+
+def start(node, member_id, cards, **payload):
+    return node.accept(member_id, "start", {"cards": cards, **payload})
+
+
+def settled(node, member_id, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        member = next(c for c in node.known() if c.command_id == member_id)
+        if member.state != "running":
+            return member
+        time.sleep(0.1)
+    raise AssertionError(f"{member_id} still running")
+
+
+def test_R4_a_member_gets_exactly_its_cards_env_labels_and_delivery(node, tmp_path):
+    out = tmp_path / "env.json"
+    member = start(
+        node,
+        "m-env",
+        [CARDS[5], CARDS[2]],
+        argv=["python3", "-c", f"import json,os; json.dump(dict(os.environ), open('{out}','w'))"],
+        env={"LR": "1e-3"},
+        labels={"TUNEPLANE_RANK": 0},
+        delivery={"mode": "shared-mount", "env": {"TUNEPLANE_DATASET_X": "ml/datasets/x"}},
+        rendezvous={"MASTER_ADDR": "10.0.0.1", "WORLD_SIZE": 16},
+    )
+    assert member.state == "running"
+    assert settled(node, "m-env").state == "succeeded"
+    env = json.loads(out.read_text())
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,5"  # PCI bus order: by index
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{CARDS[2]['uuid']},{CARDS[5]['uuid']}"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert (env["LR"], env["TUNEPLANE_RANK"]) == ("1e-3", "0")
+    assert env["TUNEPLANE_DATASET_X"] == "/srv/tp/ml/datasets/x"
+    assert (env["MASTER_ADDR"], env["WORLD_SIZE"]) == ("10.0.0.1", "16")
+
+
+def test_R1_a_start_naming_cards_the_node_lacks_or_another_member_holds_is_refused(node):
+    unknown = {"index": 9, "uuid": "GPU-not-here"}
+    wrong_uuid = {"index": 1, "uuid": CARDS[2]["uuid"]}
+    for member_id, cards in (("m-unknown", [unknown]), ("m-wrong", [wrong_uuid])):
+        refused = start(node, member_id, cards, argv=["true"])
+        assert (refused.state, refused.reason) == ("failed", "refused")
+    holder = start(node, "m-holder", [CARDS[0]], argv=["sleep", "30"])
+    assert holder.state == "running"
+    taken = start(node, "m-taken", [CARDS[0], CARDS[1]], argv=["true"])
+    assert (taken.state, taken.reason) == ("failed", "refused")
+    # Never substituted: card 1 was free, but the console named card 0 with it.
+    node.accept("c-clean", "cleanup", {"member": "m-holder", "grace_seconds": 0})
+    assert settled(node, "m-holder").cleaned
+
+
+def test_a_replayed_start_changes_nothing_and_a_stop_for_an_unknown_member_is_answered(
+    node, tmp_path
+):
+    counter = tmp_path / "count"
+    argv = ["sh", "-c", f"echo x >> {counter}; sleep 30"]
+    first = start(node, "m-once", [CARDS[3]], argv=argv)
+    again = start(node, "m-once", [CARDS[3]], argv=argv)
+    assert (again.pid, again.state) == (first.pid, "running")
+    time.sleep(0.5)
+    assert counter.read_text() == "x\n"  # started once
+    unknown = node.accept("c-stop-unknown", "stop", {"member": "m-never"})
+    assert (unknown.state, unknown.reason) == ("succeeded", "unknown_member")
+    node.accept("c-clean", "cleanup", {"member": "m-once", "grace_seconds": 0})
+    assert settled(node, "m-once").cleaned
+
+
+def test_R10_stop_is_sigterm_then_sigkill_after_the_grace(node, tmp_path):
+    stubborn = ["sh", "-c", f"trap 'echo term >> {tmp_path}/log' TERM; while :; do sleep 0.1; done"]
+    start(node, "m-stubborn", [CARDS[0]], argv=stubborn)
+    time.sleep(0.3)
+    node.accept("c-stop", "stop", {"member": "m-stubborn", "grace_seconds": 1})
+    time.sleep(0.5)
+    assert next(c for c in node.known() if c.command_id == "m-stubborn").state == "running"
+    ended = settled(node, "m-stubborn")  # SIGKILL after the grace
+    assert (ended.state, ended.reason) == ("failed", "stopped")
+    assert (tmp_path / "log").read_text().startswith("term")
+
+
+def test_R5_a_member_over_its_memory_ends_oom_and_reports_its_confinement(node):
+    member = start(
+        node,
+        "m-hungry",
+        [],
+        argv=[
+            "python3",
+            "-c",
+            "x = bytearray(400 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096])",
+        ],
+        memory_bytes=64 << 20,
+        cpus=0.5,
+    )
+    assert member.confinement == "cgroup-v1", member.confinement
+    version, paths = members.cgroup_paths("m-hungry")
+    assert (paths[0] / "memory.limit_in_bytes").read_text().strip() == str(64 << 20)
+    assert (paths[1] / "cpu.cfs_quota_us").read_text().strip() == "50000"
+    ended = settled(node, "m-hungry")
+    assert (ended.state, ended.reason) == ("failed", "oom")
+    node.accept("c-clean", "cleanup", {"member": "m-hungry"})
+    assert settled(node, "m-hungry").cleaned and not any(path.exists() for path in paths)
+
+
+def test_R7_cleanup_kills_what_is_left_removes_the_scratch_and_keeps_the_log(node, tmp_path):
+    start(node, "m-left", [CARDS[1]], script="echo hello; (sleep 60 &) ; sleep 60")
+    scratch = node.scratch / "m-left"
+    assert (scratch / "script.sh").exists()
+    time.sleep(0.5)
+    node.accept("c-clean", "cleanup", {"member": "m-left", "grace_seconds": 0})
+    ended = settled(node, "m-left")
+    deadline = time.monotonic() + 10
+    while not ended.cleaned and time.monotonic() < deadline:
+        time.sleep(0.2)
+        ended = next(c for c in node.known() if c.command_id == "m-left")
+    assert ended.cleaned and not scratch.exists()
+    assert not members.cgroup_pids("m-left")  # the escaped grandchild too
+    assert node.log_tail("m-left", 100) == b"hello\n"
+    # A cleanup of a member whose state file is lost still cleans by its id.
+    stray = node.accept("c-clean-lost", "cleanup", {"member": "m-lost-file"})
+    assert stray.state == "succeeded"
+
+
+def test_R6_after_a_reboot_a_member_is_node_rebooted_never_running(node, tmp_path):
+    start(node, "m-before", [CARDS[0]], argv=["sleep", "0.1"])
+    path = node.directory / "m-before.json"
+    saved = json.loads(path.read_text())
+    saved.update(boot_id="an-earlier-boot", pid=999999, started="0")
+    path.write_text(json.dumps(saved))
+    Path(node.directory / "m-before.exit").unlink(missing_ok=True)
+    time.sleep(0.3)
+    (node.directory / "m-before.exit").unlink(missing_ok=True)
+    ended = settled(node, "m-before")
+    assert (ended.state, ended.reason) == ("failed", "node_rebooted")

@@ -76,11 +76,15 @@ class Job(Workload):
     cpus = models.FloatField(null=True, blank=True)
     memory_bytes = models.BigIntegerField(null=True, blank=True)
     max_attempts = models.PositiveSmallIntegerField(default=3)
+    # A gang's members must all run within this of allocation (R3); None: the setting's.
+    gang_deadline_seconds = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(
         max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True
     )
     reason = models.CharField(max_length=64, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # A retry after a missed gang deadline waits a backoff: not allocated before this.
+    not_before = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta(Workload.Meta):

@@ -28,8 +28,18 @@ def _refuse(field: str, message: str):
     raise ValidationFailed(f"{field}: {message}", field=field)
 
 
+MAX_GANG_DEADLINE = 86_400
+
+
 def checked_run(
-    *, command=None, script="", env=None, cpus=None, memory_bytes=None, max_attempts=3
+    *,
+    command=None,
+    script="",
+    env=None,
+    cpus=None,
+    memory_bytes=None,
+    max_attempts=3,
+    gang_deadline_seconds=None,
 ) -> dict:
     """The run fields of a job, normalised; a ValidationFailed naming the field otherwise."""
     command = [] if command is None else command
@@ -69,7 +79,14 @@ def checked_run(
         _refuse("max_attempts", f"a whole number from 1 to {MAX_ATTEMPTS}.")
     if not 1 <= max_attempts <= MAX_ATTEMPTS:
         _refuse("max_attempts", f"a whole number from 1 to {MAX_ATTEMPTS}.")
+    if gang_deadline_seconds is not None and (
+        isinstance(gang_deadline_seconds, bool)
+        or not isinstance(gang_deadline_seconds, int)
+        or not 1 <= gang_deadline_seconds <= MAX_GANG_DEADLINE
+    ):
+        _refuse("gang_deadline_seconds", f"whole seconds from 1 to {MAX_GANG_DEADLINE}.")
     return {
+        "gang_deadline_seconds": gang_deadline_seconds,
         "command": command,
         "script": script,
         "env": env,

@@ -4,6 +4,7 @@ from celery import shared_task
 
 from .handover import HANDOVER_TASK, cluster_job_handover, cluster_jobs_track
 from .services.allocator import ALLOCATE_TASK, allocate, allocate_all
+from .services.reconcile import members_reconcile
 
 
 @shared_task(name=HANDOVER_TASK, ignore_result=True)
@@ -24,3 +25,8 @@ def allocate_task(fleet_id: str) -> dict:
 @shared_task(name="placement.allocate_all", ignore_result=True)
 def allocate_all_task() -> dict:
     return allocate_all()
+
+
+@shared_task(name="placement.members_reconcile", ignore_result=True)
+def members_reconcile_task() -> dict:
+    return members_reconcile()

@@ -16,6 +16,7 @@ SCHEDULE = {
     "Cluster Fleets read": ("nodes.clusters_refresh", "TUNEPLANE_CLUSTER_REFRESH_INTERVAL"),
     "Cluster jobs' states": ("placement.cluster_jobs_track", "TUNEPLANE_CLUSTER_REFRESH_INTERVAL"),
     "Allocation pass": ("placement.allocate_all", "TUNEPLANE_ALLOCATION_INTERVAL"),
+    "Members reconcile": ("placement.members_reconcile", "TUNEPLANE_SWEEP_INTERVAL"),
 }
 
 

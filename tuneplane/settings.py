@@ -234,6 +234,10 @@ TUNEPLANE_CLUSTER_REFRESH_INTERVAL = env_seconds("TUNEPLANE_CLUSTER_REFRESH_INTE
 TUNEPLANE_ALLOCATION_INTERVAL = env_seconds("TUNEPLANE_ALLOCATION_INTERVAL", 5)
 TUNEPLANE_ALLOCATION_RESERVE_AFTER = env_seconds("TUNEPLANE_ALLOCATION_RESERVE_AFTER", 300)
 TUNEPLANE_STOP_GRACE = env_seconds("TUNEPLANE_STOP_GRACE", 30)
+# A gang's members must all run within this of allocation (R3; torchrun's rendezvous join
+# timeout is the same). A gone node's members are given up this long after gone (R8).
+TUNEPLANE_GANG_DEADLINE = env_seconds("TUNEPLANE_GANG_DEADLINE", 600)
+TUNEPLANE_RECONCILE_DEADLINE = env_seconds("TUNEPLANE_RECONCILE_DEADLINE", 600)
 # The control stream: how often a node heartbeats, and how long a lease outlives silence.
 TUNEPLANE_HEARTBEAT_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_INTERVAL", 10)
 TUNEPLANE_LEASE_TTL = env_seconds("TUNEPLANE_LEASE_TTL", 30)

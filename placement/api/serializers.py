@@ -90,6 +90,15 @@ class JobRequest(CardsRequest):
         default=3,
         help_text="Attempts in all, retries included (R9).",
     )
+    gang_deadline_seconds = serializers.IntegerField(
+        min_value=1,
+        max_value=86_400,
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="A gang's members must all run within this of allocation (R3); "
+        "TUNEPLANE_GANG_DEADLINE when not given.",
+    )
 
     class Meta:
         ref_name = "JobRequest"
@@ -219,6 +228,7 @@ class JobSerializer(WorkloadSerializer):
             "cpus",
             "memory_bytes",
             "max_attempts",
+            "gang_deadline_seconds",
             "state",
             "reason",
             "cancel_requested_at",

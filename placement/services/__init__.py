@@ -153,6 +153,7 @@ def training_job_submit(
     cpus=None,
     memory_bytes=None,
     max_attempts: int = 3,
+    gang_deadline_seconds: int | None = None,
 ) -> TrainingJob:
     """P1: placed automatically among the visible Fleets that pass every gate. On a cluster
     Fleet, its script is then handed to the manager (placement.handover)."""
@@ -170,6 +171,7 @@ def training_job_submit(
             "cpus": cpus,
             "memory_bytes": memory_bytes,
             "max_attempts": max_attempts,
+            "gang_deadline_seconds": gang_deadline_seconds,
         },
         name=name,
     )
@@ -192,6 +194,7 @@ def lifecycle_job_submit(
     cpus=None,
     memory_bytes=None,
     max_attempts: int = 3,
+    gang_deadline_seconds: int | None = None,
 ) -> LifecycleJob:
     """The same placement on the same gates; eval needs eval, the others train."""
     if kind not in LifecycleKind.values:
@@ -212,6 +215,7 @@ def lifecycle_job_submit(
             "cpus": cpus,
             "memory_bytes": memory_bytes,
             "max_attempts": max_attempts,
+            "gang_deadline_seconds": gang_deadline_seconds,
         },
         name=name,
         kind=kind,

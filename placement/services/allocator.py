@@ -227,6 +227,8 @@ def allocate(*, fleet_id: str) -> dict:
         reserved: set[str] = set()
         decided = []
         for job in queue:
+            if job.not_before is not None and job.not_before > now:
+                continue  # a retry's backoff (R3)
             chosen = _pick(job, capacities, reserved)
             if chosen is None:
                 if job.created_at <= bound:

@@ -59,20 +59,31 @@ def member_command_observed(command: NodeCommand, before: dict) -> None:
         return
     member = Member.objects.select_for_update().filter(command=command).first()
     if member is not None:
-        _member_moved(member, command)
+        _member_moved(member, command, before)
 
 
-def _member_moved(member: Member, command: NodeCommand) -> None:
+def _member_moved(member: Member, command: NodeCommand, before_command: dict) -> None:
     now = timezone.now()
     before = {"state": member.state, "reason": member.reason}
     if member.state in RUN_LIVE:
         if command.state == CommandState.RUNNING and member.state != RunState.RUNNING:
             member.state, member.started_at = RunState.RUNNING, member.started_at or now
         elif command.state in ENDED_AS:
-            member.state = ENDED_AS[command.state]
+            given_up = command.state == CommandState.LOST and command.reason == "lost"
+            member.state = RunState.LOST if given_up else ENDED_AS[command.state]
             member.exit_code = command.exit_code
-            member.reason = "vanished" if command.state == CommandState.LOST else command.reason
+            member.reason = command.reason or "vanished"
             member.ended_at = now
+    elif command.state == CommandState.RUNNING and before_command.get("state") != "running":
+        # R9: a given-up member still running on a node that came back. It never counts
+        # again; the cleanup sent when it was given up stops it.
+        audit_record(
+            actor=RUNS,
+            action="member.leftover_running",
+            target=member,
+            before={"state": member.state},
+            after={"state": member.state, "node_reports": "running"},
+        )
     member.confinement = command.confinement
     if member.state != before["state"]:
         member.save()
@@ -119,12 +130,18 @@ def _attempt_settle(attempt_id: int) -> None:
     live = [m for m in members if m.state in RUN_LIVE]
     ended = [m for m in members if m.state not in RUN_LIVE]
     if attempt.state in RUN_LIVE:
-        failed = next((m for m in members if m.state == RunState.FAILED), None)
+        failed = next((m for m in members if m.state in (RunState.FAILED, RunState.LOST)), None)
         if job.cancel_requested_at is not None and failed is None and not live:
             attempt.state, attempt.reason = RunState.CANCELLED, "cancelled"
         elif failed is not None:
             cancelled = job.cancel_requested_at is not None and failed.reason == "stopped"
-            attempt.state = RunState.CANCELLED if cancelled else RunState.FAILED
+            attempt.state = (
+                RunState.CANCELLED
+                if cancelled
+                else RunState.LOST
+                if failed.state == RunState.LOST
+                else RunState.FAILED
+            )
             attempt.reason = "cancelled" if cancelled else failed.reason or "exit"
         elif members and all(m.state == RunState.SUCCEEDED for m in members):
             attempt.state, attempt.reason = RunState.SUCCEEDED, "exit"
@@ -143,7 +160,11 @@ def _attempt_settle(attempt_id: int) -> None:
 
 
 def _job_settle(job, attempt: Attempt, now) -> None:
-    if job.state in JOB_ENDED:
+    """The job follows its latest attempt only: two attempts never both count (R9)."""
+    later = Attempt.objects.filter(
+        **{Attempt.job_field(job): job}, number__gt=attempt.number
+    ).exists()
+    if job.state in JOB_ENDED or later:
         return
     before = {"state": job.state, "reason": job.reason}
     if attempt.state == RunState.RUNNING:

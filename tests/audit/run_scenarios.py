@@ -6,11 +6,11 @@ from django.test import TestCase
 
 from audit.services import Actor
 from nodes.choices import CommandKind
-from nodes.models import NodeCommand
+from nodes.models import Node, NodeCommand
 from nodes.services import commands, control
 from placement import services as placement
 from placement.models import Member, TrainingJob
-from placement.services import allocator, runs
+from placement.services import allocator, reconcile, runs
 from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM
 
 from .scenarios import Scenario, changed, created, tasks_run_at_once
@@ -105,7 +105,20 @@ def command_cleaned_by_id(w):
 
 RUNNING = (changed("member.running"), changed("attempt.running"), changed("trainingjob.running"))
 
+
+def reconcile_gone(w):
+    """A running member whose node the liveness sweep declared gone."""
+    member = _started(w)
+    NodeCommand.objects.filter(pk=member.command_id).update(state="running")
+    Member.objects.filter(pk=member.pk).update(state="running")
+    Node.objects.filter(pk=member.node_id).update(scheduling_state="gone")
+    return reconcile.members_reconcile
+
+
 SCENARIOS = {
+    "placement.services.reconcile.members_reconcile": Scenario(
+        reconcile_gone, (changed("member.unknown"),)
+    ),
     "placement.services.allocator.allocate": Scenario(allocate, STARTED),
     "placement.services.allocator.allocate_all": Scenario(allocate_all, STARTED),
     # It dispatches the pass through the broker: run at once here.
@@ -122,13 +135,14 @@ SCENARIOS = {
     "nodes.services.commands.node_commands_create_many": Scenario(
         commands_create_many, (created("node_command.created"), created("node_command.created"))
     ),
-    # The console gives up on a member: the command, then the member, attempt and job.
+    # The console gives up on a member (R8): the command, then the member, attempt and job,
+    # and a cleanup for whenever its node returns (R9).
     "nodes.services.commands.node_command_lost": Scenario(
         command_lost,
         (
             changed("node_command.lost"),
-            changed("member.failed"),
-            changed("attempt.failed"),
+            changed("member.lost"),
+            changed("attempt.lost"),
             changed("trainingjob.queued"),
             created("node_command.created"),
         ),

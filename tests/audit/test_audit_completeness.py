@@ -70,6 +70,7 @@ WRITING_MODULES = (
     "placement.services",
     "placement.services.allocator",
     "placement.services.runs",
+    "placement.services.reconcile",
     "placement.handover",
 )
 # What a module that records audit events says: the audit services, or the table itself.
@@ -86,6 +87,7 @@ READS = {
     "placement.services.project_for",  # reads the project and the membership
     "placement.services.live_deployments_blocking_deletion",  # F7's check, a count
     "placement.services.workload_records_blocking_deletion",  # F7's check, counts
+    "placement.services.reconcile.backoff",  # a pure computation
     "fleets.services.fleet_hold",  # a row lock against deletion, taken before a join
 }
 # Writes that are observations, not changes, in their own (or their module's) words.

@@ -108,7 +108,9 @@ def test_R1_the_database_refuses_one_card_to_two_members(lab, member):
         )
 
 
-@pytest.mark.parametrize("unplaceable", ["cordoned", "draining", "quiet", "no_lease", "fleet_draining"])
+@pytest.mark.parametrize(
+    "unplaceable", ["cordoned", "draining", "quiet", "no_lease", "fleet_draining"]
+)
 def test_R1_only_placeable_nodes_of_an_active_fleet_get_cards(lab, member, unplaceable):
     waiting = job(member, cards=1)
     node = Node.objects.get()

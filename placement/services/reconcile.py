@@ -1,0 +1,112 @@
+"""Members whose node went away, and gangs that never came together (R3, R8, R9).
+
+A lost stream changes nothing about running work (L5). When the liveness sweep declares a
+node ``gone``, its live members become ``unknown``; a node back before the reconcile
+deadline (TUNEPLANE_RECONCILE_DEADLINE after gone) that still runs them has them
+``running`` again — no retry, no kill — and one that reports them finished or does not
+know them has that recorded (nodes.services.commands reconciles its Hello). Past the
+deadline the console gives up: the member is ``lost``, its attempt too, and the job gets
+another attempt while it has attempts left. Whatever of a given-up attempt still runs when
+its node returns is stopped and cleaned up by the cleanup sent when it was given up.
+
+A gang's attempt whose members are not all ``running`` within the gang deadline fails
+``gang_deadline``; its started members are stopped and cleaned, and the retry waits a
+backoff (60 s, doubling to an hour).
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+from nodes.choices import CommandState, SchedulingState
+from nodes.models import NodeCommand
+from nodes.services.commands import node_command_lost
+
+from ..choices import RunState
+from ..models import Attempt, Member
+from .runs import RUNS, _attempt_settle
+
+BACKOFF_FIRST = 60
+BACKOFF_MAX = 3600
+
+
+def _moved(record, action: str, before: dict) -> None:
+    audit_record(
+        actor=RUNS,
+        action=action,
+        target=record,
+        before=before,
+        after={"state": record.state, "reason": record.reason},
+    )
+
+
+def backoff(attempt_number: int) -> timedelta:
+    return timedelta(seconds=min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, attempt_number - 1)))
+
+
+def _gone_since_cutoff(now):
+    """A node is gone once silent past the train threshold (L4): it has been gone longer
+    than the reconcile deadline when it has been silent longer than both together."""
+    return now - timedelta(
+        seconds=settings.TUNEPLANE_QUIET_TRAIN + settings.TUNEPLANE_RECONCILE_DEADLINE
+    )
+
+
+def members_reconcile(*, now=None) -> dict[str, int]:
+    """One pass: gone → unknown, back → running, past the deadline → lost; late gangs."""
+    now = now or timezone.now()
+    done = {"unknown": 0, "running_again": 0, "lost": 0, "gang_deadline": 0}
+    with transaction.atomic():
+        on_gone = Member.objects.select_for_update().filter(
+            state__in=(RunState.STARTING, RunState.RUNNING),
+            node__scheduling_state=SchedulingState.GONE,
+        )
+        for member in on_gone:
+            before = {"state": member.state, "reason": member.reason}
+            member.state, member.reason = RunState.UNKNOWN, "node_gone"
+            member.save(update_fields=["state", "reason"])
+            _moved(member, "member.unknown", before)
+            done["unknown"] += 1
+        back = (
+            Member.objects.select_for_update()
+            .filter(state=RunState.UNKNOWN, command__state=CommandState.RUNNING)
+            .exclude(node__scheduling_state=SchedulingState.GONE)
+        )
+        for member in back:
+            before = {"state": member.state, "reason": member.reason}
+            member.state, member.reason = RunState.RUNNING, ""
+            member.save(update_fields=["state", "reason"])
+            _moved(member, "member.running", before)
+            done["running_again"] += 1
+        past = Member.objects.filter(
+            state=RunState.UNKNOWN,
+            node__scheduling_state=SchedulingState.GONE,
+            node__last_seen_at__lt=_gone_since_cutoff(now),
+        ).values_list("command_id", flat=True)
+        for command in NodeCommand.objects.select_for_update().filter(pk__in=list(past)):
+            done["lost"] += node_command_lost(command=command, reason="lost")
+        for attempt_id in {m.attempt_id for m in on_gone} | {m.attempt_id for m in back}:
+            _attempt_settle(attempt_id)
+        done["gang_deadline"] = _gangs_past_deadline(now)
+    return done
+
+
+def _gangs_past_deadline(now) -> int:
+    late = Attempt.objects.select_for_update().filter(state=RunState.STARTING)
+    failed = 0
+    for attempt in late:
+        job = attempt.job
+        deadline = job.gang_deadline_seconds or settings.TUNEPLANE_GANG_DEADLINE
+        if attempt.created_at + timedelta(seconds=deadline) > now or job.nodes < 2:
+            continue
+        before = {"state": attempt.state, "reason": attempt.reason}
+        attempt.state, attempt.reason, attempt.ended_at = RunState.FAILED, "gang_deadline", now
+        attempt.save(update_fields=["state", "reason", "ended_at"])
+        _moved(attempt, "attempt.failed", before)
+        type(job).objects.filter(pk=job.pk).update(not_before=now + backoff(attempt.number))
+        _attempt_settle(attempt.pk)
+        failed += 1
+    return failed

@@ -326,3 +326,18 @@ class ClusterSnapshot(models.Model):
     @property
     def reachable(self) -> bool:
         return self.attempted_at is not None and not self.error
+
+
+class LogFetch(models.Model):
+    """A request for the tail of a member's output, in transit: the web writes it, the
+    gateway holding the node's stream asks the agent and writes the answer, the web reads it
+    and deletes the row. Logs stay on their node; nothing here outlives a fetch."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    member = models.CharField(max_length=64)  # the member's start command id
+    tail_bytes = models.PositiveIntegerField()
+    created_at = models.DateTimeField(db_index=True)
+    answered_at = models.DateTimeField(null=True, blank=True)
+    found = models.BooleanField(default=False)
+    data = models.BinaryField(default=b"")

@@ -61,3 +61,10 @@ class PlacementRefused(ApplicationError):
     def __init__(self, message: str, *, reason: str, **details):
         super().__init__(message, reason=reason, **details)
         self.reason = reason
+
+
+class Unavailable(ApplicationError):
+    """What is asked for is held elsewhere and cannot be reached now (a node not connected)."""
+
+    status = 503
+    code = "unavailable"

@@ -175,6 +175,8 @@ class Agent:
                         ).start()
                     elif kind == "command":
                         self._accept(message.command, outgoing)
+                    elif kind == "log_request":
+                        self._answer_log(message.log_request, outgoing)
                     elif kind == "close":
                         logger.info("console closed the stream: %s", message.close.reason)
             except grpc.RpcError as error:
@@ -200,6 +202,16 @@ class Agent:
         if command is not None:
             logger.info("command %s %s", command.command_id, command.state)
             self._tell(command, outgoing)
+
+    def _answer_log(self, request: pb.LogRequest, outgoing: queue.Queue) -> None:
+        data = self.commands.log_tail(request.member_id, request.tail_bytes)
+        outgoing.put(
+            pb.NodeMessage(
+                log_tail=pb.LogTail(
+                    request_id=request.request_id, found=data is not None, data=data or b""
+                )
+            )
+        )
 
     def _tell(self, command: Command, outgoing: queue.Queue) -> None:
         self.reported[command.command_id] = command.reported()

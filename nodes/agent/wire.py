@@ -80,3 +80,9 @@ def command_payload(message: pb.Command):
         return json.loads(message.payload_json or "{}")
     except ValueError:
         return None
+
+
+def log_request(request_id: str, member_id: str, tail_bytes: int) -> pb.ControlMessage:
+    return pb.ControlMessage(
+        log_request=pb.LogRequest(request_id=request_id, member_id=member_id, tail_bytes=tail_bytes)
+    )

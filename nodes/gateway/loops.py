@@ -12,7 +12,7 @@ import redis.asyncio
 from django.conf import settings
 
 from .. import bus, selectors
-from ..services import control
+from ..services import control, logs
 from .streams import expire_pass
 
 if TYPE_CHECKING:
@@ -22,11 +22,17 @@ logger = logging.getLogger("tuneplane.gateway")
 
 
 async def deliver_pending(gateway: Gateway, /, **which) -> int:
-    """Send the pending commands of the nodes whose streams this replica holds."""
+    """Send the pending commands, and requests for members' output, of the nodes whose
+    streams this replica holds."""
     pending = await gateway.database.run(selectors.commands_pending, **which)
+    fetches = await gateway.database.run(logs.log_fetches_pending, **which)
     by_node: dict[str, list] = {}
     for command in pending:
         by_node.setdefault(command.node_id, []).append(command)
+    for fetch in fetches:
+        stream = gateway.streams.by_node.get(fetch.node_id)
+        if stream is not None:
+            stream.ask_for_log(fetch)
     return sum(
         stream.deliver(by_node[node_id])
         for node_id, stream in list(gateway.streams.by_node.items())

@@ -20,7 +20,7 @@ from tuneplane.errors import ApplicationError, ValidationFailed
 from ..agent import wire
 from ..agent.proto import control_pb2 as pb
 from ..pki import NODE_URI_PREFIX
-from ..services import commands, control, scheduling
+from ..services import commands, control, logs, scheduling
 from .aio import AsyncService
 from .replica import Gateway
 from .streams import Stream
@@ -171,7 +171,7 @@ class NodeControlService(AsyncService):
                     if beat.storage_root_visible != storage_visible:
                         storage_visible = beat.storage_root_visible
                         work.put_nowait(message)
-                elif kind in ("inventory", "command_update"):
+                elif kind in ("inventory", "command_update", "log_tail"):
                     if kind == "inventory":
                         storage_visible = message.inventory.storage_root_visible
                     if work.qsize() >= STORE_QUEUE:
@@ -218,6 +218,15 @@ class NodeControlService(AsyncService):
                         inventory=wire.inventory_report(message.inventory),
                     )
                     stream.inventory_digest = wire.inventory_digest(message.inventory)
+                elif kind == "log_tail":
+                    tail = message.log_tail
+                    await self.gateway.database.run(
+                        logs.log_fetch_answer,
+                        node_id=node_id,
+                        request_id=tail.request_id,
+                        found=tail.found,
+                        data=tail.data,
+                    )
                 else:
                     state = message.command_update.state
                     await self.gateway.database.run(

@@ -43,6 +43,12 @@ class Stream:
             self.outbox.put_nowait(wire.command_message(command.id, command.kind, command.payload))
         return len(fresh)
 
+    def ask_for_log(self, fetch) -> None:
+        key = f"log:{fetch.pk}"
+        if key not in self.sent:
+            self.sent.add(key)
+            self.outbox.put_nowait(wire.log_request(str(fetch.pk), fetch.member, fetch.tail_bytes))
+
     def close(self, reason: str) -> None:
         self.outbox.put_nowait(pb.ControlMessage(close=pb.Close(reason=reason)))
         self.outbox.put_nowait(None)

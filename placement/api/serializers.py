@@ -316,3 +316,24 @@ class StorageSerializer(serializers.ModelSerializer):
 class DatasetSerializer(StorageSerializer):
     class Meta(StorageSerializer.Meta):
         model = Dataset
+
+
+class LogsQuery(StrictSerializer):
+    attempt = serializers.IntegerField(
+        min_value=1, required=False, default=None, help_text="The latest when not given."
+    )
+    rank = serializers.IntegerField(min_value=0, required=False, default=0)
+    tail_bytes = serializers.IntegerField(
+        min_value=1, max_value=1 << 20, required=False, default=65536
+    )
+
+    class Meta:
+        ref_name = "LogsQuery"
+
+
+class LogsSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField()
+    rank = serializers.IntegerField()
+    node = serializers.CharField()
+    tail_bytes = serializers.IntegerField()
+    output = serializers.CharField(help_text="UTF-8; undecodable bytes replaced.")

@@ -9,7 +9,17 @@ urlpatterns = [
         views.TrainingJobCancelView.as_view(),
         name="training-job-cancel",
     ),
+    path(
+        "training-jobs/<int:job_id>/logs",
+        views.TrainingJobLogsView.as_view(),
+        name="training-job-logs",
+    ),
     path("lifecycle-jobs", views.LifecycleJobsView.as_view(), name="lifecycle-jobs"),
+    path(
+        "lifecycle-jobs/<int:job_id>/logs",
+        views.LifecycleJobLogsView.as_view(),
+        name="lifecycle-job-logs",
+    ),
     path(
         "lifecycle-jobs/<int:job_id>/cancel",
         views.LifecycleJobCancelView.as_view(),

@@ -1,5 +1,7 @@
 """Workloads through the API: thin views over the admission services (P1–P6)."""
 
+import functools
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
@@ -121,6 +123,48 @@ class TrainingJobCancelView(JobCancelView):
 )
 class LifecycleJobCancelView(JobCancelView):
     model, serializer_class = LifecycleJob, s.LifecycleJobSerializer
+
+
+class JobLogsView(GenericAPIView):
+    """The tail of one member's output, read from its node now: logs stay on the node."""
+
+    model = None
+
+    def get(self, request, job_id: int):
+        job = workloads_shown_to(request.user, self.model).filter(pk=job_id).first()
+        if job is None:
+            raise NotFound(f"{self.model._meta.verbose_name.capitalize()} {job_id} not found.")
+        incoming = s.LogsQuery(data=request.query_params)
+        incoming.is_valid(raise_exception=True)
+        query = incoming.validated_data
+        member, output = runs.member_output(job=job, **query)
+        return Response(
+            {
+                "attempt": member.attempt.number,
+                "rank": member.rank,
+                "node": member.node_id,
+                "tail_bytes": query["tail_bytes"],
+                "output": output.decode("utf-8", errors="replace"),
+            }
+        )
+
+
+def _logs_documented(noun, view):
+    return extend_schema(
+        summary=f"The tail of a {noun} member's output, fetched from its node now",
+        parameters=[s.LogsQuery],
+        responses={200: s.LogsSerializer, **errors(400, 401, 404, 503)},
+    )(view)
+
+
+@functools.partial(_logs_documented, "training job's")
+class TrainingJobLogsView(JobLogsView):
+    model = TrainingJob
+
+
+@functools.partial(_logs_documented, "lifecycle job's")
+class LifecycleJobLogsView(JobLogsView):
+    model = LifecycleJob
 
 
 class DeploymentDetailView(GenericAPIView):

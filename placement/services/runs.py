@@ -16,7 +16,8 @@ from audit.services import Actor, audit_record
 from nodes.choices import CommandKind, CommandState
 from nodes.models import NodeCommand
 from nodes.services.commands import node_command_cleaned_by_id, node_commands_create_many
-from tuneplane.errors import Conflict
+from nodes.services.logs import log_tail_fetch
+from tuneplane.errors import Conflict, NotFound
 
 from ..choices import JOB_ENDED, RUN_LIVE, Cleanup, JobState, RunState
 from ..models import Attempt, CardHold, Member
@@ -220,3 +221,20 @@ def job_cancel(*, actor: Actor, job):
             )
             _send(CommandKind.STOP, list(live), now, grace_seconds=settings.TUNEPLANE_STOP_GRACE)
     return job
+
+
+def member_output(*, job, attempt: int | None = None, rank: int = 0, tail_bytes: int = 65536):
+    """Which member a logs request means (the latest attempt unless one is named) and the
+    tail of its output, from its node now (nodes.services.logs). A read: not audited."""
+    members = Member.objects.select_related("attempt", "node").filter(
+        **{f"attempt__{Attempt.job_field(job)}": job}, rank=rank
+    )
+    if attempt is not None:
+        members = members.filter(attempt__number=attempt)
+    member = members.order_by("-attempt__number").first()
+    if member is None:
+        raise NotFound(
+            "No such member: the job has no attempt yet, or not that attempt or rank.",
+            field="attempt" if attempt is not None else "rank",
+        )
+    return member, log_tail_fetch(node=member.node, member=member.command_id, tail_bytes=tail_bytes)

@@ -88,6 +88,7 @@ READS = {
     "placement.services.live_deployments_blocking_deletion",  # F7's check, a count
     "placement.services.workload_records_blocking_deletion",  # F7's check, counts
     "placement.services.reconcile.backoff",  # a pure computation
+    "placement.services.runs.member_output",  # reads a log tail from its node
     "fleets.services.fleet_hold",  # a row lock against deletion, taken before a join
 }
 # Writes that are observations, not changes, in their own (or their module's) words.

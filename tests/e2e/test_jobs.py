@@ -168,3 +168,28 @@ def test_R6_a_killed_agent_takes_no_work_with_it_and_the_exit_is_recorded_once(
     finally:
         again.send_signal(signal.SIGTERM)
         again.wait(20)
+
+
+def test_logs_are_read_from_the_node_over_its_stream_and_a_503_when_it_is_not_connected(
+    running_node, member_api
+):
+    node, _, _, _, agent = running_node
+    job = submit(member_api, script="for i in 1 2 3; do echo line-$i; done; echo oops >&2")
+    wait_until(lambda: state_is(member_api, job["id"], "succeeded"), what="success")
+    response = member_api.get(f"/api/training-jobs/{job['id']}/logs")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["output"] == "line-1\nline-2\nline-3\noops\n"
+    assert (body["attempt"], body["rank"], body["node"]) == (1, 0, node.id)
+    tail = member_api.get(f"/api/training-jobs/{job['id']}/logs?tail_bytes=5").json()
+    assert tail["output"] == "oops\n"
+    assert member_api.get(f"/api/training-jobs/{job['id']}/logs?rank=1").status_code == 404
+    assert member_api.get(f"/api/training-jobs/{job['id']}/logs?tail_bytes=0").status_code == 400
+    agent.send_signal(signal.SIGTERM)
+    agent.wait(20)
+    wait_until(
+        lambda: not ControlSession.objects.filter(node=node, closed_at__isnull=True).exists(),
+        what="the stream closed",
+    )
+    gone = member_api.get(f"/api/training-jobs/{job['id']}/logs")
+    assert gone.status_code == 503 and gone.json()["error"]["code"] == "node_not_connected"

@@ -1,0 +1,98 @@
+"""The tail of a member's output, fetched from its node over the control stream.
+
+Logs stay on the node, kept there for its administrator for a retention; the console
+keeps none of it. A fetch is a row in transit: the web writes it and waits, the gateway
+replica holding the node's stream asks the agent and writes the answer, the web reads it
+and deletes the row. A node that is not connected cannot answer: that is said at once.
+These are reads of the node, not changes: nothing here is audited.
+"""
+
+import time
+import uuid
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from tuneplane.errors import NotFound, Unavailable
+
+from .. import bus
+from ..models import ControlSession, LogFetch, Node
+
+MAX_TAIL_BYTES = 1 << 20
+WAIT_SECONDS = 10.0
+POLL_SECONDS = 0.05
+# A request nobody answered (the stream ended meanwhile) is dropped after this.
+STALE = timedelta(seconds=60)
+
+
+def _connected(node: Node) -> bool:
+    now = timezone.now()
+    return ControlSession.objects.filter(
+        node=node, closed_at__isnull=True, lease_expires_at__gt=now
+    ).exists()
+
+
+def log_tail_fetch(*, node: Node, member: str, tail_bytes: int, wait: float = WAIT_SECONDS):
+    """The last ``tail_bytes`` of a member's output, from its node now. Unavailable (503)
+    when the node is not connected or does not answer in time; NotFound when the node has
+    no log of that member (its retention removed it)."""
+    if not _connected(node):
+        raise Unavailable(
+            f"Node '{node.id}' is not connected: a member's output stays on its node and is "
+            "read from it over its control stream. Try again once it is connected.",
+            code="node_not_connected",
+        )
+    now = timezone.now()
+    LogFetch.objects.filter(created_at__lt=now - STALE).delete()
+    with transaction.atomic():
+        fetch = LogFetch.objects.create(
+            node=node, member=member, tail_bytes=min(tail_bytes, MAX_TAIL_BYTES), created_at=now
+        )
+        bus.publish_on_commit(bus.COMMANDS, node.id)
+    deadline = time.monotonic() + wait
+    try:
+        while time.monotonic() < deadline:
+            answered = LogFetch.objects.filter(pk=fetch.pk, answered_at__isnull=False).first()
+            if answered is not None:
+                if not answered.found:
+                    raise NotFound(
+                        f"Node '{node.id}' has no output of that member (kept for its "
+                        "retention, then removed by the node)."
+                    )
+                return bytes(answered.data)
+            time.sleep(POLL_SECONDS)
+    finally:
+        LogFetch.objects.filter(pk=fetch.pk).delete()
+    raise Unavailable(
+        f"Node '{node.id}' did not answer within {wait:.0f} s.", code="node_not_answering"
+    )
+
+
+def log_fetches_pending(*, node_id: str | None = None, gateway: str | None = None) -> list:
+    """Unanswered fetches of one node, or of the nodes whose stream is on one replica."""
+    pending = LogFetch.objects.filter(
+        answered_at__isnull=True, created_at__gte=timezone.now() - STALE
+    )
+    if node_id is not None:
+        pending = pending.filter(node_id=node_id)
+    if gateway is not None:
+        pending = pending.filter(
+            node__sessions__gateway=gateway, node__sessions__closed_at__isnull=True
+        )
+    return list(pending.defer("data"))
+
+
+def log_fetch_answer(*, node_id: str, request_id: str, found: bool, data: bytes) -> bool:
+    """A node's LogTail: stored on its own request only, cut to what was asked."""
+    try:
+        uuid.UUID(request_id)
+    except ValueError:
+        return False
+    fetch = LogFetch.objects.filter(pk=request_id, node_id=node_id).defer("data").first()
+    if fetch is None:
+        return False
+    LogFetch.objects.filter(pk=fetch.pk, answered_at__isnull=True).update(
+        answered_at=timezone.now(), found=found, data=bytes(data[-fetch.tail_bytes :])
+    )
+    return True

@@ -1,8 +1,12 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.utils.html import format_html, format_html_join
 
+from audit.services import Actor
 from tuneplane.admin import ReadOnlyAdmin
+from tuneplane.errors import ApplicationError
 
 from .models import (
+    Attempt,
     Dataset,
     Deployment,
     Environment,
@@ -13,6 +17,7 @@ from .models import (
     Volume,
 )
 from .selectors import deployments_with_status, revisions_with_ready
+from .services import runs
 
 
 class WorkloadAdmin(ReadOnlyAdmin):
@@ -34,15 +39,86 @@ class WorkloadAdmin(ReadOnlyAdmin):
     list_select_related = ["project", "fleet", "created_by"]
 
 
-admin.site.register(TrainingJob, WorkloadAdmin)
 admin.site.register(PlaygroundSession, WorkloadAdmin)
 admin.site.register(Environment, WorkloadAdmin)
 
 
+class AttemptInline(admin.TabularInline):
+    """Each attempt with its members: rank, node, cards by index and UUID, state, exit, cleanup."""
+
+    model = Attempt
+    fk_name = "training_job"
+    fields = ["number", "state", "reason", "created_at", "started_at", "ended_at", "members"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    has_change_permission = has_delete_permission = has_add_permission
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("members").order_by("number")
+
+    @admin.display(description="Members")
+    def members(self, attempt) -> str:
+        return format_html_join(
+            "",
+            "<div>rank {} on {}: {} {} · cards {} · exit {} · {}</div>",
+            (
+                (
+                    m.rank,
+                    m.node_id,
+                    m.state,
+                    m.reason,
+                    ", ".join(f"{c['index']} ({c['uuid']})" for c in m.cards) or "none",
+                    "—" if m.exit_code is None else m.exit_code,
+                    f"cleanup {m.cleanup}",
+                )
+                for m in attempt.members.all()
+            ),
+        ) or format_html("<span>{}</span>", "—")
+
+
+class LifecycleAttemptInline(AttemptInline):
+    fk_name = "lifecycle_job"
+
+
+@admin.register(TrainingJob)
+class JobAdmin(WorkloadAdmin):
+    """A job with its state and attempts; Cancel goes through the service (R10)."""
+
+    list_display = (
+        WorkloadAdmin.list_display[:4] + ["state", "reason"] + WorkloadAdmin.list_display[4:]
+    )
+    list_filter = ["state", *WorkloadAdmin.list_filter]
+    inlines = [AttemptInline]
+    actions = ["cancel"]
+
+    @admin.action(description="Cancel selected jobs (R10)")
+    def cancel(self, request, queryset):
+        for job in queryset:
+            try:
+                runs.job_cancel(actor=Actor.of_user(request.user), job=job)
+            except ApplicationError as error:
+                self.message_user(request, f"{job}: {error.message}", messages.WARNING)
+        self.message_user(
+            request,
+            "Cancelled: a queued job at once; a running one is stopped (SIGTERM, then SIGKILL "
+            "after the grace) and its cards are released once its node has cleaned up.",
+            messages.SUCCESS,
+        )
+
+
 @admin.register(LifecycleJob)
-class LifecycleJobAdmin(WorkloadAdmin):
-    list_display = WorkloadAdmin.list_display[:2] + ["kind"] + WorkloadAdmin.list_display[2:]
-    list_filter = ["kind", *WorkloadAdmin.list_filter]
+class LifecycleJobAdmin(JobAdmin):
+    list_display = JobAdmin.list_display[:2] + ["kind"] + JobAdmin.list_display[2:]
+    list_filter = ["kind", *JobAdmin.list_filter]
+    inlines = [LifecycleAttemptInline]
 
 
 class RevisionInline(admin.TabularInline):

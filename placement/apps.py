@@ -2,22 +2,26 @@ from django.apps import AppConfig
 
 
 class PlacementConfig(AppConfig):
-    """Workload records and admission: which Fleet takes a job, or why none can."""
+    """Workload records, admission (which Fleet takes a job, or why none can), and on node
+    Fleets the allocator and the attempts that run (DESIGN §7)."""
 
     name = "placement"
     verbose_name = "Placement"
 
     def ready(self):
         from fleets.deletion import register_deletion_blocker
+        from fleets.page import register_fleet_page_section
         from nodes.services.commands import register_command_observer
 
         from . import (
             tasks,  # noqa: F401 -- registered wherever placement runs: services send them by name
         )
+        from .fleet_page import fleet_work_section
         from .services import live_deployments_blocking_deletion, workload_records_blocking_deletion
+        from .services.runs import member_command_observed
 
         register_deletion_blocker(live_deployments_blocking_deletion)
         register_deletion_blocker(workload_records_blocking_deletion)
-        from .services.runs import member_command_observed
-
+        # nodes carries the agents' reports; placement follows its members in them.
         register_command_observer(member_command_observed)
+        register_fleet_page_section(fleet_work_section)

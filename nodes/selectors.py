@@ -146,12 +146,14 @@ def commands_pending(
 
 
 def commands_active_on(node) -> list[str]:
-    """Ids of the node's commands that may still be running, and of its members not yet
-    cleaned up (R7): what drain waits for and what a forced removal leaves behind (D3)."""
+    """Ids of the node's work that may still be running — its run commands, and its members
+    not yet cleaned up (R7) — what drain waits for and what a forced removal leaves behind
+    (D3). A member's stop and cleanup are not work of their own."""
     return list(
         NodeCommand.objects.filter(node=node)
         .filter(
-            Q(state__in=ACTIVE_COMMAND_STATES) | Q(kind=CommandKind.START, cleaned_at__isnull=True)
+            Q(state__in=ACTIVE_COMMAND_STATES, kind=CommandKind.RUN)
+            | Q(kind=CommandKind.START, cleaned_at__isnull=True)
         )
         .order_by("created_at")
         .values_list("id", flat=True)

@@ -11,7 +11,7 @@ class PlacementConfig(AppConfig):
     def ready(self):
         from fleets.deletion import register_deletion_blocker
         from fleets.page import register_fleet_page_section
-        from nodes.services.commands import register_command_observer
+        from nodes.services.observers import register_command_observer
 
         from . import (
             tasks,  # noqa: F401 -- registered wherever placement runs: services send them by name

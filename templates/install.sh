@@ -62,6 +62,9 @@ EnvironmentFile=$CONF_DIR/node.env
 ExecStart=$VENV/bin/tuneplane-node --state-dir $STATE_DIR serve --target $GATEWAY
 Restart=always
 RestartSec=5
+# A restart or upgrade of the agent takes no job with it (R6): only the agent is stopped;
+# its members run in sessions and cgroups of their own and the new agent re-adopts them.
+KillMode=process
 
 [Install]
 WantedBy=multi-user.target

@@ -7,7 +7,6 @@ Hello carries the durable state of every command it knows, and
 ``node_commands_reconcile`` settles the two views — nothing is killed for it.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -21,6 +20,7 @@ from tuneplane.errors import Conflict, ValidationFailed
 from .. import bus
 from ..choices import ACTIVE_COMMAND_STATES, CommandKind, CommandState, SchedulingState
 from ..models import Node, NodeCommand, StrayCommand
+from .observers import command_changed
 from .scheduling import node_drain_settle
 
 MAX_ARGV = 64
@@ -64,19 +64,6 @@ class Reported:
             cleaned=message.cleaned,
             confinement=message.confinement[:MAX_CONFINEMENT],
         )
-
-
-# Who hears of a command's change: placement, for its members (DESIGN §7: nodes carries the
-# reports and never imports placement). Each is called inside the transaction that stored
-# the change, with the command as it is now and what it was before.
-CommandObserver = Callable[[NodeCommand, dict], None]
-_observers: list[CommandObserver] = []
-
-
-def register_command_observer(observer: CommandObserver) -> CommandObserver:
-    if observer not in _observers:
-        _observers.append(observer)
-    return observer
 
 
 def _run_payload(payload) -> dict:
@@ -264,8 +251,7 @@ def _apply(command: NodeCommand, reported: Reported, now: datetime) -> bool:
         before=before,
         after=after,
     )
-    for observer in _observers:
-        observer(command, before)
+    command_changed(command, before)
     if not command_active(command):
         node_drain_settle(node_id=command.node_id)
     return True
@@ -300,8 +286,7 @@ def node_command_cleaned_by_id(*, command: NodeCommand) -> bool:
         before=before,
         after=_view(command),
     )
-    for observer in _observers:
-        observer(command, before)
+    command_changed(command, before)
     node_drain_settle(node_id=command.node_id)
     return True
 

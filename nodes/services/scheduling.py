@@ -15,9 +15,10 @@ from fleets.choices import FleetDelivery
 from tuneplane.errors import Conflict, ValidationFailed
 
 from .. import bus
-from ..choices import CordonSource, SchedulingState
-from ..models import ControlSession, Node, NodeCordon, NodeCredential
+from ..choices import CommandKind, CommandState, CordonSource, SchedulingState
+from ..models import ControlSession, Node, NodeCommand, NodeCordon, NodeCredential
 from ..selectors import commands_active_on
+from .observers import command_changed
 
 logger = logging.getLogger("tuneplane.nodes")
 
@@ -173,6 +174,26 @@ def node_drain_settle(*, node_id: str) -> None:
         _set_state(node, SchedulingState.DRAINED, Actor.system("drain"))
 
 
+def _abandon_members(node: Node, actor: Actor, now) -> None:
+    """D3: a node removed by force leaves its members behind: each still-uncleaned member
+    (start command) is recorded lost, reason ``abandoned``, audited, its observers told."""
+    for command in NodeCommand.objects.select_for_update().filter(
+        node=node, kind=CommandKind.START, cleaned_at__isnull=True
+    ):
+        before = {"state": command.state, "exit_code": command.exit_code, "reason": command.reason}
+        command.state, command.reason, command.updated_at = CommandState.LOST, "abandoned", now
+        command.save(update_fields=["state", "reason", "updated_at"])
+        audit_record(
+            actor=actor,
+            action="node_command.abandoned",
+            target=command,
+            before=before,
+            after={"state": command.state, "reason": command.reason},
+            forced=True,
+        )
+        command_changed(command, before)
+
+
 def node_remove(*, actor: Actor, node: Node, force: bool = False) -> Node:
     """D2: only a drained node is removed; D3: ``force`` removes a gone one, audited as forced
     with what it leaves behind; D4: its credential dies and its stream is closed."""
@@ -214,6 +235,8 @@ def node_remove(*, actor: Actor, node: Node, force: bool = False) -> Node:
             left_behind=left_behind,
             credentials_revoked=revoked,
         )
+        if force:
+            _abandon_members(node, actor, now)
         bus.publish_on_commit(bus.CLOSE, node.id, reason="node removed")
     logger.info("node %s removed%s", node.id, " (forced)" if force else "")
     return node

@@ -32,7 +32,15 @@ ENDED_AS = {
 }
 # An attempt that ended for one of these is the machine's fault, not the job's: the job
 # gets another attempt while it has attempts left (R9). A non-zero exit or an OOM is not.
-RETRIED = {"lost", "vanished", "node_rebooted", "gang_deadline", "refused", "start_failed"}
+RETRIED = {
+    "lost",
+    "abandoned",
+    "vanished",
+    "node_rebooted",
+    "gang_deadline",
+    "refused",
+    "start_failed",
+}
 
 
 def _audit(record, action: str, before: dict, actor: Actor = RUNS) -> None:
@@ -71,7 +79,14 @@ def _member_moved(member: Member, command: NodeCommand, before_command: dict) ->
             member.state, member.started_at = RunState.RUNNING, member.started_at or now
         elif command.state in ENDED_AS:
             given_up = command.state == CommandState.LOST and command.reason == "lost"
-            member.state = RunState.LOST if given_up else ENDED_AS[command.state]
+            abandoned = command.state == CommandState.LOST and command.reason == "abandoned"
+            member.state = (
+                RunState.LOST
+                if given_up
+                else RunState.ABANDONED
+                if abandoned
+                else ENDED_AS[command.state]
+            )
             member.exit_code = command.exit_code
             member.reason = command.reason or "vanished"
             member.ended_at = now
@@ -109,7 +124,12 @@ def _member_moved(member: Member, command: NodeCommand, before_command: dict) ->
 def _send(kind: str, members: list[Member], now, **extra) -> None:
     """Stop or cleanup commands for members, recorded on them so none is sent twice."""
     stamp = "stop_requested_at" if kind == CommandKind.STOP else "cleanup_requested_at"
-    members = [member for member in members if getattr(member, stamp) is None]
+    # An abandoned member's node is removed (D3): it takes no commands, and its cards with it.
+    members = [
+        member
+        for member in members
+        if getattr(member, stamp) is None and member.state != RunState.ABANDONED
+    ]
     if not members:
         return
     node_commands_create_many(
@@ -131,7 +151,10 @@ def _attempt_settle(attempt_id: int) -> None:
     live = [m for m in members if m.state in RUN_LIVE]
     ended = [m for m in members if m.state not in RUN_LIVE]
     if attempt.state in RUN_LIVE:
-        failed = next((m for m in members if m.state in (RunState.FAILED, RunState.LOST)), None)
+        failed = next(
+            (m for m in members if m.state in (RunState.FAILED, RunState.LOST, RunState.ABANDONED)),
+            None,
+        )
         if job.cancel_requested_at is not None and failed is None and not live:
             attempt.state, attempt.reason = RunState.CANCELLED, "cancelled"
         elif failed is not None:
@@ -140,7 +163,7 @@ def _attempt_settle(attempt_id: int) -> None:
                 RunState.CANCELLED
                 if cancelled
                 else RunState.LOST
-                if failed.state == RunState.LOST
+                if failed.state in (RunState.LOST, RunState.ABANDONED)
                 else RunState.FAILED
             )
             attempt.reason = "cancelled" if cancelled else failed.reason or "exit"

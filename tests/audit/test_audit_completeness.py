@@ -80,7 +80,6 @@ READS = {
     "nodes.services.join.join_commands",  # formats the one-liners shown at mint
     "nodes.services.commands.checked",  # validates a node's report
     "nodes.services.commands.command_active",  # a predicate
-    "nodes.services.commands.register_command_observer",  # remembers a callback
     "nodes.services.liveness.gone_threshold",  # a pure computation (L4)
     "nodes.services.liveness.console_hearing",  # reads the gateway replicas
     "nodes.services.control.replica_gone_after",  # a pure computation

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -92,6 +93,20 @@ def test_install_sh_installs_joins_and_configures_but_does_not_start(
     unit = (prefix / "etc/systemd/system/tuneplane-node.service").read_text()
     assert f"ExecStart={prefix}/opt/tuneplane-node/bin/tuneplane-node" in unit
     assert "serve --target 127.0.0.1:8443" in unit
+    # R6: `systemctl restart tuneplane-node` stops the agent, never its members; systemd's
+    # own parser takes the unit without a complaint (a misspelt KillMode is only warned of).
+    assert "KillMode=process" in unit.splitlines()
+    if shutil.which("systemd-analyze"):
+        verify = subprocess.run(
+            [
+                "systemd-analyze",
+                "verify",
+                str(prefix / "etc/systemd/system/tuneplane-node.service"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert "kill mode" not in verify.stderr.lower(), verify.stderr
     assert secret not in result.stdout + result.stderr + conf + unit
 
     # The agent's venv has no Django: it is the agent alone.

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from .views import (
+    FleetDrainView,
     FleetJoinTokensView,
     JoinTokenDetailView,
     NodeCommandsView,
@@ -16,6 +17,7 @@ urlpatterns = [
     path(
         "fleets/<str:fleet_id>/join-tokens", FleetJoinTokensView.as_view(), name="fleet-join-tokens"
     ),
+    path("fleets/<str:fleet_id>/drain", FleetDrainView.as_view(), name="fleet-drain"),
     path("join-tokens/<int:token_id>", JoinTokenDetailView.as_view(), name="join-token-detail"),
     path("nodes/join", NodeJoinView.as_view(), name="node-join"),
     path("nodes", NodeListView.as_view(), name="node-list"),

@@ -254,7 +254,9 @@ def node_uncordon(w):
 
 def node_drain(w):
     node = w.node()
-    return lambda: scheduling.node_drain(actor=Actor.of_user(w.admin), node=node)
+    return lambda: scheduling.node_drain(
+        actor=Actor.of_user(w.admin), node=node, reason="leaving the rack"
+    )
 
 
 def node_drain_settle(w):

@@ -25,7 +25,7 @@ from .models import (
     StrayCommand,
 )
 from .selectors import addresses_shared, commands_active_on, live_sessions_of
-from .services import join, scheduling
+from .services import drains, join, scheduling
 
 
 @admin.register(JoinToken)
@@ -168,7 +168,7 @@ def drain_machines(fleet_admin, request, queryset):
     def apply(data):
         for fleet in queryset:
             try:
-                nodes = scheduling.fleet_nodes_drain(
+                nodes = drains.fleet_nodes_drain(
                     actor=Actor.of_user(request.user), fleet=fleet, **data
                 )
             except ApplicationError as error:

@@ -25,7 +25,7 @@ from ..selectors import (
     nodes_visible_to,
     work_left_on,
 )
-from ..services import commands, join, scheduling
+from ..services import commands, drains, join, scheduling
 from ..services.join import join_commands
 from .serializers import (
     CommandRequestSerializer,
@@ -321,7 +321,7 @@ class FleetDrainView(GenericAPIView):
         require_admin(request, "drain a Fleet's machines")
         serializer = DrainRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        drained = scheduling.fleet_nodes_drain(
+        drained = drains.fleet_nodes_drain(
             actor=Actor.of_user(request.user), fleet=fleet, **serializer.validated_data
         )
         nodes = list(

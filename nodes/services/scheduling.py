@@ -11,13 +11,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor, audit_record, audit_record_many
-from fleets.choices import FleetDelivery, FleetKind
+from fleets.choices import FleetDelivery
 from tuneplane.errors import Conflict, ValidationFailed
 
 from .. import bus
 from ..choices import CordonSource, SchedulingState
 from ..models import ControlSession, Node, NodeCordon, NodeCredential
-from ..selectors import commands_active_on, work_left_on
+from ..selectors import commands_active_on
 
 logger = logging.getLogger("tuneplane.nodes")
 
@@ -210,70 +210,6 @@ def node_drain_settle(*, node_id: str) -> None:
     node = _locked(node_id)
     if node.scheduling_state == SchedulingState.DRAINING and not commands_active_on(node):
         _set_state(node, SchedulingState.DRAINED, Actor.system("drain"))
-
-
-def fleet_nodes_drain(*, actor: Actor, fleet, reason: str, deadline=None) -> list[Node]:
-    """Every machine of a node Fleet drained in one step with one reason (D1): one event per
-    node that starts draining; those draining or drained already are left as they were."""
-    reason, deadline = _reason(reason, "drained"), _deadline(deadline)
-    if fleet.kind != FleetKind.NODE:
-        raise Conflict(
-            f"Fleet '{fleet.id}' is a {fleet.kind} Fleet: its manager drains its machines; "
-            "set the Fleet's state to draining to stop new work here (rule D1).",
-            rule="D1",
-            code="not_a_node_fleet",
-        )
-    with transaction.atomic():
-        nodes = list(
-            Node.objects.select_for_update()
-            .filter(fleet=fleet)
-            .exclude(scheduling_state=SchedulingState.REMOVED)
-            .order_by("pk")
-        )
-        for node in nodes:
-            _drain(node, actor, reason, deadline)
-    return nodes
-
-
-def drains_overdue_mark(now=None) -> int:
-    """D1: a drain past its deadline kills nothing. The node shows overdue, and one
-    ``node.drain_overdue`` event per node says what still runs. One guarded UPDATE: two
-    sweeps at once mark each node once."""
-    now = now or timezone.now()
-    with transaction.atomic():
-        overdue = (
-            Node.objects.select_for_update()
-            .filter(
-                scheduling_state=SchedulingState.DRAINING,
-                drain_deadline__lte=now,
-                drain_overdue_at__isnull=True,
-            )
-            .order_by("pk")
-        )
-        rows = list(overdue.values_list("id", "drain_deadline"))
-        if not rows:
-            return 0
-        left = work_left_on(node_id for node_id, _ in rows)
-        Node.objects.filter(pk__in=[node_id for node_id, _ in rows]).update(drain_overdue_at=now)
-        audit_record_many(
-            actor=Actor.system("drain"),
-            action="node.drain_overdue",
-            target_type="nodes.node",
-            changes=[
-                (
-                    node_id,
-                    {"drain_overdue": False},
-                    {
-                        "drain_overdue": True,
-                        "deadline": deadline.isoformat(),
-                        "still_running": left.get(node_id, {}),
-                    },
-                )
-                for node_id, deadline in rows
-            ],
-        )
-    logger.warning("%d drain(s) past their deadline; nothing was stopped (D1)", len(rows))
-    return len(rows)
 
 
 def node_remove(*, actor: Actor, node: Node, force: bool = False) -> Node:

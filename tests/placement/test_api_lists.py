@@ -18,7 +18,7 @@ from nodes.models import Node
 from nodes.services.commands import node_command_create
 from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
-from nodes.services.scheduling import node_cordon
+from nodes.services.scheduling import node_cordon, node_drain
 from placement import services
 from placement.choices import DeploymentState, LifecycleKind
 from placement.models import Dataset, Deployment, Revision, Volume
@@ -28,6 +28,7 @@ from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 from tests.fleets import test_api as fleet_api_tests  # its TestFleetContract lists Fleets
 
 EVERY_CAPABILITY = list(FleetCapability)
+RUN = {"argv": ["sleep", "600"]}
 
 
 def _placeable(mint, fleet) -> Node:
@@ -59,6 +60,8 @@ class TestNodeList(ListContract):
     def make_listed(self, n):
         node = _placeable(self.mint, self.fleet)
         node_cordon(actor=SYSTEM, node=node, reason=f"listed {n}")
+        node_command_create(actor=SYSTEM, node=node, kind=CommandKind.RUN, payload=RUN)
+        node_drain(actor=SYSTEM, node=node, reason=f"leaving {n}")  # work left, by kind
 
     @pytest.fixture(autouse=True)
     def _fleet(self, make_fleet, mint):

@@ -151,9 +151,9 @@ def secrets_dir(settings, tmp_path):
 
 @pytest.fixture(autouse=True)
 def _hardware_registry(request):
-    """The card registry a migration seeds (nodes 0002), there for every test with a database:
-    a transactional test empties every table when it ends, and under pytest-xdist such a test
-    may come before others in the same worker's database."""
+    """The card registry migrations seed (nodes 0002, and Slurm's gres names in 0012), there
+    for every test with a database: a transactional test empties every table when it ends,
+    and under pytest-xdist such a test may come before others in the same worker's database."""
     if request.node.get_closest_marker("django_db") is None and not (
         {"db", "transactional_db"} & set(request.fixturenames)
     ):
@@ -165,6 +165,7 @@ def _hardware_registry(request):
 
     if not HardwareSeries.objects.filter(slug="h100").exists():
         importlib.import_module("nodes.migrations.0002_seed_hardware_series").seed(apps, None)
+        importlib.import_module("nodes.migrations.0012_seed_slurm_gres_names").seed(apps, None)
 
 
 @pytest.fixture(autouse=True)

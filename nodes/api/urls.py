@@ -1,5 +1,11 @@
 from django.urls import path
 
+from .hardware import (
+    CardNameDetailView,
+    CardNameListView,
+    HardwareSeriesDetailView,
+    HardwareSeriesListView,
+)
 from .views import (
     FleetDrainView,
     FleetJoinTokensView,
@@ -14,6 +20,14 @@ from .views import (
 )
 
 urlpatterns = [
+    path("hardware-series", HardwareSeriesListView.as_view(), name="hardware-series-list"),
+    path(
+        "hardware-series/<str:slug>",
+        HardwareSeriesDetailView.as_view(),
+        name="hardware-series-detail",
+    ),
+    path("card-names", CardNameListView.as_view(), name="card-name-list"),
+    path("card-names/<int:card_id>", CardNameDetailView.as_view(), name="card-name-detail"),
     path(
         "fleets/<str:fleet_id>/join-tokens", FleetJoinTokensView.as_view(), name="fleet-join-tokens"
     ),

@@ -14,7 +14,8 @@ from django.test.utils import CaptureQueriesContext
 from audit.services import Actor
 from fleets.choices import FleetCapability
 from nodes.choices import CommandKind, SchedulingState
-from nodes.models import Node
+from nodes.models import HardwareSeries, Node
+from nodes.services import hardware
 from nodes.services.commands import node_command_create
 from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
@@ -66,6 +67,25 @@ class TestNodeList(ListContract):
     @pytest.fixture(autouse=True)
     def _fleet(self, make_fleet, mint):
         self.fleet, self.mint = make_fleet("lab", capabilities=EVERY_CAPABILITY), mint
+
+
+class TestHardwareSeriesList(ListContract):
+    list_path = "/api/hardware-series"
+    list_reader = "member_api"
+
+    def make_listed(self, n):
+        series = hardware.series_create(actor=SYSTEM, slug=f"listed-{n}", name=f"Listed {n}")
+        hardware.card_alias_add(actor=SYSTEM, name=f"Listed card {n}", series=series)
+
+
+class TestCardNameList(ListContract):
+    list_path = "/api/card-names"
+    list_reader = "member_api"
+
+    def make_listed(self, n):
+        hardware.card_alias_add(
+            actor=SYSTEM, name=f"Listed card {n}", series=HardwareSeries.objects.get(slug="h100")
+        )
 
 
 class TestJoinTokenList(ListContract):

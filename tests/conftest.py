@@ -11,6 +11,8 @@ from fleets import services as fleet_services
 from tuneplane.models import Membership, Project
 from tuneplane.services import api_token_create
 
+pytest_plugins = ["tests.missing_parts"]
+
 # Playwright's sync API runs an event loop in the test thread; the ORM calls the
 # tests make beside it are ordinary synchronous ones.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -124,7 +126,12 @@ def make_fleet(db):
 
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
-    return {**browser_type_launch_args, "executable_path": "/usr/bin/chromium"}
+    chromium = "/usr/bin/chromium"
+    if not os.path.exists(chromium):
+        from tests.missing_parts import skip_missing
+
+        skip_missing("Chromium", "apt-get install chromium")
+    return {**browser_type_launch_args, "executable_path": chromium}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -249,11 +249,13 @@ class NodeAdmin(ReadOnlyAdmin):
     def connection(self, node: Node):
         session = getattr(self, "_sessions", {}).get(node.id)
         if session is None:
+            ended = node.last_session_close_reason
             return format_html(
-                '<span title="{}">disconnected</span>',
-                f"last seen {node.last_seen_at:%Y-%m-%d %H:%M:%S}"
+                "disconnected <small>({}{})</small>",
+                f"last heard {node.last_seen_at:%Y-%m-%d %H:%M:%S}"
                 if node.last_seen_at
                 else "never connected",
+                f"; {ended}" if ended else "",
             )
         return format_html('<strong title="{}">connected</strong>', session.gateway)
 

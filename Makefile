@@ -2,6 +2,9 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# openapi-python-client in a virtualenv of its own: it pins httpx below the console's.
+TOOLS ?= .venv-tools
+TOOLS_STAMP := $(TOOLS)/.installed
 # pytest-xdist workers for `make test` and `make test-sqlite` (WORKERS=0: no xdist, every test in
 # pytest's own process). Three on two cores: much of an e2e test's time is spent waiting (for a
 # process to start, a threshold to pass, an outage to last). Measured on the PostgreSQL pass:
@@ -15,7 +18,7 @@ WORKERS ?= 3
 # agent's wheels), each handed out first and whole to one worker.
 XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-.PHONY: run test test-sqlite lint bench install clean
+.PHONY: run test test-sqlite lint bench install clean token
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -23,7 +26,19 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(TOOLS_STAMP): tools/openapi-client.txt
+	test -x $(TOOLS)/bin/python || python3 -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet -r tools/openapi-client.txt
+	touch $(TOOLS_STAMP)
+
+install: $(STAMP) $(TOOLS_STAMP)
+
+## An API token for USER (an existing login, e.g. the admin `make run` made): printed once.
+## It goes to the console `make run` runs: the same DATABASE_URL, or var/'s SQLite file.
+## USER from the command line only: the shell's own $$USER (root, say) is no console login.
+TOKEN_USER = $(if $(filter command line,$(origin USER)),$(USER),admin)
+token: $(STAMP)
+	@TUNEPLANE_DEBUG=$${TUNEPLANE_DEBUG:-1} $(PYTHON) manage.py create_api_token "$(TOKEN_USER)"
 
 ## The whole console on embedded defaults (SQLite, filesystem broker) unless
 ## DATABASE_URL / REDIS_URL say otherwise.
@@ -35,7 +50,7 @@ run: $(STAMP)
 ## processes (tests/conftest.py says which): under a minute; with WORKERS=0 about half a minute,
 ## as these tests are all computing, and each worker first builds its own test database.
 ## REDIS_URL's database number is the first xdist worker's; the next ones count down from it.
-test: lint
+test: lint $(TOOLS_STAMP)
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/tuneplane} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/15} \
 	$(PYTHON) -m pytest $(XDIST) $(PYTEST_ARGS)
@@ -65,4 +80,4 @@ bench: $(STAMP)
 	$(PYTHON) -m pytest -m bench -q tests/bench $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(TOOLS) var

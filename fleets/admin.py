@@ -212,3 +212,10 @@ class FleetAdmin(StaffAdmin):
     @admin.action(description="Disable selected Fleets (no new work; running work continues)")
     def disable(self, request, queryset):
         self._set_state(request, queryset, FleetState.DISABLED)
+
+
+def register_fleet_action(action) -> None:
+    """A higher app's action on Fleets (nodes: drain a Fleet's machines), registered as it
+    registers a page section, so that this app never imports it."""
+    if action not in FleetAdmin.actions:
+        FleetAdmin.actions = [*FleetAdmin.actions, action]

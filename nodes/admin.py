@@ -9,23 +9,23 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from audit.services import Actor
+from fleets.admin import register_fleet_action
 from fleets.choices import FleetKind
 from fleets.selectors import fleet_get_visible
-from tuneplane.admin import ReadOnlyAdmin, StaffAdmin
+from tuneplane.admin import ReadOnlyAdmin
 from tuneplane.errors import ApplicationError
 
+from . import admin_hardware  # noqa: F401  (registers the hardware registry's pages)
 from .choices import CordonSource, SchedulingState
 from .models import (
-    CardAlias,
     ControlSession,
-    HardwareSeries,
     JoinToken,
     Node,
     NodeCommand,
     StrayCommand,
 )
 from .selectors import addresses_shared, commands_active_on, live_sessions_of
-from .services import hardware, join, scheduling
+from .services import drains, join, scheduling
 
 
 @admin.register(JoinToken)
@@ -130,6 +130,65 @@ class CordonForm(forms.Form):
     )
 
 
+class DrainForm(CordonForm):
+    deadline = forms.DateTimeField(
+        required=False,
+        help_text="Optional, YYYY-MM-DD HH:MM (server time): when the machines should be idle. "
+        "Nothing is stopped at it (D1); past it the drain shows overdue.",
+    )
+
+
+def _with_reason(admin_view, request, queryset, verb: str, form_class, title: str, apply):
+    """An action that needs a reason: a confirmation page with the form, then ``apply``."""
+    form = form_class(request.POST if "apply" in request.POST else None)
+    if form.is_valid():
+        apply(form.cleaned_data)
+        return None
+    meta = admin_view.model._meta
+    return TemplateResponse(
+        request,
+        "admin/nodes/node_action.html",
+        {
+            **admin_view.admin_site.each_context(request),
+            "title": title,
+            "action": verb,
+            "nodes": queryset,
+            "form": form,
+            "opts": meta,
+            "cancel_url": reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        },
+    )
+
+
+@admin.action(description="Drain the machines of selected Fleets (one reason for all)")
+def drain_machines(fleet_admin, request, queryset):
+    """Every machine of each node Fleet drained in one step (D1), through the API's service."""
+
+    def apply(data):
+        for fleet in queryset:
+            try:
+                nodes = drains.fleet_nodes_drain(
+                    actor=Actor.of_user(request.user), fleet=fleet, **data
+                )
+            except ApplicationError as error:
+                fleet_admin.message_user(request, f"{fleet.id}: {error.message}", messages.ERROR)
+            else:
+                fleet_admin.message_user(
+                    request,
+                    f"{fleet.id}: {len(nodes)} machine(s) draining or drained. Nothing that "
+                    "runs was stopped.",
+                    messages.SUCCESS,
+                )
+
+    return _with_reason(
+        fleet_admin, request, queryset, "drain_machines", DrainForm, "Drain machines", apply
+    )
+
+
+register_fleet_action(drain_machines)
+
+
 @admin.register(Node)
 class NodeAdmin(ReadOnlyAdmin):
     list_display = [
@@ -190,24 +249,29 @@ class NodeAdmin(ReadOnlyAdmin):
     def connection(self, node: Node):
         session = getattr(self, "_sessions", {}).get(node.id)
         if session is None:
+            ended = node.last_session_close_reason
             return format_html(
-                '<span title="{}">disconnected</span>',
-                f"last seen {node.last_seen_at:%Y-%m-%d %H:%M:%S}"
+                "disconnected <small>({}{})</small>",
+                f"last heard {node.last_seen_at:%Y-%m-%d %H:%M:%S}"
                 if node.last_seen_at
                 else "never connected",
+                f"; {ended}" if ended else "",
             )
         return format_html('<strong title="{}">connected</strong>', session.gateway)
 
     @admin.display(description="scheduling")
     def scheduling(self, node: Node):
         cordons = list(node.cordons.all())
-        if not cordons:
+        why = [f"{c.source}: {c.reason}" for c in cordons]
+        if node.drain_started_at is not None:
+            why.append(
+                f"drain: {node.drain_reason} ({node.drain_by}"
+                + (", overdue" if node.drain_overdue_at else "")
+                + ")"
+            )
+        if not why:
             return node.scheduling_state
-        return format_html(
-            "{} <small>({})</small>",
-            node.scheduling_shown(cordons),
-            "; ".join(f"{c.source}: {c.reason}" for c in cordons),
-        )
+        return format_html("{} <small>({})</small>", node.scheduling_shown(cordons), "; ".join(why))
 
     @admin.display(description="cards")
     def cards(self, node: Node) -> str:
@@ -238,6 +302,7 @@ class NodeAdmin(ReadOnlyAdmin):
             )
 
     def _confirm(self, request, queryset, action: str, title: str, **context):
+        context.setdefault("cancel_url", reverse("admin:nodes_node_changelist"))
         return TemplateResponse(
             request,
             "admin/nodes/node_action.html",
@@ -254,19 +319,31 @@ class NodeAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Cordon selected nodes (no new work; a reason is required)")
     def cordon(self, request, queryset):
-        form = CordonForm(request.POST if "apply" in request.POST else None)
-        if form.is_valid():
-            self._each(request, queryset, "cordon", reason=form.cleaned_data["reason"])
-            return None
-        return self._confirm(request, queryset, "cordon", "Cordon nodes", form=form)
+        return _with_reason(
+            self,
+            request,
+            queryset,
+            "cordon",
+            CordonForm,
+            "Cordon nodes",
+            lambda data: self._each(request, queryset, "cordon", **data),
+        )
 
     @admin.action(description="Uncordon selected nodes (the operator's cordon only)")
     def uncordon(self, request, queryset):
         self._each(request, queryset, "uncordon")
 
-    @admin.action(description="Drain selected nodes (leaving; running work finishes)")
+    @admin.action(description="Drain selected nodes (leaving; running work finishes; a reason)")
     def drain(self, request, queryset):
-        self._each(request, queryset, "drain")
+        return _with_reason(
+            self,
+            request,
+            queryset,
+            "drain",
+            DrainForm,
+            "Drain nodes",
+            lambda data: self._each(request, queryset, "drain", **data),
+        )
 
     @admin.action(description="Remove selected nodes (drained; gone ones with force)")
     def remove(self, request, queryset):
@@ -282,80 +359,6 @@ class NodeAdmin(ReadOnlyAdmin):
             rows=[(node, left_behind[node.id]) for node in queryset],
             any_gone=any(n.scheduling_state == SchedulingState.GONE for n in queryset),
         )
-
-
-@admin.register(HardwareSeries)
-class HardwareSeriesAdmin(StaffAdmin):
-    list_display = ["slug", "name", "vendor"]
-    search_fields = ["slug", "name"]
-
-    def get_readonly_fields(self, request, obj=None):
-        # Jobs pin a slug and nodes' card summaries are kept under it: fixed once created.
-        return ["slug"] if obj is not None else []
-
-    def save_model(self, request, obj, form, change):
-        actor, data = Actor.of_user(request.user), form.cleaned_data
-        if change:
-            hardware.series_update(
-                actor=actor, series=obj, name=data["name"], vendor=data["vendor"]
-            )
-        else:
-            obj.pk = hardware.series_create(
-                actor=actor, slug=data["slug"], name=data["name"], vendor=data["vendor"]
-            ).pk
-
-    def delete_model(self, request, obj):
-        hardware.series_delete(actor=Actor.of_user(request.user), series=obj)
-
-    def delete_queryset(self, request, queryset):
-        self.delete_each(request, queryset)
-
-
-class MappedFilter(admin.SimpleListFilter):
-    title = "mapping"
-    parameter_name = "mapped"
-
-    def lookups(self, request, model_admin):
-        return [("no", "unmapped"), ("yes", "mapped")]
-
-    def queryset(self, request, queryset):
-        if self.value() in ("yes", "no"):
-            return queryset.filter(series__isnull=self.value() == "no")
-        return queryset
-
-
-@admin.register(CardAlias)
-class CardAliasAdmin(StaffAdmin):
-    """Card names as machines report them. Unmapped ones are mapped here, in the list (J4)."""
-
-    list_display = ["name", "series", "first_seen_at"]
-    list_editable = ["series"]
-    list_filter = [MappedFilter, "series"]
-    search_fields = ["name"]
-    list_select_related = ["series"]
-
-    def get_readonly_fields(self, request, obj=None):
-        # Nodes' card summaries follow a mapping by this name: it is what machines report.
-        return ["name", "first_seen_at"] if obj is not None else ["first_seen_at"]
-
-    def has_delete_permission(self, request, obj=None):
-        # Unmapping goes through the mapping (series empty), so that nodes follow it.
-        return super().has_delete_permission(request, obj) and (
-            obj is None or obj.series_id is None
-        )
-
-    def save_model(self, request, obj, form, change):
-        actor = Actor.of_user(request.user)
-        if not change:  # a name added by hand: recorded unmapped, then mapped as any other
-            obj.pk = hardware.card_alias_add(actor=actor, name=obj.name, series=obj.series).pk
-        elif "series" in form.changed_data:
-            hardware.card_alias_map(actor=actor, alias=obj, series=obj.series)
-
-    def delete_model(self, request, obj):
-        hardware.card_alias_delete(actor=Actor.of_user(request.user), alias=obj)
-
-    def delete_queryset(self, request, queryset):
-        self.delete_each(request, queryset)
 
 
 @admin.register(NodeCommand)

@@ -1,9 +1,10 @@
 """The machines section of a Fleet's page (L7): connection, scheduling and inventory as
 three separate groups, so an operator reads every Fleet the same way.
 
-A node Fleet: four queries whatever the number of nodes (the nodes with their cordons, their
-live sessions, the card registry), plus liveness per capability. A cluster Fleet: its
-snapshot, where connection is the manager's API answering and the last successful read.
+A node Fleet: five queries whatever the number of nodes (the nodes with their cordons, their
+live sessions, the card registry, the work its drains wait for), plus liveness per capability.
+A cluster Fleet: its snapshot, where connection is the manager's API answering and the last
+successful read.
 """
 
 from django.utils import timezone
@@ -12,7 +13,7 @@ from fleets.choices import FleetKind
 
 from .choices import LIVENESS_CAPABILITIES, SchedulingState
 from .models import ClusterSnapshot
-from .selectors import card_series, live_sessions_of
+from .selectors import card_series, live_sessions_of, work_left_on
 
 
 def _age(since, now) -> str:
@@ -35,6 +36,7 @@ def node_rows(fleet, now=None) -> list[dict]:
     )
     sessions = live_sessions_of(nodes)
     series = card_series(name for node in nodes for name in node.card_names())
+    left = work_left_on(node.pk for node in nodes if node.drain_started_at)
     rows = []
     for node in nodes:
         session = sessions.get(node.id)
@@ -50,8 +52,15 @@ def node_rows(fleet, now=None) -> list[dict]:
                         session.last_heartbeat_at if session else node.last_seen_at, now
                     ),
                     "gateway": session.gateway if session else "",
+                    "last_heard_at": node.last_seen_at,
+                    "closed_at": None if session else node.last_session_closed_at,
+                    "close_reason": "" if session else node.last_session_close_reason,
                 },
-                "scheduling": {"state": node.scheduling_shown(cordons), "cordons": cordons},
+                "scheduling": {
+                    "state": node.scheduling_shown(cordons),
+                    "cordons": cordons,
+                    "drain": _drain(node, left.get(node.id, {})),
+                },
                 "inventory": {
                     "cards": [
                         {**card, "series": series.get(card["name"])}
@@ -68,12 +77,46 @@ def node_rows(fleet, now=None) -> list[dict]:
     return rows
 
 
+def _drain(node, left: dict[str, list[str]]) -> dict | None:
+    if node.drain_started_at is None:
+        return None
+    return {
+        "reason": node.drain_reason,
+        "by": node.drain_by,
+        "at": node.drain_started_at,
+        "deadline": node.drain_deadline,
+        "overdue": node.drain_overdue_at is not None,
+        "work_left": sorted((kind, len(ids)) for kind, ids in left.items()),
+    }
+
+
+def drain_progress(rows) -> dict | None:
+    """How far the Fleet's drains have come: nodes drained of those draining, and the work
+    left on them by kind (D1: it finishes; nothing is stopped)."""
+    drains = [row["scheduling"]["drain"] for row in rows if row["scheduling"]["drain"]]
+    if not drains:
+        return None
+    left: dict[str, int] = {}
+    for drain in drains:
+        for kind, count in drain["work_left"]:
+            left[kind] = left.get(kind, 0) + count
+    drained = sum(1 for row in rows if row["node"].scheduling_state == SchedulingState.DRAINED)
+    return {
+        "drained": drained,
+        "draining": len(drains),
+        "overdue": sum(1 for drain in drains if drain["overdue"]),
+        "work_left": sorted(left.items()),
+    }
+
+
 def fleet_nodes_section(fleet) -> dict | None:
     if fleet.kind != FleetKind.NODE:
         return None
+    rows = node_rows(fleet)
     return {
         "template": "admin/nodes/fleet_nodes.html",
-        "rows": node_rows(fleet),
+        "rows": rows,
+        "drain": drain_progress(rows),
         "capabilities": [c for c in fleet.capabilities if c in LIVENESS_CAPABILITIES],
     }
 

@@ -92,6 +92,17 @@ class Node(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     series_cards = models.JSONField(default=dict, blank=True)
     card_count = models.PositiveIntegerField(default=0)
+    # A drain is an operator's decision with its who, why and until when (D1): the deadline
+    # kills nothing; once passed, the node shows overdue and the audit log marks it once.
+    drain_reason = models.CharField(max_length=200, blank=True)
+    drain_by = models.CharField(max_length=150, blank=True)
+    drain_started_at = models.DateTimeField(null=True, blank=True)
+    drain_deadline = models.DateTimeField(null=True, blank=True)
+    drain_overdue_at = models.DateTimeField(null=True, blank=True)
+    # When the last control session ended and why: kept here, since last_seen_at alone does
+    # not say whether the stream was closed or went silent.
+    last_session_closed_at = models.DateTimeField(null=True, blank=True)
+    last_session_close_reason = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     removed_at = models.DateTimeField(null=True, blank=True)
 

@@ -160,6 +160,20 @@ def commands_active_on(node) -> list[str]:
     )
 
 
+def work_left_on(node_ids) -> dict[str, dict[str, list[str]]]:
+    """What drains still wait for, in one query: each node's commands that may still be
+    running (the ids commands_active_on gives one node), by command kind."""
+    left: dict[str, dict[str, list[str]]] = {}
+    rows = (
+        NodeCommand.objects.filter(node_id__in=list(node_ids), state__in=ACTIVE_COMMAND_STATES)
+        .order_by("created_at")
+        .values_list("node_id", "kind", "id")
+    )
+    for node_id, kind, command_id in rows:
+        left.setdefault(node_id, {}).setdefault(kind, []).append(command_id)
+    return left
+
+
 def nodes_placeable(fleet_ids, now=None) -> QuerySet[Node]:
     """Nodes that may take new work now (L1, D1): a live control-session lease, inventory
     observed within TUNEPLANE_PLACEMENT_FRESHNESS, schedulable and not cordoned. A shown

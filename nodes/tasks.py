@@ -3,6 +3,7 @@
 from celery import shared_task
 
 from .services.clusters import clusters_refresh
+from .services.drains import drains_overdue_mark
 from .services.liveness import liveness_sweep
 from .services.scheduling import storage_cordon_sweep
 
@@ -20,3 +21,8 @@ def storage_cordon_sweep_task() -> dict:
 @shared_task(name="nodes.clusters_refresh", ignore_result=True)
 def clusters_refresh_task() -> dict:
     return clusters_refresh()
+
+
+@shared_task(name="nodes.drains_overdue_mark", ignore_result=True)
+def drains_overdue_mark_task() -> int:
+    return drains_overdue_mark()

@@ -11,6 +11,8 @@ from fleets import services as fleet_services
 from tuneplane.models import Membership, Project
 from tuneplane.services import api_token_create
 
+pytest_plugins = ["tests.missing_parts"]
+
 # Playwright's sync API runs an event loop in the test thread; the ORM calls the
 # tests make beside it are ordinary synchronous ones.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -124,7 +126,12 @@ def make_fleet(db):
 
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
-    return {**browser_type_launch_args, "executable_path": "/usr/bin/chromium"}
+    chromium = "/usr/bin/chromium"
+    if not os.path.exists(chromium):
+        from tests.missing_parts import skip_missing
+
+        skip_missing("Chromium", "apt-get install chromium")
+    return {**browser_type_launch_args, "executable_path": chromium}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -151,9 +158,9 @@ def secrets_dir(settings, tmp_path):
 
 @pytest.fixture(autouse=True)
 def _hardware_registry(request):
-    """The card registry a migration seeds (nodes 0002), there for every test with a database:
-    a transactional test empties every table when it ends, and under pytest-xdist such a test
-    may come before others in the same worker's database."""
+    """The card registry migrations seed (nodes 0002, and Slurm's gres names in 0012), there
+    for every test with a database: a transactional test empties every table when it ends,
+    and under pytest-xdist such a test may come before others in the same worker's database."""
     if request.node.get_closest_marker("django_db") is None and not (
         {"db", "transactional_db"} & set(request.fixturenames)
     ):
@@ -165,6 +172,7 @@ def _hardware_registry(request):
 
     if not HardwareSeries.objects.filter(slug="h100").exists():
         importlib.import_module("nodes.migrations.0002_seed_hardware_series").seed(apps, None)
+        importlib.import_module("nodes.migrations.0012_seed_slurm_gres_names").seed(apps, None)
 
 
 @pytest.fixture(autouse=True)

@@ -178,6 +178,22 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Each choice set named for what it is, never by a hash (Kind480Enum): the names a
+    # generated client's types take.
+    "ENUM_NAME_OVERRIDES": {
+        "FleetKindEnum": "fleets.choices.FleetKind",
+        "FleetDeliveryEnum": "fleets.choices.FleetDelivery",
+        "FleetCapabilityEnum": "fleets.choices.FleetCapability",
+        "FleetVisibilityEnum": "fleets.choices.FleetVisibility",
+        "FleetStateEnum": "fleets.choices.FleetState",
+        "LifecycleKindEnum": "placement.choices.LifecycleKind",
+        "DeploymentStateEnum": "placement.choices.DeploymentState",
+        "DeploymentStatusEnum": "placement.choices.DeploymentStatus",
+        "RefusalReasonEnum": "placement.choices.Refusal",
+        "CommandKindEnum": "nodes.choices.CommandKind",
+        "CommandStateEnum": "nodes.choices.CommandState",
+        "PlacementRefusedCodeEnum": ["placement_refused"],
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "tuneplane.api.schema.document_request_refusals",

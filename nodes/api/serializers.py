@@ -119,14 +119,22 @@ class NodeSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.DictField())
     def get_connection(self, node):
+        """``last_heard_at`` outlives the stream: when a disconnected node was last heard,
+        and how its last session ended."""
         session = self.context.get("live_sessions", {}).get(node.id)
+        heard = {
+            "last_heard_at": node.last_seen_at,
+            "last_session_closed_at": node.last_session_closed_at,
+            "last_session_close_reason": node.last_session_close_reason or None,
+        }
         if session is None:
-            return {"state": "disconnected", "session": None, "last_heartbeat_at": None}
+            return {"state": "disconnected", "session": None, "last_heartbeat_at": None, **heard}
         return {
             "state": "connected",
             "session": str(session.id),
             "last_heartbeat_at": session.last_heartbeat_at,
             "gateway": session.gateway,
+            **heard,
         }
 
     @extend_schema_field(serializers.DictField())
@@ -135,7 +143,19 @@ class NodeSerializer(serializers.ModelSerializer):
             {"source": c.source, "reason": c.reason, "at": c.created_at, "by": c.created_by}
             for c in node.cordons.all()
         ]
-        return {"state": node.scheduling_shown(cordons), "cordons": cordons}
+        shown = {"state": node.scheduling_shown(cordons), "cordons": cordons, "drain": None}
+        if node.drain_started_at is not None:
+            left = self.context.get("work_left", {}).get(node.id, {})
+            shown["drain"] = {
+                "reason": node.drain_reason,
+                "by": node.drain_by,
+                "at": node.drain_started_at,
+                "deadline": node.drain_deadline,
+                "overdue": node.drain_overdue_at is not None,
+                "overdue_since": node.drain_overdue_at,
+                "work_left": {kind: len(ids) for kind, ids in left.items()},
+            }
+        return shown
 
     @extend_schema_field(serializers.DictField())
     def get_inventory(self, node):
@@ -166,6 +186,25 @@ class CordonRequestSerializer(StrictSerializer):
 
     class Meta:
         ref_name = "CordonRequest"
+
+
+class DrainRequestSerializer(StrictSerializer):
+    reason = StrictCharField(max_length=200)
+    deadline = serializers.DateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="When the machine should be idle. Nothing is stopped at it (D1): past it "
+        "the drain shows overdue, with what still runs.",
+    )
+
+    class Meta:
+        ref_name = "DrainRequest"
+
+
+class FleetDrainResultSerializer(serializers.Serializer):
+    fleet = serializers.CharField()
+    nodes = NodeSerializer(many=True)
 
 
 class CommandRequestSerializer(StrictSerializer):

@@ -1,6 +1,13 @@
 from django.urls import path
 
+from .hardware import (
+    CardNameDetailView,
+    CardNameListView,
+    HardwareSeriesDetailView,
+    HardwareSeriesListView,
+)
 from .views import (
+    FleetDrainView,
     FleetJoinTokensView,
     JoinTokenDetailView,
     NodeCommandsView,
@@ -13,9 +20,18 @@ from .views import (
 )
 
 urlpatterns = [
+    path("hardware-series", HardwareSeriesListView.as_view(), name="hardware-series-list"),
+    path(
+        "hardware-series/<str:slug>",
+        HardwareSeriesDetailView.as_view(),
+        name="hardware-series-detail",
+    ),
+    path("card-names", CardNameListView.as_view(), name="card-name-list"),
+    path("card-names/<int:card_id>", CardNameDetailView.as_view(), name="card-name-detail"),
     path(
         "fleets/<str:fleet_id>/join-tokens", FleetJoinTokensView.as_view(), name="fleet-join-tokens"
     ),
+    path("fleets/<str:fleet_id>/drain", FleetDrainView.as_view(), name="fleet-drain"),
     path("join-tokens/<int:token_id>", JoinTokenDetailView.as_view(), name="join-token-detail"),
     path("nodes/join", NodeJoinView.as_view(), name="node-join"),
     path("nodes", NodeListView.as_view(), name="node-list"),

@@ -23,13 +23,16 @@ from ..selectors import (
     join_tokens_of,
     live_sessions_of,
     nodes_visible_to,
+    work_left_on,
 )
-from ..services import commands, join, scheduling
+from ..services import commands, drains, join, scheduling
 from ..services.join import join_commands
 from .serializers import (
     CommandRequestSerializer,
     CommandSerializer,
     CordonRequestSerializer,
+    DrainRequestSerializer,
+    FleetDrainResultSerializer,
     JoinRequestSerializer,
     JoinResponseSerializer,
     JoinTokenSerializer,
@@ -179,6 +182,7 @@ def _node_context(nodes) -> dict:
         "card_series": card_series(name for node in nodes for name in node.card_names()),
         "shared_addresses": addresses_shared(nodes),
         "live_sessions": live_sessions_of(nodes),
+        "work_left": work_left_on(node.pk for node in nodes if node.drain_started_at),
     }
 
 
@@ -285,18 +289,51 @@ class NodeUncordonView(GenericAPIView):
 
 class NodeDrainView(GenericAPIView):
     permission_classes = [IsAdmin]
-    serializer_class = NodeSerializer
+    serializer_class = DrainRequestSerializer
 
     @extend_schema(
         summary="Drain a node: no new work; drained once nothing runs (D1)",
-        request=None,
-        responses={200: NodeSerializer, **errors(401, 403, 404, 409)},
+        description="A reason is required. Nothing is stopped at the optional deadline: "
+        "past it the drain shows overdue, with the work left.",
+        request=DrainRequestSerializer,
+        responses={200: NodeSerializer, **errors(400, 401, 403, 404, 409)},
     )
     def post(self, request, node_id: str):
-        node = scheduling.node_drain(
-            actor=Actor.of_user(request.user), node=_node(request, node_id)
+        node = _node(request, node_id)
+        serializer = DrainRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        scheduling.node_drain(
+            actor=Actor.of_user(request.user), node=node, **serializer.validated_data
         )
         return _shown(node.pk, request.user)
+
+
+class FleetDrainView(GenericAPIView):
+    serializer_class = DrainRequestSerializer
+
+    @extend_schema(
+        summary="Drain every machine of a node Fleet with one reason (administrators; D1)",
+        request=DrainRequestSerializer,
+        responses={200: FleetDrainResultSerializer, **errors(400, 401, 403, 404, 409)},
+    )
+    def post(self, request, fleet_id: str):
+        fleet = fleet_get_visible(request.user, fleet_id)
+        require_admin(request, "drain a Fleet's machines")
+        serializer = DrainRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        drained = drains.fleet_nodes_drain(
+            actor=Actor.of_user(request.user), fleet=fleet, **serializer.validated_data
+        )
+        nodes = list(
+            nodes_visible_to(request.user)
+            .prefetch_related("cordons")
+            .filter(pk__in=[node.pk for node in drained])
+        )
+        body = {
+            "fleet": fleet.id,
+            "nodes": NodeSerializer(nodes, many=True, context=_node_context(nodes)).data,
+        }
+        return Response(body)
 
 
 class NodeCommandsView(GenericAPIView):

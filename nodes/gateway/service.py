@@ -151,11 +151,16 @@ class NodeControlService(AsyncService):
                 if kind == "heartbeat":
                     beat = message.heartbeat
                     if beat.sequence <= last_sequence:
+                        # Dropped, and said so: the ack names the last sequence taken, not
+                        # this one, and nothing is renewed (control.proto, Heartbeat).
                         logger.warning(
-                            "node %s: heartbeat %d after %d ignored",
+                            "node %s: heartbeat %d after %d dropped; its lease not renewed",
                             node_id,
                             beat.sequence,
                             last_sequence,
+                        )
+                        stream.outbox.put_nowait(
+                            pb.ControlMessage(heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence))
                         )
                         continue
                     last_sequence = beat.sequence

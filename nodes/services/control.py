@@ -91,7 +91,11 @@ def _close(session: ControlSession, reason: str, now: datetime) -> None:
     session.closed_at = now
     session.close_reason = reason[:200]
     session.save(update_fields=["closed_at", "close_reason"])
-    Node.objects.filter(pk=session.node_id).update(lease_expires_at=None)  # its only open one
+    Node.objects.filter(pk=session.node_id).update(  # its only open one
+        lease_expires_at=None,
+        last_session_closed_at=now,
+        last_session_close_reason=session.close_reason,
+    )
     audit_record(
         actor=Actor.system("gateway"),
         action="control_session.closed",

@@ -1,14 +1,24 @@
 """The hardware registry: card names as machines and clusters report them, and the series an
 admin maps each to (J4). Mapping takes effect on every node at once, without a re-join."""
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from audit.services import Actor, audit_record
-from tuneplane.errors import Conflict
+from tuneplane.errors import Conflict, ValidationFailed
 
 from ..choices import SchedulingState
 from ..models import CardAlias, HardwareSeries, Node
 from ..selectors import card_series, cards_summary
+
+
+def _clean(record) -> None:
+    """The model's own checks (slug shape, uniqueness), as an error naming the field."""
+    try:
+        record.full_clean()
+    except ValidationError as error:
+        field, messages = next(iter(error.message_dict.items()))
+        raise ValidationFailed(f"{field}: {' '.join(messages)}", field=field) from None
 
 
 def card_names_remember(names, now) -> None:
@@ -59,7 +69,7 @@ def _nodes_follow_mapping(name: str) -> int:
 def series_create(*, actor: Actor, slug: str, name: str, vendor: str = "") -> HardwareSeries:
     with transaction.atomic():
         series = HardwareSeries(slug=slug, name=name, vendor=vendor)
-        series.full_clean()
+        _clean(series)
         series.save()
         audit_record(
             actor=actor,
@@ -81,7 +91,7 @@ def series_update(
         after = {"name": name, "vendor": vendor}
         if before != after:
             series.name, series.vendor = name, vendor
-            series.full_clean()
+            _clean(series)
             series.save(update_fields=["name", "vendor"])
             audit_record(
                 actor=actor,
@@ -98,7 +108,7 @@ def card_alias_add(*, actor: Actor, name: str, series: HardwareSeries | None = N
     mapped as any other (so nodes that already report it follow, J4)."""
     with transaction.atomic():
         alias = CardAlias(name=name)
-        alias.full_clean()
+        _clean(alias)
         alias.save()
         audit_record(
             actor=actor,

@@ -94,15 +94,21 @@ def _not_removed(node: Node, verb: str) -> None:
         )
 
 
-def node_cordon(*, actor: Actor, node: Node, reason: str) -> Node:
-    """An operator's cordon: new work stops, nothing running stops (D1). A reason is required."""
+def _reason(reason, doing: str) -> str:
+    """An operator's cordon or drain says why (shown on the Fleet page and in the API)."""
     reason = reason.strip() if isinstance(reason, str) else ""
     if not reason or len(reason) > MAX_REASON:
         raise ValidationFailed(
             f"reason is required (at most {MAX_REASON} characters): say why "
-            "the machine is cordoned.",
+            f"the machine is {doing}.",
             field="reason",
         )
+    return reason
+
+
+def node_cordon(*, actor: Actor, node: Node, reason: str) -> Node:
+    """An operator's cordon: new work stops, nothing running stops (D1). A reason is required."""
+    reason = _reason(reason, "cordoned")
     with transaction.atomic():
         node = _locked(node.pk)
         _not_removed(node, "cordoned")
@@ -138,7 +144,7 @@ def node_uncordon(*, actor: Actor, node: Node) -> Node:
 def _set_state(node: Node, state: str, actor: Actor, *, forced: bool = False, **after) -> None:
     before = node.scheduling_state
     node.scheduling_state = state
-    node.save(update_fields=["scheduling_state", "removed_at", "lease_expires_at"])
+    node.save(update_fields=["scheduling_state", "removed_at", "lease_expires_at", *KEPT_FIELDS])
     audit_record(
         actor=actor,
         action=f"node.{state}",
@@ -149,20 +155,53 @@ def _set_state(node: Node, state: str, actor: Actor, *, forced: bool = False, **
     )
 
 
-def node_drain(*, actor: Actor, node: Node) -> Node:
-    """The machine is leaving: new work stops, running work finishes (D1); drained when idle."""
+# What a state change writes besides the state (a drain's who and why; a removal's session end).
+KEPT_FIELDS = (
+    "drain_reason",
+    "drain_by",
+    "drain_started_at",
+    "drain_deadline",
+    "last_session_closed_at",
+    "last_session_close_reason",
+)
+
+
+def _deadline(deadline):
+    if deadline is not None and deadline <= timezone.now():
+        raise ValidationFailed(
+            "deadline must be in the future: the time by which the machine should be idle "
+            "(nothing is stopped at it, D1).",
+            field="deadline",
+        )
+    return deadline
+
+
+def _drain(node: Node, actor: Actor, reason: str, deadline) -> bool:
+    """Drains a locked node; False if it was draining or drained already (kept as it was)."""
+    _not_removed(node, "drained")
+    if node.scheduling_state in (SchedulingState.DRAINING, SchedulingState.DRAINED):
+        return False
+    active = commands_active_on(node)
+    node.drain_reason, node.drain_by = reason, actor.label
+    node.drain_started_at, node.drain_deadline = timezone.now(), deadline
+    _set_state(
+        node,
+        SchedulingState.DRAINING if active else SchedulingState.DRAINED,
+        actor,
+        reason=reason,
+        deadline=deadline.isoformat() if deadline else None,
+        commands_running=active,
+    )
+    return True
+
+
+def node_drain(*, actor: Actor, node: Node, reason: str, deadline=None) -> Node:
+    """The machine is leaving: new work stops, running work finishes (D1); drained when idle.
+    A reason is required; a ``deadline`` kills nothing: past it the drain shows overdue."""
+    reason, deadline = _reason(reason, "drained"), _deadline(deadline)
     with transaction.atomic():
         node = _locked(node.pk)
-        _not_removed(node, "drained")
-        if node.scheduling_state in (SchedulingState.DRAINING, SchedulingState.DRAINED):
-            return node
-        active = commands_active_on(node)
-        _set_state(
-            node,
-            SchedulingState.DRAINING if active else SchedulingState.DRAINED,
-            actor,
-            commands_running=active,
-        )
+        _drain(node, actor, reason, deadline)
     return node
 
 
@@ -222,9 +261,10 @@ def node_remove(*, actor: Actor, node: Node, force: bool = False) -> Node:
         revoked = NodeCredential.objects.filter(node=node, revoked_at__isnull=True).update(
             revoked_at=now
         )
-        ControlSession.objects.filter(node=node, closed_at__isnull=True).update(
+        if ControlSession.objects.filter(node=node, closed_at__isnull=True).update(
             closed_at=now, close_reason="node removed"
-        )
+        ):
+            node.last_session_closed_at, node.last_session_close_reason = now, "node removed"
         node.removed_at = now
         node.lease_expires_at = None
         _set_state(

@@ -19,7 +19,7 @@ from nodes.models import (
     quiet_threshold,
 )
 from nodes.services import clusters as node_clusters
-from nodes.services import commands, control, hardware, join, liveness, scheduling
+from nodes.services import commands, control, drains, hardware, join, liveness, scheduling
 from nodes.services.commands import Reported
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 
@@ -254,7 +254,30 @@ def node_uncordon(w):
 
 def node_drain(w):
     node = w.node()
-    return lambda: scheduling.node_drain(actor=Actor.of_user(w.admin), node=node)
+    return lambda: scheduling.node_drain(
+        actor=Actor.of_user(w.admin), node=node, reason="leaving the rack"
+    )
+
+
+def fleet_nodes_drain(w):
+    """One busy machine starts draining, one idle machine is drained at once."""
+    w.command(w.node(), state="running")
+    w.node()
+    return lambda: drains.fleet_nodes_drain(
+        actor=Actor.of_user(w.admin), fleet=w.fleet(), reason="new racks"
+    )
+
+
+def drains_overdue_mark(w):
+    node = w.node()
+    w.command(node, state="running")
+    scheduling.node_drain(actor=SYSTEM, node=node, reason="leaving", deadline=_soon())
+    Node.objects.filter(pk=node.pk).update(drain_deadline=timezone.now() - timedelta(seconds=1))
+    return drains.drains_overdue_mark
+
+
+def _soon():
+    return timezone.now() + timedelta(hours=1)
 
 
 def node_drain_settle(w):

@@ -65,6 +65,7 @@ WRITING_MODULES = (
     "nodes.services.control",
     "nodes.services.commands",
     "nodes.services.scheduling",
+    "nodes.services.drains",
     "nodes.services.liveness",
     "nodes.services.clusters",
     "placement.services",
@@ -234,6 +235,13 @@ SCENARIOS = {
         nodes.node_uncordon, (changed("node.uncordoned"),)
     ),
     "nodes.services.scheduling.node_drain": Scenario(nodes.node_drain, (changed("node.drained"),)),
+    "nodes.services.drains.fleet_nodes_drain": Scenario(
+        nodes.fleet_nodes_drain, (changed("node.draining"), changed("node.drained"))
+    ),
+    # D1: nothing is stopped at the deadline; one event per node marks it overdue.
+    "nodes.services.drains.drains_overdue_mark": Scenario(
+        nodes.drains_overdue_mark, (changed("node.drain_overdue"),)
+    ),
     "nodes.services.scheduling.node_drain_settle": Scenario(
         nodes.node_drain_settle, (changed("node.drained"),)
     ),

@@ -141,3 +141,40 @@ def test_D3_remove_action_lists_what_a_gone_node_leaves_behind(
     expect(page.locator(".messagelist .success")).to_contain_text("Remove:")
     assert Node.objects.get(pk=gone.id).scheduling_state == SchedulingState.REMOVED
     assert not NodeCredential.objects.filter(node=gone, revoked_at__isnull=True).exists()
+
+
+def test_D1_a_fleets_machines_drain_with_one_reason_and_the_page_shows_progress(
+    page, live_server, admin_user, make_fleet, mint
+):
+    from nodes.services.commands import Reported, node_command_create, node_command_report
+    from tests.conftest import SYSTEM
+
+    fleet = make_fleet("gpu-lab", kind="node", capabilities=["train"])
+    busy, _ = joined(fleet, mint, "gpu-busy")
+    joined(fleet, mint, "gpu-idle")
+    command = node_command_create(
+        actor=SYSTEM, node=busy, kind="run", payload={"argv": ["sleep", "600"]}
+    )
+    node_command_report(node_id=busy.id, reported=Reported(command.id, "running"))
+
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/admin/fleets/fleet/")
+    page.check("#result_list input[name=_selected_action][value=gpu-lab]")
+    page.select_option("select[name=action]", "drain_machines")
+    page.click("button[name=index]")
+    expect(page.locator("#id_reason")).to_have_attribute("required", "")
+    page.fill("#id_reason", "moving to rack 7")
+    page.fill("#id_deadline", "2999-01-01 12:00")
+    page.click("input[type=submit]")
+    expect(page.locator(".messagelist .success")).to_contain_text(
+        "2 machine(s) draining or drained"
+    )
+
+    page.goto(f"{live_server.url}/admin/fleets/fleet/gpu-lab/change/")
+    expect(page.locator("#drain-progress")).to_contain_text("1 of 2 machine(s) drained")
+    expect(page.locator("#drain-progress")).to_contain_text("work left: 1 run")
+    drain = page.locator(f"#group-scheduling tr[data-node='{busy.id}'] .drain")
+    expect(drain).to_contain_text("moving to rack 7")
+    expect(drain).to_contain_text("by 2999-01-01 12:00")
+    expect(drain).to_contain_text("still running: 1 run")
+    page.screenshot(path=str(ARTIFACTS / "fleet-page-draining.png"), full_page=True)

@@ -192,7 +192,10 @@ def test_D4_removal_closes_the_open_stream_and_refuses_the_next(
     try:
         connected(node)
         assert (
-            admin_api.post(f"/api/nodes/{node.id}/drain").json()["scheduling"]["state"] == "drained"
+            admin_api.post(f"/api/nodes/{node.id}/drain", {"reason": "leaving the rack"}).json()[
+                "scheduling"
+            ]["state"]
+            == "drained"
         )
         assert admin_api.delete(f"/api/nodes/{node.id}").status_code == 200
         # With Redis at once; without it at the next lease flush (TUNEPLANE_HEARTBEAT_FLUSH_*).
@@ -253,7 +256,7 @@ def test_D1_no_verb_stops_running_work_and_drain_completes_when_it_ends(
             ("patch", "/api/fleets/gpu-lab", {"state": "draining"}),
             ("patch", "/api/fleets/gpu-lab", {"state": "disabled"}),
             ("patch", "/api/fleets/gpu-lab", {"state": "active"}),
-            ("post", f"/api/nodes/{node.id}/drain", None),
+            ("post", f"/api/nodes/{node.id}/drain", {"reason": "leaving the rack"}),
         ]
         for method, path, body in verbs:
             response = getattr(admin_api, method)(path, body)

@@ -1,5 +1,5 @@
 """Hostile peers on the control gateway: a plaintext client, backwards heartbeats, an
-oversized message and a flood of Hellos. Each is refused or ignored, and a real agent's
+oversized message and a flood of Hellos. Each is refused or dropped, and a real agent's
 stream beside it is unaffected."""
 
 import queue
@@ -86,15 +86,19 @@ def test_a_plaintext_client_is_refused_before_anything_reaches_the_database(gate
     assert not ControlSession.objects.filter(node=node).exists()
 
 
-def test_heartbeats_going_backwards_are_ignored_and_the_stream_goes_on(gateway, joined, bystander):
+def test_heartbeats_going_backwards_are_dropped_visibly_and_the_stream_goes_on(
+    gateway, joined, bystander
+):
     node, _, directory = joined
     stream = Stream(gateway, directory, node.id)
     try:
         assert stream.receive().WhichOneof("body") == "welcome"
         stream.beat(5)
         assert stream.receive().heartbeat_ack.sequence == 5
-        stream.beat(3)  # backwards: no ack, no renewal
+        stream.beat(3)  # backwards: no renewal, and an ack naming the last beat taken
+        assert stream.receive().heartbeat_ack.sequence == 5
         stream.beat(5)  # a replay: the same
+        assert stream.receive().heartbeat_ack.sequence == 5
         stream.beat(6)
         assert stream.receive().heartbeat_ack.sequence == 6
     finally:

@@ -5,10 +5,11 @@ creates a Fleet, on a first start or any restart (F6)."""
 import json
 import re
 import socket
+import subprocess
 import urllib.request
 import uuid
 
-from .console import Console, console_env, free_port, manage, processes_with_env
+from .console import ROOT, Console, console_env, free_port, processes_with_env
 
 PRODUCT_PAGE_BODY = {
     "id": "gpu-lab",
@@ -51,7 +52,14 @@ def test_F6_console_starts_serves_and_stops_and_never_makes_a_fleet(tmp_path, em
             r"Admin login, shown this once: username (\S+)  password (\S+)", console.output
         )
         assert len(login) == 1 and login[0][0] == "admin"
-        token = manage("create_api_token", "admin", env=env).stdout.strip()
+        # What README tells a newcomer right after the first start: no Django outside .venv.
+        made = subprocess.run(
+            ["make", "--no-print-directory", "-s", "token", "USER=admin"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert made.returncode == 0 and "shown this once" in made.stderr, made.stderr
+        token = made.stdout.strip()
+        assert token.startswith("tpa_") and "\n" not in token, made.stdout
         assert fleet_count(base, token) == 0
         status, body = call("POST", f"{base}/api/fleets", token, PRODUCT_PAGE_BODY)
         assert status == 201, body

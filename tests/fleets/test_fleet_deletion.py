@@ -43,7 +43,12 @@ def joined(node_fleet, mint):
 
 
 def removed_over_the_api(api, node: Node) -> None:
-    assert api.post(f"/api/nodes/{node.id}/drain").json()["scheduling"]["state"] == "drained"
+    assert (
+        api.post(f"/api/nodes/{node.id}/drain", {"reason": "leaving the rack"}).json()[
+            "scheduling"
+        ]["state"]
+        == "drained"
+    )
     assert api.delete(f"/api/nodes/{node.id}").json()["scheduling"]["state"] == "removed"
 
 
@@ -153,7 +158,7 @@ def test_F7_only_a_removed_node_is_ever_without_its_fleet(joined, node_fleet):
     live = joined()
     with pytest.raises(IntegrityError), transaction.atomic():
         Fleet.objects.filter(pk=node_fleet.pk).delete()
-    node_drain(actor=SYSTEM, node=live)
+    node_drain(actor=SYSTEM, node=live, reason="leaving the rack")
     node_remove(actor=SYSTEM, node=live)
     with pytest.raises(IntegrityError), transaction.atomic():
         Node.objects.filter(pk=live.pk).update(fleet=None)
@@ -170,7 +175,7 @@ def test_F7_the_admin_deletes_a_fleet_whose_nodes_are_removed_and_lists_them_aft
     staff, admin_user, joined
 ):
     node = joined()
-    node_drain(actor=Actor.of_user(admin_user), node=node)
+    node_drain(actor=Actor.of_user(admin_user), node=node, reason="leaving the rack")
     node_remove(actor=Actor.of_user(admin_user), node=node)
     delete = "/admin/fleets/fleet/gpu-lab/delete/"
 

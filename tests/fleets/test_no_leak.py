@@ -51,6 +51,10 @@ CALLS = {
         "OPTIONS": [None],
         "POST": [None, {}, {"unknown": 1}],
     },
+    "api/fleets/<str:fleet_id>/drain": {
+        "OPTIONS": [None],
+        "POST": [None, {}, {"reason": "x"}, {"reason": "x", "deadline": "yesterday"}],
+    },
 }
 
 

@@ -184,6 +184,32 @@ def test_L1_a_heartbeat_is_taken_while_the_database_threads_are_busy(replica, jo
     assert beat_advanced and lease_pending
 
 
+def test_L1_a_heartbeat_going_backwards_renews_nothing_and_its_ack_says_so(replica, joined):
+    node, pem = joined
+
+    async def scenario():
+        peer = Peer(replica, node.id, pem, pb.Hello(node_id=node.id, agent_version="test"))
+        assert (await peer.next()).WhichOneof("body") == "welcome"
+        stream = replica.streams.by_node[node.id]
+        peer.send(heartbeat=pb.Heartbeat(sequence=5))
+        acks = [(await peer.next()).heartbeat_ack.sequence]
+        replica.batcher.pending.clear()
+        taken_at = stream.last_beat
+        for sequence in (3, 5):  # backwards, then a repeat
+            peer.send(heartbeat=pb.Heartbeat(sequence=sequence))
+            acks.append((await peer.next()).heartbeat_ack.sequence)
+        renewed = (stream.last_beat != taken_at, stream.session_id in replica.batcher.pending)
+        peer.send(heartbeat=pb.Heartbeat(sequence=6))
+        acks.append((await peer.next()).heartbeat_ack.sequence)
+        await peer.hang_up()
+        return acks, renewed
+
+    acks, renewed = in_own_loop(scenario)
+
+    assert acks == [5, 5, 5, 6]  # the dropped beats' acks name the last one taken
+    assert renewed == (False, False)
+
+
 def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
     replica, joined, monkeypatch
 ):

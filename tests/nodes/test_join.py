@@ -87,7 +87,7 @@ def test_J4_inventory_is_stored_with_its_observation_time(anon_api, admin_api, n
         {"name": "NVIDIA H100 80GB HBM3", "count": 8, "series": "h100"}
     ]
     assert shown["connection"]["state"] == "disconnected"
-    assert shown["scheduling"] == {"state": "enrolled", "cordons": []}
+    assert shown["scheduling"] == {"state": "enrolled", "cordons": [], "drain": None}
     assert set(shown) >= {"connection", "scheduling", "inventory", "liveness"}  # L7
 
 

@@ -46,7 +46,7 @@ def verbs(node):
         lambda actor: node_cordon(actor=actor, node=node, reason=f"{actor.label}: fan"),
         lambda actor: node_cordon(actor=actor, node=node, reason=f"{actor.label}: disk"),
         lambda actor: node_uncordon(actor=actor, node=node),
-        lambda actor: node_drain(actor=actor, node=node),
+        lambda actor: node_drain(actor=actor, node=node, reason="leaving the rack"),
         lambda actor: node_remove(actor=actor, node=node),
     ]
 

@@ -90,7 +90,7 @@ def test_node_verbs_are_admin_only_and_invisible_nodes_are_not_found(member_api,
 def test_D1_drain_waits_for_running_work_and_kills_nothing(node):
     running = node_command_create(actor=SYSTEM, node=node, kind="run", payload=RUN)
     node_command_report(node_id=node.id, reported=Reported(running.id, "running"))
-    drained = node_drain(actor=SYSTEM, node=node)
+    drained = node_drain(actor=SYSTEM, node=node, reason="leaving the rack")
     assert drained.scheduling_state == SchedulingState.DRAINING
     running.refresh_from_db()
     assert running.state == CommandState.RUNNING  # nothing stopped
@@ -111,7 +111,12 @@ def test_D2_removing_an_undrained_node_is_refused(admin_api, node):
 def test_D4_removing_a_drained_node_kills_its_credential_and_session(admin_api, node, join):
     serial = NodeCredential.objects.get(node=node).serial
     session_open(node_id=node.id, serial=serial, gateway="test")
-    assert admin_api.post(f"/api/nodes/{node.id}/drain").json()["scheduling"]["state"] == "drained"
+    assert (
+        admin_api.post(f"/api/nodes/{node.id}/drain", {"reason": "leaving the rack"}).json()[
+            "scheduling"
+        ]["state"]
+        == "drained"
+    )
     body = admin_api.delete(f"/api/nodes/{node.id}").json()
     assert body["scheduling"]["state"] == "removed"
     assert not NodeCredential.objects.filter(node=node, revoked_at__isnull=True).exists()

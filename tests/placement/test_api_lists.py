@@ -14,11 +14,12 @@ from django.test.utils import CaptureQueriesContext
 from audit.services import Actor
 from fleets.choices import FleetCapability
 from nodes.choices import CommandKind, SchedulingState
-from nodes.models import Node
+from nodes.models import HardwareSeries, Node
+from nodes.services import hardware
 from nodes.services.commands import node_command_create
 from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
-from nodes.services.scheduling import node_cordon
+from nodes.services.scheduling import node_cordon, node_drain
 from placement import services
 from placement.choices import DeploymentState, LifecycleKind
 from placement.models import Dataset, Deployment, Revision, Volume
@@ -28,6 +29,7 @@ from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 from tests.fleets import test_api as fleet_api_tests  # its TestFleetContract lists Fleets
 
 EVERY_CAPABILITY = list(FleetCapability)
+RUN = {"argv": ["sleep", "600"]}
 
 
 def _placeable(mint, fleet) -> Node:
@@ -59,10 +61,31 @@ class TestNodeList(ListContract):
     def make_listed(self, n):
         node = _placeable(self.mint, self.fleet)
         node_cordon(actor=SYSTEM, node=node, reason=f"listed {n}")
+        node_command_create(actor=SYSTEM, node=node, kind=CommandKind.RUN, payload=RUN)
+        node_drain(actor=SYSTEM, node=node, reason=f"leaving {n}")  # work left, by kind
 
     @pytest.fixture(autouse=True)
     def _fleet(self, make_fleet, mint):
         self.fleet, self.mint = make_fleet("lab", capabilities=EVERY_CAPABILITY), mint
+
+
+class TestHardwareSeriesList(ListContract):
+    list_path = "/api/hardware-series"
+    list_reader = "member_api"
+
+    def make_listed(self, n):
+        series = hardware.series_create(actor=SYSTEM, slug=f"listed-{n}", name=f"Listed {n}")
+        hardware.card_alias_add(actor=SYSTEM, name=f"Listed card {n}", series=series)
+
+
+class TestCardNameList(ListContract):
+    list_path = "/api/card-names"
+    list_reader = "member_api"
+
+    def make_listed(self, n):
+        hardware.card_alias_add(
+            actor=SYSTEM, name=f"Listed card {n}", series=HardwareSeries.objects.get(slug="h100")
+        )
 
 
 class TestJoinTokenList(ListContract):

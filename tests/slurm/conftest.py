@@ -1,10 +1,10 @@
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests.missing_parts import skip_missing
 from tests.slurm_cluster import SlurmCluster, slurm_available
 
 
@@ -17,10 +17,7 @@ def slurm_cluster():
     clean stop and kept when start-up fails, for its logs.
     """
     if not slurm_available():
-        reason = "Slurm is not installed: apt-get install slurm-wlm slurmrestd munge"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (required in CI)")
-        pytest.skip(reason)
+        skip_missing("Slurm", "apt-get install slurm-wlm slurmrestd munge")
     scratch = Path(tempfile.mkdtemp(prefix="slurm-cluster-"))
     with SlurmCluster(scratch) as cluster:
         yield cluster

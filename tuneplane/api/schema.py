@@ -1,7 +1,24 @@
 """The error body, once, for the OpenAPI document."""
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """The API token as a security scheme on every operation: Swagger's Authorize takes a
+    token from ``manage.py create_api_token`` (``make token``)."""
+
+    target_class = "tuneplane.api.authentication.BearerTokenAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API token: `Authorization: Bearer <token>`.",
+        }
+
 
 ErrorBody = inline_serializer(
     name="Error",

@@ -80,7 +80,7 @@ class Command(BaseCommand):
         if users.filter(is_superuser=True).exists():
             self.stdout.write(
                 f"Admin login: the existing superuser (reset a password with "
-                f"`python manage.py changepassword {ADMIN_USERNAME}`)."
+                f"`.venv/bin/python manage.py changepassword {ADMIN_USERNAME}`)."
             )
             return
         password = secrets.token_urlsafe(12)
@@ -108,7 +108,7 @@ class Command(BaseCommand):
             f"  API docs {base}/api/docs\n"
             f"  health   {base}/healthz\n"
             f"  gateway  {gateway_bind} (gRPC, mutual TLS)\n"
-            f"  token    python manage.py create_api_token {ADMIN_USERNAME}\n"
+            f"  token    make token USER={ADMIN_USERNAME}  (an API token, printed once)\n"
             "Ctrl-C stops web, gateway, worker and beat.\n"
         )
 

@@ -172,7 +172,7 @@ def _hardware_registry(request):
 
     if not HardwareSeries.objects.filter(slug="h100").exists():
         importlib.import_module("nodes.migrations.0002_seed_hardware_series").seed(apps, None)
-        importlib.import_module("nodes.migrations.0012_seed_slurm_gres_names").seed(apps, None)
+        importlib.import_module("nodes.migrations.0013_seed_slurm_gres_names").seed(apps, None)
 
 
 @pytest.fixture(autouse=True)

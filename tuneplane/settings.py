@@ -192,6 +192,9 @@ SPECTACULAR_SETTINGS = {
         "RefusalReasonEnum": "placement.choices.Refusal",
         "CommandKindEnum": "nodes.choices.CommandKind",
         "CommandStateEnum": "nodes.choices.CommandState",
+        "JobStateEnum": "placement.choices.JobState",
+        "RunStateEnum": "placement.choices.RunState",
+        "CleanupEnum": "placement.choices.Cleanup",
         "PlacementRefusedCodeEnum": ["placement_refused"],
     },
     "POSTPROCESSING_HOOKS": [

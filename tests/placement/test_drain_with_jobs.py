@@ -23,7 +23,7 @@ def test_D1_D2_a_draining_node_is_drained_only_once_its_members_are_cleaned_up(
 ):
     record = started(member, node_fleet)
     running = member_of(record)
-    node = node_drain(actor=SYSTEM, node=Node.objects.get(pk=running.node_id))
+    node = node_drain(actor=SYSTEM, node=Node.objects.get(pk=running.node_id), reason="retiring")
     assert node.scheduling_state == "draining"  # nothing is killed (D1)
     with pytest.raises(Conflict) as refused:
         node_remove(actor=SYSTEM, node=node)

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('nodes', '0010_node_outlives_its_fleet'),
+        ('nodes', '0011_member_commands'),
     ]
 
     operations = [

@@ -70,5 +70,5 @@ def unseed(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("nodes", "0011_drain_reason_and_last_session")]
+    dependencies = [("nodes", "0012_drain_reason_and_last_session")]
     operations = [migrations.RunPython(seed, unseed)]

@@ -1,0 +1,136 @@
+"""`make bench`: jobs on node Fleets (DESIGN §7).
+
+Not timed tests: they print what they measure.
+- The allocator: 1,000 queued one-card jobs onto 1,000 nodes × 8 cards, in passes, as
+  allocations per second and queries per pass (flat: asserted by tests/placement).
+- Admitted to running with a connected agent on this machine: p50 and p99 from the API's
+  answer to the job reading ``running``, through a real Celery worker, gateway and agent.
+"""
+
+import os
+import statistics
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from nodes.choices import SchedulingState
+from nodes.models import ControlSession, Node
+from nodes.selectors import cards_summary
+from placement.models import CardHold, TrainingJob
+from placement.services.allocator import allocate
+from tests.conftest import H100_DEVICE_INVENTORY
+from tests.e2e.test_jobs import running_node  # noqa: F401 -- the fixture
+
+pytestmark = [pytest.mark.bench]
+
+NODES = int(os.environ.get("BENCH_JOB_NODES", 1000))
+JOBS = int(os.environ.get("BENCH_JOBS", 1000))
+SUBMISSIONS = int(os.environ.get("BENCH_SUBMISSIONS", 40))
+
+
+def _fleet_of_nodes(fleet):
+    now = timezone.now()
+    lease = now + timedelta(hours=1)
+    cards = cards_summary(H100_DEVICE_INVENTORY)
+    nodes = Node.objects.bulk_create(
+        [
+            Node(
+                id=f"n-bench-{i:05d}",
+                fleet=fleet,
+                hostname=f"h{i}",
+                address=f"10.{i // 250}.{i % 250}.1:9100",
+                scheduling_state=SchedulingState.SCHEDULABLE,
+                inventory={
+                    **H100_DEVICE_INVENTORY,
+                    "devices": [
+                        {**d, "uuid": f"GPU-{i:05d}-{d['index']}"}
+                        for d in H100_DEVICE_INVENTORY["devices"]
+                    ],
+                },
+                **cards,
+                inventory_observed_at=now,
+                last_seen_at=now,
+                lease_expires_at=lease,
+            )
+            for i in range(NODES)
+        ]
+    )
+    ControlSession.objects.bulk_create(
+        [
+            ControlSession(
+                id=uuid.uuid4(),
+                node=node,
+                gateway="bench",
+                opened_at=now,
+                last_heartbeat_at=now,
+                lease_expires_at=lease,
+            )
+            for node in nodes
+        ]
+    )
+    Node.objects.update(inventory_observed_at=timezone.now())
+
+
+def test_bench_allocation_1000_jobs_onto_1000_nodes(node_fleet, member, project, capsys):
+    _fleet_of_nodes(node_fleet)
+    TrainingJob.objects.bulk_create(
+        [
+            TrainingJob(
+                project=project,
+                fleet=node_fleet,
+                name=f"job-{n}",
+                cards=1,
+                command=["python", "train.py"],
+                admission={"fleet": node_fleet.id},
+                created_by=member,
+            )
+            for n in range(JOBS)
+        ]
+    )
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+    started = time.perf_counter()
+    with CaptureQueriesContext(connection) as captured:
+        done = allocate(fleet_id=node_fleet.id)
+    seconds = time.perf_counter() - started
+    assert done == {"allocated": JOBS, "waiting": 0}
+    with capsys.disabled():
+        print(
+            f"\nallocation: {JOBS} one-card jobs onto {NODES} nodes x 8 cards in one pass: "
+            f"{seconds:.2f} s, {JOBS / seconds:.0f} allocations/s, {len(captured)} queries"
+        )
+
+
+@pytest.mark.redis
+@pytest.mark.django_db(transaction=True)
+def test_bench_admitted_to_running_with_a_connected_agent(running_node, member_api, capsys):  # noqa: F811
+    samples = []
+    for n in range(SUBMISSIONS):
+        response = member_api.post(
+            "/api/training-jobs",
+            {"project": "ml", "name": f"b{n}", "cards": 1, "command": ["sleep", "30"]},
+        )
+        assert response.status_code == 201, response.content
+        answered = time.perf_counter()
+        job_id = response.json()["id"]
+        while TrainingJob.objects.filter(pk=job_id, state="running").count() == 0:
+            time.sleep(0.005)
+            assert time.perf_counter() - answered < 30, "not running within 30 s"
+        samples.append(time.perf_counter() - answered)
+        member_api.post(f"/api/training-jobs/{job_id}/cancel")
+        while CardHold.objects.filter(member__attempt__training_job_id=job_id).exists():
+            time.sleep(0.02)  # its card back before the next one is measured
+    ordered = sorted(samples)
+    p50, p99 = statistics.median(ordered), ordered[max(0, int(len(ordered) * 0.99) - 1)]
+    with capsys.disabled():
+        print(
+            f"\nadmitted -> running ({SUBMISSIONS} jobs, worker + gateway + agent on this "
+            f"machine): p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
+            f"max {ordered[-1] * 1000:.0f} ms"
+        )

@@ -31,10 +31,10 @@ def wait_until(check, timeout=20.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@contextmanager
-def running_gateway(tmp_path, console_pki, **settings):
-    """``manage.py grpcserve`` on a free port; stopped with SIGTERM, which must exit 0."""
-    port = free_port()
+def start_gateway(tmp_path, console_pki, port: int, **settings):
+    """``manage.py grpcserve`` on ``port``, serving once this returns; its output is read on
+    while it serves (a pipe nobody reads fills up, and the gateway then blocks on its next
+    log line). Returns the process and the list its lines go to."""
     env = console_env(
         tmp_path,
         **{
@@ -54,17 +54,23 @@ def running_gateway(tmp_path, console_pki, **settings):
     )
     line = process.stdout.readline()
     assert "gateway serving" in line, line + process.stdout.read()
-    # Read on while it serves: a pipe nobody reads fills up, and the gateway then blocks on
-    # its next log line.
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
-    reader.start()
+    process.reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    process.reader.start()
+    return process, lines
+
+
+@contextmanager
+def running_gateway(tmp_path, console_pki, **settings):
+    """``manage.py grpcserve`` on a free port; stopped with SIGTERM, which must exit 0."""
+    port = free_port()
+    process, lines = start_gateway(tmp_path, console_pki, port, **settings)
     try:
         yield f"127.0.0.1:{port}"
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=20)
-        reader.join(timeout=5)
+        process.reader.join(timeout=5)
     assert process.returncode == 0, "".join(lines)
 
 

@@ -1,0 +1,182 @@
+"""Jobs through outages and in gangs, for real (DESIGN §7): the gateway killed mid-job (R6),
+a cancel that reaches a member before it has started (R10), two real agents running a gang
+with its rendezvous env, a gang member failing (R3), a gang whose second member never starts
+(the gang deadline, R3)."""
+
+import json
+import signal
+from contextlib import ExitStack
+
+import pytest
+
+from nodes.models import ControlSession, Node, NodeCommand
+from placement.models import Attempt, CardHold
+from placement.services.reconcile import members_reconcile
+from tests.conftest import H100_DEVICE_INVENTORY
+
+from .agents import lay_out_a_joined_node, running_gateway, serve, start_gateway, wait_until
+from .console import free_port
+from .test_jobs import FAST, shown, state_is, submit, worker
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+
+def connected(node) -> bool:
+    return ControlSession.objects.filter(node=node, closed_at__isnull=True).exists() and bool(
+        Node.objects.get(pk=node.pk).inventory.get("devices")
+    )
+
+
+def test_R6_a_gateway_killed_mid_job_changes_nothing_and_the_exit_is_recorded_once(
+    require_redis, tmp_path, console_pki, node_fleet, mint, member_api
+):
+    node, env, _ = lay_out_a_joined_node(node_fleet, mint, tmp_path)
+    port = free_port()
+    release = tmp_path / "release"
+    settings = {"REDIS_URL": require_redis, **FAST}
+    with worker(tmp_path, require_redis):
+        gateway, _ = start_gateway(tmp_path, console_pki, port, **settings)
+        agent = serve(env, f"127.0.0.1:{port}", tmp_path, inventory=H100_DEVICE_INVENTORY)
+        try:
+            wait_until(lambda: connected(node), what="the node connected")
+            job = submit(member_api, script=f"while [ ! -e {release} ]; do sleep 0.1; done")
+            wait_until(lambda: state_is(member_api, job["id"], "running"), what="running")
+            gateway.send_signal(signal.SIGKILL)
+            gateway.wait(10)
+            release.touch()  # it finishes while no gateway listens
+            assert shown(member_api, job["id"])["state"] == "running"  # L5: nothing assumed
+            gateway, _ = start_gateway(tmp_path, console_pki, port, **settings)
+            done = wait_until(
+                lambda: state_is(member_api, job["id"], "succeeded"), 40, what="the exit"
+            )
+            (attempt,) = done["attempts"]
+            assert attempt["members"][0]["exit_code"] == 0
+            wait_until(lambda: not CardHold.objects.exists(), what="cleanup confirmed")
+            start = NodeCommand.objects.get(kind="start")
+            assert start.state == "succeeded" and start.cleaned_at is not None
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(20)
+            gateway.send_signal(signal.SIGTERM)
+            gateway.wait(20)
+
+
+def test_R10_a_cancel_that_reaches_a_member_before_it_starts_ends_it_cancelled(
+    require_redis, tmp_path, console_pki, node_fleet, mint, member_api
+):
+    node, env, _ = lay_out_a_joined_node(node_fleet, mint, tmp_path)
+    with (
+        worker(tmp_path, require_redis),
+        running_gateway(tmp_path, console_pki, REDIS_URL=require_redis, **FAST) as target,
+    ):
+        agent = serve(env, target, tmp_path, inventory=H100_DEVICE_INVENTORY)
+        try:
+            wait_until(lambda: connected(node), what="the node connected")
+            agent.send_signal(signal.SIGSTOP)  # the start waits, undelivered, on the stream
+            try:
+                job = submit(member_api, command=["sleep", "600"])
+                wait_until(lambda: state_is(member_api, job["id"], "starting"), what="starting")
+                response = member_api.post(f"/api/training-jobs/{job['id']}/cancel")
+                assert response.status_code == 200 and response.json()["state"] == "starting"
+            finally:
+                agent.send_signal(signal.SIGCONT)
+            done = wait_until(lambda: state_is(member_api, job["id"], "cancelled"), what="done")
+            assert done["attempts"][0]["state"] == "cancelled"
+            wait_until(lambda: not CardHold.objects.exists(), what="cleanup confirmed")
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(20)
+
+
+@pytest.fixture
+def two_agents(require_redis, tmp_path, console_pki, node_fleet, mint):
+    """Two nodes of one Fleet, each a real agent with a state dir of its own."""
+    nodes = [lay_out_a_joined_node(node_fleet, mint, tmp_path, f"gpu-0{n}") for n in (1, 2)]
+    with ExitStack() as stack:
+        stack.enter_context(worker(tmp_path, require_redis))
+        target = stack.enter_context(
+            running_gateway(tmp_path, console_pki, REDIS_URL=require_redis, **FAST)
+        )
+        agents = []
+        for n, (node, env, _) in enumerate(nodes):
+            Node.objects.filter(pk=node.pk).update(address=f"127.0.0.{n + 1}:9100")
+            devices = tmp_path / f"devices-{n}"
+            devices.mkdir()
+            agents.append(serve(env, target, devices, inventory=H100_DEVICE_INVENTORY))
+        try:
+            for node, _, _ in nodes:
+                wait_until(lambda node=node: connected(node), what="both nodes connected")
+            yield [node for node, _, _ in nodes], agents
+        finally:
+            for agent in agents:
+                agent.send_signal(signal.SIGCONT)
+                agent.send_signal(signal.SIGTERM)
+                agent.wait(20)
+
+
+def test_R3_R4_a_gang_runs_on_two_real_agents_with_its_rendezvous_env(
+    two_agents, member_api, tmp_path
+):
+    script = (
+        f"python3 -c 'import json, os; json.dump(dict(os.environ), "
+        f'open("{tmp_path}/rank-" + os.environ["RANK"], "w"))\''
+    )
+    job = submit(member_api, cards=8, nodes=2, script=script)
+    done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), 40, what="success")
+    members = done["attempts"][0]["members"]
+    assert {m["node"] for m in members} == {node.id for node in two_agents[0]}
+    envs = [json.loads((tmp_path / f"rank-{rank}").read_text()) for rank in (0, 1)]
+    master = Node.objects.get(pk=members[0]["node"]).address.split(":")[0]
+    for rank, env in enumerate(envs):
+        assert (env["RANK"], env["NODE_RANK"], env["WORLD_SIZE"]) == (str(rank), str(rank), "16")
+        assert (env["MASTER_ADDR"], env["LOCAL_WORLD_SIZE"]) == (master, "8")
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+
+
+def test_R3_a_gang_member_failing_fails_the_attempt_and_stops_the_other(two_agents, member_api):
+    job = submit(
+        member_api,
+        cards=8,
+        nodes=2,
+        script='if [ "$RANK" = 1 ]; then sleep 1; exit 7; fi; sleep 600',
+    )
+    failed = wait_until(lambda: state_is(member_api, job["id"], "failed"), 40, what="failure")
+    attempt = failed["attempts"][0]
+    assert (attempt["state"], attempt["reason"]) == ("failed", "exit")
+    ranks = {m["rank"]: m for m in attempt["members"]}
+    assert (ranks[1]["exit_code"], ranks[1]["reason"]) == (7, "exit")
+    wait_until(
+        lambda: shown(member_api, job["id"])["attempts"][0]["members"][0]["reason"] == "stopped",
+        what="rank 0 stopped",
+    )
+    wait_until(lambda: not CardHold.objects.exists(), what="both cleaned up")
+
+
+def test_R3_a_gang_whose_second_member_never_starts_fails_its_deadline(two_agents, member_api):
+    nodes, agents = two_agents
+    agents[1].send_signal(signal.SIGSTOP)  # its start is never taken
+    job = submit(member_api, cards=8, nodes=2, command=["sleep", "600"], gang_deadline_seconds=3)
+    wait_until(
+        lambda: Attempt.objects.filter(training_job_id=job["id"], state="starting").exists(),
+        what="allocated",
+    )
+    wait_until(
+        lambda: any(
+            m["state"] == "running" for m in shown(member_api, job["id"])["attempts"][0]["members"]
+        ),
+        what="rank 0 running",
+    )
+    wait_until(lambda: members_reconcile()["gang_deadline"] or None, 20, what="the deadline missed")
+    attempt = shown(member_api, job["id"])["attempts"][0]
+    assert (attempt["state"], attempt["reason"]) == ("failed", "gang_deadline")
+    assert shown(member_api, job["id"])["state"] == "queued"  # retried after a backoff
+    running = next(m for m in attempt["members"] if m["node"] == nodes[0].id)
+    wait_until(
+        lambda: next(
+            m
+            for m in shown(member_api, job["id"])["attempts"][0]["members"]
+            if m["rank"] == running["rank"]
+        )["cleanup"]
+        == "cleaned",
+        what="the started member stopped and cleaned",
+    )

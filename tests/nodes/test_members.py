@@ -3,6 +3,7 @@ cgroups (v1 memory and cpu controllers here, as root), driven through the agent'
 command handling without a stream — what the stream delivers is tests/e2e/test_jobs.py."""
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -155,3 +156,18 @@ def test_R6_after_a_reboot_a_member_is_node_rebooted_never_running(node, tmp_pat
     (node.directory / "m-before.exit").unlink(missing_ok=True)
     ended = settled(node, "m-before")
     assert (ended.state, ended.reason) == ("failed", "node_rebooted")
+
+
+def test_logs_are_kept_for_the_retention_then_removed_by_the_agent(node):
+    start(node, "m-kept", [CARDS[0]], argv=["echo", "kept"])
+    settled(node, "m-kept")
+    node.accept("c-clean", "cleanup", {"member": "m-kept"})
+    node.forget_finished(["m-kept", "c-clean"])  # reconciled by the console: forgotten
+    log = node.logs / "m-kept.log"
+    assert log.read_text() == "kept\n"
+    node.expire_logs(retention_seconds=3600)
+    assert log.exists()  # younger than the retention
+    old = time.time() - 7200
+    os.utime(log, (old, old))
+    node.expire_logs(retention_seconds=3600)
+    assert not log.exists()

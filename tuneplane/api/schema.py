@@ -58,11 +58,11 @@ def errors(*statuses: int) -> dict:
 
 def document_request_refusals(result, generator, request, public):
     """Every API operation may refuse a request before its view runs: a malformed query or
-    path (400) or an overlong query string (414); and any may meet its database away (503).
-    Said once here, not on every view."""
+    path (400) or an overlong query string (414), one with a body a body over the limit (413);
+    and any may meet its database away (503). Said once here, not on every view."""
     for operation in (op for item in result.get("paths", {}).values() for op in item.values()):
         responses = operation.setdefault("responses", {})
-        for status in (400, 414, 503):
+        for status in (400, 414, 503, *((413,) if "requestBody" in operation else ())):
             responses.setdefault(
                 str(status),
                 {

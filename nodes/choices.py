@@ -20,6 +20,9 @@ class CordonSource(models.TextChoices):
 
     OPERATOR = "operator", "operator"
     STORAGE = "storage", "storage"
+    # A member's processes outlived SIGKILL by a minute (stuck in the kernel): the node takes
+    # no new work until they are gone, as Slurm drains such a node (DESIGN §7).
+    UNKILLABLE = "unkillable", "unkillable"
 
 
 class CommandState(models.TextChoices):

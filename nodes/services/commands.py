@@ -21,7 +21,7 @@ from .. import bus
 from ..choices import ACTIVE_COMMAND_STATES, CommandKind, CommandState, SchedulingState
 from ..models import Node, NodeCommand, StrayCommand
 from .observers import command_changed
-from .scheduling import node_drain_settle
+from .scheduling import node_drain_settle, node_observe_unkillable
 
 MAX_ARGV = 64
 MAX_ARG_CHARS = 4096
@@ -252,6 +252,10 @@ def _apply(command: NodeCommand, reported: Reported, now: datetime) -> bool:
         after=after,
     )
     command_changed(command, before)
+    if "unkillable" in (before.get("reason"), after.get("reason")) or (
+        cleaned and before.get("reason") == "unkillable"
+    ):
+        node_observe_unkillable(node_id=command.node_id)
     if not command_active(command):
         node_drain_settle(node_id=command.node_id)
     return True

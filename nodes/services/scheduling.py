@@ -87,6 +87,30 @@ def node_observe_storage_root(*, node_id: str, visible: bool) -> bool:
     return False
 
 
+UNKILLABLE = "a member's processes survived SIGKILL for a minute; its cards stay held"
+
+
+def node_observe_unkillable(*, node_id: str) -> bool:
+    """A member reported unkillable: the system cordons its node, and lifts that cordon once
+    no member of the node is unkillable and uncleaned any more (the processes went, or the
+    machine was rebooted). Call inside the transaction that stored the report."""
+    node = _locked(node_id)
+    stuck = NodeCommand.objects.filter(
+        node=node, kind=CommandKind.START, reason="unkillable", cleaned_at__isnull=True
+    ).exists()
+    cordon = NodeCordon.objects.filter(node=node, source=CordonSource.UNKILLABLE).first()
+    actor = Actor.system("unkillable")
+    if stuck and cordon is None and node.scheduling_state != SchedulingState.REMOVED:
+        _add_cordon(node, CordonSource.UNKILLABLE, UNKILLABLE, actor)
+        logger.warning("node %s has unkillable processes: cordoned", node_id)
+        return True
+    if not stuck and cordon is not None:
+        _lift_cordon(node, cordon, actor)
+        logger.info("node %s: no unkillable member left; its cordon lifted", node_id)
+        return True
+    return False
+
+
 def _not_removed(node: Node, verb: str) -> None:
     if node.scheduling_state == SchedulingState.REMOVED:
         raise Conflict(

@@ -75,6 +75,8 @@ def _member_moved(member: Member, command: NodeCommand, before_command: dict) ->
     now = timezone.now()
     before = {"state": member.state, "reason": member.reason}
     if member.state in RUN_LIVE:
+        if command.state == CommandState.RUNNING and command.reason == "unkillable":
+            member.reason = "unkillable"  # its node is cordoned for it; cards stay held
         if command.state == CommandState.RUNNING and member.state != RunState.RUNNING:
             member.state, member.started_at = RunState.RUNNING, member.started_at or now
         elif command.state in ENDED_AS:
@@ -101,7 +103,7 @@ def _member_moved(member: Member, command: NodeCommand, before_command: dict) ->
             after={"state": member.state, "node_reports": "running"},
         )
     member.confinement = command.confinement
-    if member.state != before["state"]:
+    if (member.state, member.reason) != (before["state"], before["reason"]):
         member.save()
         _audit(member, f"member.{member.state}", before)
     elif member.confinement:

@@ -7,7 +7,7 @@ from django.test import TestCase
 from audit.services import Actor
 from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
-from nodes.services import commands, control
+from nodes.services import commands, control, scheduling
 from placement import services as placement
 from placement.models import Member, TrainingJob
 from placement.services import allocator, reconcile, runs
@@ -115,7 +115,17 @@ def reconcile_gone(w):
     return reconcile.members_reconcile
 
 
+def observe_unkillable(w):
+    """A running member its node reported unkillable."""
+    member = _started(w)
+    NodeCommand.objects.filter(pk=member.command_id).update(state="running", reason="unkillable")
+    return lambda: scheduling.node_observe_unkillable(node_id=member.node_id)
+
+
 SCENARIOS = {
+    "nodes.services.scheduling.node_observe_unkillable": Scenario(
+        observe_unkillable, (changed("node.cordoned"),)
+    ),
     "placement.services.reconcile.members_reconcile": Scenario(
         reconcile_gone, (changed("member.unknown"),)
     ),

@@ -52,3 +52,26 @@ def test_D3_a_gone_node_removed_by_force_leaves_its_members_abandoned_and_the_jo
     event = AuditEvent.objects.get(action="node_command.abandoned")
     assert event.forced and event.target_id == running.command_id
     assert TrainingJob.objects.get(pk=record.pk).state == "queued"  # another attempt
+
+
+def test_an_unkillable_member_cordons_its_node_until_it_is_gone(
+    two_nodes,  # noqa: F811
+    node_fleet,
+    member,
+):
+    from nodes.models import NodeCordon
+
+    record = started(member, node_fleet)
+    stuck = member_of(record)
+    node_command_report(
+        node_id=stuck.node_id, reported=Reported(stuck.command_id, "running", reason="unkillable")
+    )
+    cordon = NodeCordon.objects.get(node_id=stuck.node_id)
+    assert (cordon.source, cordon.created_by) == ("unkillable", "unkillable")
+    assert member_of(record).reason == "unkillable"
+    # Its processes finally went and the node cleaned up: the cordon is lifted.
+    node_command_report(
+        node_id=stuck.node_id,
+        reported=Reported(stuck.command_id, "failed", -9, "stopped", cleaned=True),
+    )
+    assert not NodeCordon.objects.filter(node_id=stuck.node_id).exists()

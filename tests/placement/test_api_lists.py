@@ -24,8 +24,9 @@ from placement import services
 from placement.choices import DeploymentState, LifecycleKind
 from placement.models import Dataset, Deployment, Revision, Volume
 from placement.selectors import deployments_with_status, revisions_with_ready
+from placement.services.allocator import allocate
 from tests.api_contract import ListContract, list_paths
-from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
+from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM, make_csr
 from tests.fleets import test_api as fleet_api_tests  # its TestFleetContract lists Fleets
 
 EVERY_CAPABILITY = list(FleetCapability)
@@ -38,11 +39,11 @@ def _placeable(mint, fleet) -> Node:
         token=mint(fleet)[1],
         fleet_id=fleet.id,
         csr=make_csr()[1],
-        inventory=H100_INVENTORY,
+        inventory=H100_DEVICE_INVENTORY,
         address="10.0.0.1:1",
     )
     session_open(node_id=joined.node.id, serial=joined.certificate.serial, gateway="test")
-    return node_report_inventory(node_id=joined.node.id, inventory=H100_INVENTORY)
+    return node_report_inventory(node_id=joined.node.id, inventory=H100_DEVICE_INVENTORY)
 
 
 @pytest.fixture
@@ -154,6 +155,7 @@ class TestTrainingJobList(WorkloadListContract):
             volumes=["ckpt", "logs"],
             datasets=["corpus", "evals"],
         )
+        assert allocate(fleet_id=self.fleet.id)["allocated"] == 1  # listed with its attempt
 
 
 class TestLifecycleJobList(WorkloadListContract):
@@ -169,6 +171,7 @@ class TestLifecycleJobList(WorkloadListContract):
             volumes=["ckpt"],
             datasets=["evals"],
         )
+        assert allocate(fleet_id=self.fleet.id)["allocated"] == 1
 
 
 class TestDeploymentList(WorkloadListContract):

@@ -73,9 +73,17 @@ def _started(pid: int) -> str | None:
 
 
 class Commands:
-    def __init__(self, directory: Path, devices=lambda: [], storage_root: str | None = None):
+    def __init__(
+        self,
+        directory: Path,
+        devices=lambda: [],
+        storage_root: str | None = None,
+        scope: str = "local",
+    ):
         self.root = directory
         self.storage_root = storage_root
+        # The agent's cgroups are under tuneplane/<scope>/ (the node id): its own only.
+        self.scope = scope
         self.directory = directory / "commands"
         self.logs = directory / "logs"
         self.scratch = directory / "members"
@@ -185,29 +193,10 @@ class Commands:
     # Members -------------------------------------------------------------------------------
 
     def _refusal(self, payload: dict) -> str:
-        """R1: the console is authoritative — a start naming cards this node does not have,
-        or that another live member holds, is refused; no card is ever substituted."""
-        cards = payload.get("cards")
-        argv, script = payload.get("argv"), payload.get("script")
-        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)) and not (
-            isinstance(script, str) and script
-        ):
-            return "refused: neither argv nor script"
-        if not isinstance(cards, list) or not all(
-            isinstance(card, dict) and isinstance(card.get("index"), int) for card in cards
-        ):
-            return "refused: cards must be a list of {index, uuid}"
-        have = {(device["index"], device["uuid"]) for device in self.devices()}
-        for card in cards:
-            if (card["index"], card.get("uuid")) not in have:
-                return f"refused: no card {card['index']} ({card.get('uuid')}) on this node"
         held = {
             card["index"] for other in self.known() if other.holds_cards for card in other.cards
         }
-        taken = sorted(held & {card["index"] for card in cards})
-        if taken:
-            return f"refused: card(s) {taken} held by another member"
-        return ""
+        return members.refusal(payload, self.devices(), held)
 
     def _start(self, command_id: str, payload: dict) -> Command:
         refusal = self._refusal(payload)
@@ -231,7 +220,7 @@ class Commands:
         command.argv = argv[:1]
         self._save(command)  # persisted before it starts (R4)
         command.confinement, procs = members.confine(
-            command_id, payload.get("cpus"), payload.get("memory_bytes")
+            self.cgroup(command_id), payload.get("cpus"), payload.get("memory_bytes")
         )
         state.ensure_private_dir(self.logs)
         log = open(self.logs / f"{command_id}.log", "ab")  # noqa: SIM115 -- closed below
@@ -264,11 +253,15 @@ class Commands:
         exit_file = self._path(command.command_id, ".exit")
         if exit_file.exists():
             code = int(exit_file.read_text().strip() or VANISHED)
-            if members.oom_killed(command.command_id):
+            if members.oom_killed(self.cgroup(command.command_id)):
                 reason = "oom"
             else:
                 reason = "stopped" if command.stop_at is not None else "exit"
-        elif command.pid and _started(command.pid) == command.started:
+        elif (
+            command.pid
+            and _started(command.pid) == command.started
+            and not members.zombie(command.pid)
+        ):
             self._escalate(command)
             return command
         elif command.stop_at is not None:
@@ -291,7 +284,7 @@ class Commands:
             return
         now = time.time()
         if command.killed_at is None and now >= command.stop_at + command.grace:
-            members.signal_member(command.pid, command.command_id, members.SIGKILL)
+            members.signal_member(command.pid, self.cgroup(command.command_id), members.SIGKILL)
             command.killed_at = now
             self._save(command)
         elif (
@@ -307,15 +300,16 @@ class Commands:
             return
         command.stop_at, command.grace = time.time(), grace
         self._save(command)
-        members.signal_member(command.pid, command.command_id, members.SIGTERM)
+        members.signal_member(command.pid, self.cgroup(command.command_id), members.SIGTERM)
         self._escalate(command)
 
     def _clean(self, command: Command) -> None:
         """Whatever the member left is gone: its processes, cgroup and scratch dir (R7)."""
-        members.signal_member(command.pid, command.command_id, members.SIGKILL)
-        members.release(command.command_id)
+        cgroup = self.cgroup(command.command_id)
+        members.signal_member(command.pid, cgroup, members.SIGKILL)
+        members.release(cgroup)
         members.remove_scratch(self.scratch / command.command_id)
-        command.cleaned = not members.cgroup_pids(command.command_id)
+        command.cleaned = not members.cgroup_pids(cgroup)
         self._save(command)
 
     def _on_member(self, command_id: str, kind: str, payload: dict) -> Command:
@@ -328,8 +322,8 @@ class Commands:
         member = self.get(member_id) if isinstance(member_id, str) else None
         if member is None or member.kind != START:
             if kind == CLEANUP and isinstance(member_id, str) and COMMAND_ID.fullmatch(member_id):
-                members.signal_member(None, member_id, members.SIGKILL)
-                members.release(member_id)
+                members.signal_member(None, self.cgroup(member_id), members.SIGKILL)
+                members.release(self.cgroup(member_id))
                 members.remove_scratch(self.scratch / member_id)
             command.state, command.reason = SUCCEEDED, "unknown_member"
         else:
@@ -343,6 +337,38 @@ class Commands:
         command.exit_code = 0
         self._save(command)
         return command
+
+    def cgroup(self, member_id: str) -> str:
+        return f"{self.scope}/{member_id}"
+
+    def adopt_orphans(self) -> list[str]:
+        """R6: members whose state file is lost are found by what they left running — a
+        cgroup named by their id, with processes in it — and adopted as running, so that the
+        console's reconcile keeps them rather than calling them vanished."""
+        adopted = []
+        with self.lock:
+            for member_id in members.cgroup_members(self.scope):
+                cgroup = self.cgroup(member_id)
+                pids = members.cgroup_pids(cgroup)
+                if not COMMAND_ID.fullmatch(member_id) or self.get(member_id) or not pids:
+                    continue
+                leader = next((pid for pid in pids if members.leads_group(pid)), pids[0])
+                self._save(
+                    Command(
+                        command_id=member_id,
+                        kind=START,
+                        argv=[],
+                        pid=leader,
+                        started=_started(leader),
+                        boot_id=members.boot_id(),
+                        confinement=members.cgroup_paths(cgroup)[0],
+                        reason="adopted",
+                    )
+                )
+                adopted.append(member_id)
+        for member_id in adopted:
+            logger.warning("member %s had no state file; adopted from its cgroup", member_id)
+        return adopted
 
     def log_tail(self, member_id: str, tail_bytes: int) -> bytes | None:
         if not COMMAND_ID.fullmatch(member_id):

@@ -32,6 +32,27 @@ UNKILLABLE_AFTER = 60.0
 DEFAULT_GRACE = 30.0
 
 
+def refusal(payload: dict, devices: list[dict], held: set[int]) -> str:
+    """R1: the console is authoritative — a start naming cards this node does not have, or
+    that another live member holds, is refused; no card is ever substituted. "" if none."""
+    cards = payload.get("cards")
+    argv, script = payload.get("argv"), payload.get("script")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)) and not (
+        isinstance(script, str) and script
+    ):
+        return "refused: neither argv nor script"
+    if not isinstance(cards, list) or not all(
+        isinstance(card, dict) and isinstance(card.get("index"), int) for card in cards
+    ):
+        return "refused: cards must be a list of {index, uuid}"
+    have = {(device["index"], device["uuid"]) for device in devices}
+    for card in cards:
+        if (card["index"], card.get("uuid")) not in have:
+            return f"refused: no card {card['index']} ({card.get('uuid')}) on this node"
+    taken = sorted(held & {card["index"] for card in cards})
+    return f"refused: card(s) {taken} held by another member" if taken else ""
+
+
 def boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -43,14 +64,25 @@ def cgroup_root() -> Path:
     return Path(os.environ.get("TUNEPLANE_NODE_CGROUP_ROOT", "/sys/fs/cgroup"))
 
 
-def cgroup_paths(member_id: str) -> tuple[str, list[Path]]:
-    """The cgroup version this node offers and the member's directories in it."""
+def cgroup_paths(name: str) -> tuple[str, list[Path]]:
+    """The cgroup version this node offers and a member's directories in it. ``name`` is
+    ``<agent's scope>/<member id>``: two agents on one machine never see each other's."""
     root = cgroup_root()
     if (root / "cgroup.controllers").is_file():
-        return "cgroup-v2", [root / "tuneplane" / member_id]
+        return "cgroup-v2", [root / "tuneplane" / name]
     if all((root / controller / "cgroup.procs").is_file() for controller in CONTROLLERS_V1):
-        return "cgroup-v1", [root / c / "tuneplane" / member_id for c in CONTROLLERS_V1]
+        return "cgroup-v1", [root / c / "tuneplane" / name for c in CONTROLLERS_V1]
     return "", []
+
+
+def cgroup_members(scope: str) -> list[str]:
+    """The member ids that have a cgroup under an agent's scope: what it can rebuild a lost
+    state file from."""
+    _, paths = cgroup_paths(f"{scope}/-")
+    parent = paths[0].parent if paths else None
+    if parent is None or not parent.is_dir():
+        return []
+    return sorted(path.name for path in parent.iterdir() if path.is_dir())
 
 
 def _write(path: Path, value: str) -> None:
@@ -65,11 +97,12 @@ def confine(member_id: str, cpus: float | None, memory_bytes: int | None) -> tup
         return "none: no cgroup v1 memory and cpu controllers or cgroup v2 here", []
     try:
         if version == "cgroup-v2":
-            parent = paths[0].parent
-            parent.mkdir(exist_ok=True)
-            _write(cgroup_root() / "cgroup.subtree_control", "+cpu +memory")
-            _write(parent / "cgroup.subtree_control", "+cpu +memory")
-            paths[0].mkdir(exist_ok=True)
+            paths[0].mkdir(parents=True, exist_ok=True)
+            level = cgroup_root()
+            for part in paths[0].relative_to(cgroup_root()).parts[:-1]:
+                _write(level / "cgroup.subtree_control", "+cpu +memory")
+                level = level / part
+            _write(level / "cgroup.subtree_control", "+cpu +memory")
             if memory_bytes:
                 _write(paths[0] / "memory.max", str(memory_bytes))
                 _write(paths[0] / "memory.swap.max", "0")
@@ -115,6 +148,21 @@ def cgroup_pids(member_id: str) -> list[int]:
     return sorted(pids)
 
 
+def zombie(pid: int) -> bool:
+    """Exited, not yet reaped by its parent (which may not be this agent): not running."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return False
+
+
 def signal_member(pid: int | None, member_id: str, signum: int) -> None:
     """To its process group and to anything in its cgroup (a child that left the group)."""
     targets = [("group", pid)] if pid else []
@@ -142,6 +190,10 @@ def release(member_id: str) -> None:
                 path.rmdir()
             except OSError:
                 continue
+        try:
+            path.parent.rmdir()  # the agent's scope, once its last member is gone
+        except OSError:
+            pass
 
 
 def member_env(payload: dict, scratch: Path, storage_root: str | None = None) -> dict:

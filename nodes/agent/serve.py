@@ -82,7 +82,13 @@ class Agent:
         self.budgets = {"cpu_budget": cpu_budget, "memory_budget_bytes": memory_budget_bytes}
         self.stopping = threading.Event()
         self.call = None
-        self.commands = Commands(directory, devices=self.devices, storage_root=storage_root)
+        self.commands = Commands(
+            directory,
+            devices=self.devices,
+            storage_root=storage_root,
+            scope=(self.identity or {}).get("node_id", "local"),
+        )
+        self.commands.adopt_orphans()
         # What this stream has told the console of each command, to report only changes.
         self.reported: dict[str, tuple] = {}
         self.last_inventory: pb.InventoryReport | None = None

@@ -5,6 +5,7 @@ command handling without a stream — what the stream delivers is tests/e2e/test
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,17 @@ CARDS = [{"index": d["index"], "uuid": d["uuid"]} for d in H100_DEVICES]
 
 
 @pytest.fixture
-def node(tmp_path) -> Commands:
-    return Commands(tmp_path / "state", devices=lambda: H100_DEVICES, storage_root="/srv/tp")
+def node(tmp_path):
+    """An agent's commands with a cgroup scope of their own, whose cgroups go with the test."""
+    scope = f"test-{uuid.uuid4().hex[:8]}"
+    yield Commands(
+        tmp_path / "state", devices=lambda: H100_DEVICES, storage_root="/srv/tp", scope=scope
+    )
+    for member_id in members.cgroup_members(scope):
+        members.signal_member(None, f"{scope}/{member_id}", members.SIGKILL)
+        members.release(f"{scope}/{member_id}")
+    for path in members.cgroup_paths(f"{scope}/-")[1]:
+        path.parent.rmdir()
 
 
 def start(node, member_id, cards, **payload):
@@ -117,7 +127,7 @@ def test_R5_a_member_over_its_memory_ends_oom_and_reports_its_confinement(node):
         cpus=0.5,
     )
     assert member.confinement == "cgroup-v1", member.confinement
-    version, paths = members.cgroup_paths("m-hungry")
+    version, paths = members.cgroup_paths(node.cgroup("m-hungry"))
     assert (paths[0] / "memory.limit_in_bytes").read_text().strip() == str(64 << 20)
     assert (paths[1] / "cpu.cfs_quota_us").read_text().strip() == "50000"
     ended = settled(node, "m-hungry")
@@ -138,7 +148,7 @@ def test_R7_cleanup_kills_what_is_left_removes_the_scratch_and_keeps_the_log(nod
         time.sleep(0.2)
         ended = next(c for c in node.known() if c.command_id == "m-left")
     assert ended.cleaned and not scratch.exists()
-    assert not members.cgroup_pids("m-left")  # the escaped grandchild too
+    assert not members.cgroup_pids(node.cgroup("m-left"))  # the escaped grandchild too
     assert node.log_tail("m-left", 100) == b"hello\n"
     # A cleanup of a member whose state file is lost still cleans by its id.
     stray = node.accept("c-clean-lost", "cleanup", {"member": "m-lost-file"})
@@ -171,3 +181,19 @@ def test_logs_are_kept_for_the_retention_then_removed_by_the_agent(node):
     os.utime(log, (old, old))
     node.expire_logs(retention_seconds=3600)
     assert not log.exists()
+
+
+def test_R6_a_member_whose_state_file_is_lost_is_adopted_from_its_cgroup(node, tmp_path):
+    first = start(node, "m-orphan", [CARDS[4]], argv=["sleep", "30"])
+    deadline = time.monotonic() + 5
+    while not members.cgroup_pids(node.cgroup("m-orphan")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the wrapper joins its cgroup as it starts
+    (node.directory / "m-orphan.json").unlink()  # the state file lost
+    again = Commands(node.root, devices=lambda: H100_DEVICES, scope=node.scope)
+    assert again.adopt_orphans() == ["m-orphan"]
+    adopted = next(c for c in again.known() if c.command_id == "m-orphan")
+    assert (adopted.state, adopted.pid, adopted.reason) == ("running", first.pid, "adopted")
+    other = Commands(tmp_path / "other", devices=lambda: H100_DEVICES, scope="another-node")
+    assert other.adopt_orphans() == []  # another agent's scope: never its members
+    again.accept("c-clean", "cleanup", {"member": "m-orphan", "grace_seconds": 0})
+    assert settled(again, "m-orphan").cleaned

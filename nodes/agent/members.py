@@ -9,6 +9,7 @@ it (R6). Everything it leaves behind is named by its id — the cgroup, the scra
 log — so that ``cleanup`` finds it even when the state file is gone (R7).
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -190,10 +191,8 @@ def release(member_id: str) -> None:
                 path.rmdir()
             except OSError:
                 continue
-        try:
+        with contextlib.suppress(OSError):
             path.parent.rmdir()  # the agent's scope, once its last member is gone
-        except OSError:
-            pass
 
 
 def member_env(payload: dict, scratch: Path, storage_root: str | None = None) -> dict:

@@ -30,7 +30,8 @@ def node(tmp_path):
         members.signal_member(None, f"{scope}/{member_id}", members.SIGKILL)
         members.release(f"{scope}/{member_id}")
     for path in members.cgroup_paths(f"{scope}/-")[1]:
-        path.parent.rmdir()
+        if path.parent.exists():  # the last member's release took it already
+            path.parent.rmdir()
 
 
 def start(node, member_id, cards, **payload):
@@ -149,7 +150,7 @@ def test_R7_cleanup_kills_what_is_left_removes_the_scratch_and_keeps_the_log(nod
         ended = next(c for c in node.known() if c.command_id == "m-left")
     assert ended.cleaned and not scratch.exists()
     assert not members.cgroup_pids(node.cgroup("m-left"))  # the escaped grandchild too
-    assert node.log_tail("m-left", 100) == b"hello\n"
+    assert node.log_tail("m-left", 100).startswith(b"hello\n")
     # A cleanup of a member whose state file is lost still cleans by its id.
     stray = node.accept("c-clean-lost", "cleanup", {"member": "m-lost-file"})
     assert stray.state == "succeeded"

@@ -20,12 +20,14 @@ from fleets.choices import FleetKind
 from nodes.backends import BackendError, JobSpec, OutcomeUnknown, backend_for, job_state_is_final
 from nodes.selectors import card_series
 
+from .choices import JOB_ENDED, JobState
 from .models import TrainingJob
 
 logger = logging.getLogger("tuneplane.clusters")
 
 SYSTEM = Actor.system("clusters")
 HANDOVER_TASK = "placement.cluster_job_handover"  # placement.tasks.cluster_job_handover_task
+CANCEL_TASK = "placement.cluster_job_cancel"
 # An attempt to hand a job over that has not answered in this long died on the way (the
 # backends' calls time out in seconds), and the next one resumes it.
 HANDOVER_STALE = timedelta(seconds=60)
@@ -58,6 +60,8 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
         started = job.handover_started_at
         if job.backend_job_id or (started and now - started < HANDOVER_STALE):
             return job  # handed over, or being handed over now
+        if job.cancel_requested_at is not None and not job.handover_key:
+            return job  # cancelled before it was ever handed over
         resuming = bool(job.handover_key)  # an earlier attempt may have reached the manager
         job.handover_key = job.handover_key or f"tp-{uuid.uuid4().hex[:12]}"
         job.handover_started_at = now
@@ -95,12 +99,17 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
         job.backend_job_id, job.backend_error = backend_job_id, error
         job.backend_state = "SUBMITTED" if backend_job_id else job.backend_state
         job.handover_started_at = None
+        if not backend_job_id:
+            job.state, job.reason, job.ended_at = JobState.FAILED, "handover_failed", now
         job.save(
             update_fields=[
                 "backend_job_id",
                 "backend_state",
                 "backend_error",
                 "handover_started_at",
+                "state",
+                "reason",
+                "ended_at",
             ]
         )
         audit_record(
@@ -142,7 +151,9 @@ def cluster_jobs_track() -> dict:
     not yet finished; record each change."""
     changed = failed = 0
     waiting = (
-        TrainingJob.objects.filter(backend_job_id="", backend_error="")
+        TrainingJob.objects.filter(
+            backend_job_id="", backend_error="", cancel_requested_at__isnull=True
+        )
         .exclude(fleet__kind=FleetKind.NODE)
         .values_list("id", flat=True)
     )
@@ -158,6 +169,8 @@ def cluster_jobs_track() -> dict:
     for job in open_jobs.iterator():
         if job_state_is_final(job.backend_state):
             continue
+        if job.cancel_requested_at is not None and job.backend_cancel_sent_at is None:
+            cluster_job_cancel(job.pk)
         try:
             state = backend_for(job.fleet).job_state(job.backend_job_id)
         except Exception as exc:  # one job's trouble never stops the others
@@ -169,21 +182,78 @@ def cluster_jobs_track() -> dict:
     return {"changed": changed, "failed": failed}
 
 
+# A manager's job states (Slurm's, KubeRay's jobStatus and jobDeploymentStatus) in the
+# console's words; one not named here leaves the job's state as it was.
+MANAGER_STATES = {
+    **dict.fromkeys(("PENDING", "SUBMITTED", "CONFIGURING", "INITIALIZING"), JobState.QUEUED),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "SUSPENDED"), JobState.RUNNING),
+    **dict.fromkeys(("COMPLETED", "SUCCEEDED", "COMPLETE"), JobState.SUCCEEDED),
+    **dict.fromkeys(("CANCELLED", "STOPPED"), JobState.CANCELLED),
+    **dict.fromkeys(
+        ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"),
+        JobState.FAILED,
+    ),
+}
+
+
 def _record_state(job_id: int, state: str) -> int:
+    """The manager's state, and the job's own (DESIGN §7's words) read from it."""
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job_id)
         if job.backend_state == state:
             return 0
+        before = {"backend_state": job.backend_state, "state": job.state}
+        job.backend_state = state
+        if job.state not in JOB_ENDED and state.upper() in MANAGER_STATES:
+            job.state = MANAGER_STATES[state.upper()]
+            job.reason = state.lower() if job.state in (JobState.FAILED,) else job.reason
+            if job.state == JobState.CANCELLED:
+                job.reason = "cancelled"
+            if job.state in JOB_ENDED:
+                job.ended_at = timezone.now()
         audit_record(
             actor=SYSTEM,
             action="trainingjob.backend_state",
             target=job,
-            before={"backend_state": job.backend_state},
-            after={"backend_state": state},
+            before=before,
+            after={"backend_state": state, "state": job.state},
         )
-        job.backend_state = state
-        job.save(update_fields=["backend_state"])
+        job.save(update_fields=["backend_state", "state", "reason", "ended_at"])
     return 1
+
+
+def cluster_job_cancel_on_commit(job: TrainingJob) -> None:
+    transaction.on_commit(lambda: current_app.tasks[CANCEL_TASK].delay(job.pk), robust=True)
+
+
+def cluster_job_cancel(job_id: int) -> TrainingJob:
+    """R10 on a cluster Fleet: the manager is asked to stop the job, once; its end is read
+    back as any state is (CANCELLED), and the job follows. A manager that cannot be reached
+    now is asked again on the next tracking pass."""
+    job = TrainingJob.objects.select_related("fleet").get(pk=job_id)
+    if (
+        not job.backend_job_id
+        or job.backend_cancel_sent_at
+        or job_state_is_final(job.backend_state)
+    ):
+        return job
+    try:
+        backend_for(job.fleet).cancel(job.backend_job_id)
+    except Exception as exc:  # the next pass asks again
+        logger.warning("job %s on %s: cancel not taken: %s", job_id, job.fleet_id, exc)
+        return job
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update(of=("self",)).get(pk=job_id)
+        job.backend_cancel_sent_at = timezone.now()
+        job.save(update_fields=["backend_cancel_sent_at"])
+        audit_record(
+            actor=SYSTEM,
+            action="trainingjob.cancel_sent",
+            target=job,
+            before={"backend_cancel_sent_at": None},
+            after={"backend_job_id": job.backend_job_id},
+        )
+    return job
 
 
 def _spec(job: TrainingJob) -> JobSpec:

@@ -105,6 +105,8 @@ class TrainingJob(Job):
     # is found, not submitted twice.
     handover_key = models.CharField(max_length=32, blank=True)
     handover_started_at = models.DateTimeField(null=True, blank=True)
+    # A cancel passed on to the manager (R10): sent once; its end is read back as any state.
+    backend_cancel_sent_at = models.DateTimeField(null=True, blank=True)
 
 
 class LifecycleJob(Job):

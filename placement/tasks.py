@@ -2,7 +2,13 @@
 
 from celery import shared_task
 
-from .handover import HANDOVER_TASK, cluster_job_handover, cluster_jobs_track
+from .handover import (
+    CANCEL_TASK,
+    HANDOVER_TASK,
+    cluster_job_cancel,
+    cluster_job_handover,
+    cluster_jobs_track,
+)
 from .services.allocator import ALLOCATE_TASK, allocate, allocate_all
 from .services.reconcile import members_reconcile
 
@@ -30,3 +36,8 @@ def allocate_all_task() -> dict:
 @shared_task(name="placement.members_reconcile", ignore_result=True)
 def members_reconcile_task() -> dict:
     return members_reconcile()
+
+
+@shared_task(name=CANCEL_TASK, ignore_result=True)
+def cluster_job_cancel_task(job_id: int) -> None:
+    cluster_job_cancel(job_id)

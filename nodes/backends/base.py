@@ -86,3 +86,7 @@ class Backend(Protocol):
 
     def job_state(self, job_id: str) -> str:
         """The manager's state of a job it was handed, in its own words (COMPLETED, …)."""
+
+    def cancel(self, job_id: str) -> None:
+        """Asks the manager to stop a job it was handed (R10); one already gone is done.
+        Its end is read back by ``job_state`` like any other."""

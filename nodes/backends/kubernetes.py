@@ -111,6 +111,25 @@ class KubernetesBackend:
         status = rayjob.get("status") or {}
         return status.get("jobStatus") or status.get("jobDeploymentStatus") or "PENDING"
 
+    def cancel(self, job_id: str) -> None:
+        """Delete the RayJob (KubeRay stops its cluster with it); one already gone is done."""
+        namespace, _, name = job_id.partition("/")
+        if not namespace or not name:
+            raise BackendError(f"{job_id!r} is not a RayJob id of the form <namespace>/<name>")
+        with self._client() as client:
+            try:
+                CustomObjectsApi(client).delete_namespaced_custom_object(
+                    RAY_GROUP,
+                    RAY_VERSION,
+                    namespace,
+                    RAYJOB_PLURAL,
+                    name,
+                    _request_timeout=self.timeout,
+                )
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
     @contextmanager
     def _client(self):
         """A client for one call; the client's errors come out as BackendError."""

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor, audit_record
+from fleets.choices import FleetKind
 from nodes.choices import CommandKind, CommandState
 from nodes.models import NodeCommand
 from nodes.services.commands import node_command_cleaned_by_id, node_commands_create_many
@@ -20,6 +21,7 @@ from nodes.services.logs import log_tail_fetch
 from tuneplane.errors import Conflict, NotFound
 
 from ..choices import JOB_ENDED, RUN_LIVE, Cleanup, JobState, RunState
+from ..handover import cluster_job_cancel_on_commit
 from ..models import Attempt, CardHold, Member
 from .allocator import allocate_on_commit
 
@@ -225,6 +227,9 @@ def job_cancel(*, actor: Actor, job):
                 code="job_ended",
             )
         before = {"state": job.state, "reason": job.reason}
+        handed_over = bool(getattr(job, "handover_key", ""))
+        if job.fleet.kind != FleetKind.NODE and handed_over:
+            return _cluster_cancel(actor, job, now)
         if job.state == JobState.QUEUED:
             job.state, job.reason, job.ended_at = JobState.CANCELLED, "cancelled", now
             job.cancel_requested_at = now
@@ -245,6 +250,23 @@ def job_cancel(*, actor: Actor, job):
                 **{f"attempt__{Attempt.job_field(job)}": job}, state__in=RUN_LIVE
             )
             _send(CommandKind.STOP, list(live), now, grace_seconds=settings.TUNEPLANE_STOP_GRACE)
+    return job
+
+
+def _cluster_cancel(actor: Actor, job, now):
+    """A job a cluster Fleet's manager has (or may have, mid-handover): the manager is asked
+    to stop it; its CANCELLED, read back, ends it."""
+    if job.cancel_requested_at is None:
+        job.cancel_requested_at = now
+        job.save(update_fields=["cancel_requested_at"])
+        audit_record(
+            actor=actor,
+            action=f"{job._meta.model_name}.cancel_requested",
+            target=job,
+            before={"cancel_requested_at": None},
+            after={"cancel_requested_at": now.isoformat(), "state": job.state},
+        )
+        cluster_job_cancel_on_commit(job)
     return job
 
 

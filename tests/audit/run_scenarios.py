@@ -8,12 +8,13 @@ from audit.services import Actor
 from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
 from nodes.services import commands, control, scheduling
+from placement import handover
 from placement import services as placement
 from placement.models import Member, TrainingJob
 from placement.services import allocator, reconcile, runs
 from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM
 
-from .scenarios import Scenario, changed, created, tasks_run_at_once
+from .scenarios import RAYJOB, Scenario, changed, created, tasks_run_at_once
 
 STARTED = (
     created("attempt.created"),
@@ -122,7 +123,38 @@ def observe_unkillable(w):
     return lambda: scheduling.node_observe_unkillable(node_id=member.node_id)
 
 
+def _handed_over_cancelled(w):
+    """A job its kubernetes Fleet's manager has, whose cancel was asked for."""
+    job, replay = w.cluster_job()
+    handover.cluster_job_handover(job.pk)
+    replay.serve("DELETE", RAYJOB, {"kind": "Status", "status": "Success"})
+    TrainingJob.objects.filter(pk=job.pk).update(cancel_requested_at=job.created_at)
+    return TrainingJob.objects.get(pk=job.pk)
+
+
+def cluster_job_cancel(w):
+    job = _handed_over_cancelled(w)
+    return lambda: handover.cluster_job_cancel(job.pk)
+
+
+def cluster_job_cancel_on_commit(w):
+    job = _handed_over_cancelled(w)
+
+    def call():
+        with tasks_run_at_once(), TestCase.captureOnCommitCallbacks(execute=True):
+            handover.cluster_job_cancel_on_commit(job)
+
+    return call
+
+
 SCENARIOS = {
+    "placement.handover.cluster_job_cancel": Scenario(
+        cluster_job_cancel, (changed("trainingjob.cancel_sent"),)
+    ),
+    # It dispatches the cancel through the broker: run at once here.
+    "placement.handover.cluster_job_cancel_on_commit": Scenario(
+        cluster_job_cancel_on_commit, (changed("trainingjob.cancel_sent"),)
+    ),
     "nodes.services.scheduling.node_observe_unkillable": Scenario(
         observe_unkillable, (changed("node.cordoned"),)
     ),

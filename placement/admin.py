@@ -43,13 +43,10 @@ admin.site.register(PlaygroundSession, WorkloadAdmin)
 admin.site.register(Environment, WorkloadAdmin)
 
 
-class AttemptInline(admin.TabularInline):
-    """Each attempt with its members: rank, node, cards by index and UUID, state, exit, cleanup."""
+class ReadOnlyInline(admin.TabularInline):
+    """Rows shown with their parent, never edited here. Administrators are staff users
+    (tuneplane.admin.StaffAdmin): no model grants."""
 
-    model = Attempt
-    fk_name = "training_job"
-    fields = ["number", "state", "reason", "created_at", "started_at", "ended_at", "members"]
-    readonly_fields = fields
     extra = 0
     can_delete = False
 
@@ -60,6 +57,15 @@ class AttemptInline(admin.TabularInline):
         return False
 
     has_change_permission = has_delete_permission = has_add_permission
+
+
+class AttemptInline(ReadOnlyInline):
+    """Each attempt with its members: rank, node, cards by index and UUID, state, exit, cleanup."""
+
+    model = Attempt
+    fk_name = "training_job"
+    fields = ["number", "state", "reason", "created_at", "started_at", "ended_at", "members"]
+    readonly_fields = fields
 
     def get_queryset(self, request):
         return super().get_queryset(request).prefetch_related("members").order_by("number")
@@ -121,23 +127,12 @@ class LifecycleJobAdmin(JobAdmin):
     inlines = [LifecycleAttemptInline]
 
 
-class RevisionInline(admin.TabularInline):
+class RevisionInline(ReadOnlyInline):
     """Ready as the API reads it: one selector computes it (L2)."""
 
     model = Revision
     fields = ["number", "node", "ready", "created_at"]
     readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_view_permission(self, request, obj=None):
-        # Administrators are staff users (tuneplane.admin.StaffAdmin): no model grants.
-        return request.user.is_active and request.user.is_staff
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    has_change_permission = has_delete_permission = has_add_permission
 
     def get_queryset(self, request):
         return revisions_with_ready(super().get_queryset(request))

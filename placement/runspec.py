@@ -31,7 +31,26 @@ def _refuse(field: str, message: str):
 MAX_GANG_DEADLINE = 86_400
 
 
-def checked_run(
+FIELDS = (
+    "command",
+    "script",
+    "env",
+    "cpus",
+    "memory_bytes",
+    "max_attempts",
+    "gang_deadline_seconds",
+)
+
+
+def checked_run(**fields) -> dict:
+    """The run fields of a job, normalised; a ValidationFailed naming the field otherwise."""
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        _refuse(unknown[0], "not a field of a job.")
+    return _checked(**fields)
+
+
+def _checked(
     *,
     command=None,
     script="",
@@ -41,7 +60,6 @@ def checked_run(
     max_attempts=3,
     gang_deadline_seconds=None,
 ) -> dict:
-    """The run fields of a job, normalised; a ValidationFailed naming the field otherwise."""
     command = [] if command is None else command
     if not isinstance(command, list) or len(command) > MAX_ARGV:
         _refuse("command", f"a list of at most {MAX_ARGV} strings (argv).")

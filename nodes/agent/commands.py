@@ -170,25 +170,36 @@ class Commands:
             command.state, command.exit_code = FAILED, VANISHED
             self._save(command)
             return command
-        log = open(self._path(command_id, ".log"), "ab")  # noqa: SIM115 -- the child's, closed below
+        self._spawn(
+            command,
+            ["/bin/sh", "-c", WRAPPER, str(self._path(command_id, ".exit")), *argv],
+            self._path(command_id, ".log"),
+        )
+        self._save(command)
+        return command
+
+    def _spawn(self, command: Command, argv: list[str], log_path: Path, **options) -> None:
+        """Start a command's process in a session of its own, its output to its log; one
+        that cannot start is failed, never retried here."""
+        log = open(log_path, "ab")  # noqa: SIM115 -- the child's, closed below
         try:
             child = subprocess.Popen(
-                ["/bin/sh", "-c", WRAPPER, str(self._path(command_id, ".exit")), *argv],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
+                **options,
             )
         except OSError as error:
-            logger.warning("command %s could not start: %s", command_id, error)
+            logger.warning("%s %s could not start: %s", command.kind, command.command_id, error)
             command.state, command.exit_code = FAILED, VANISHED
+            command.reason = "start_failed" if command.kind == START else ""
         else:
-            self.children[command_id] = child
+            self.children[command.command_id] = child
             command.pid, command.started = child.pid, _started(child.pid)
         finally:
             log.close()
-        self._save(command)
-        return command
 
     # Members -------------------------------------------------------------------------------
 
@@ -223,26 +234,14 @@ class Commands:
             self.cgroup(command_id), payload.get("cpus"), payload.get("memory_bytes")
         )
         state.ensure_private_dir(self.logs)
-        log = open(self.logs / f"{command_id}.log", "ab")  # noqa: SIM115 -- closed below
-        try:
-            child = subprocess.Popen(
-                ["/bin/sh", "-c", members.WRAPPER, "sh"]
-                + [str(self._path(command_id, ".exit")), " ".join(procs), *argv],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                cwd=scratch,
-                env=members.member_env(payload, scratch, self.storage_root),
-                start_new_session=True,
-            )
-        except OSError as error:
-            logger.warning("member %s could not start: %s", command_id, error)
-            command.state, command.exit_code, command.reason = FAILED, VANISHED, "start_failed"
-        else:
-            self.children[command_id] = child
-            command.pid, command.started = child.pid, _started(child.pid)
-        finally:
-            log.close()
+        self._spawn(
+            command,
+            ["/bin/sh", "-c", members.WRAPPER, "sh"]
+            + [str(self._path(command_id, ".exit")), " ".join(procs), *argv],
+            self.logs / f"{command_id}.log",
+            cwd=scratch,
+            env=members.member_env(payload, scratch, self.storage_root),
+        )
         self._save(command)
         return command
 

@@ -147,16 +147,13 @@ def training_job_submit(
     nodes: int = 1,
     volumes=(),
     datasets=(),
-    script: str = "",
-    command=None,
-    env=None,
-    cpus=None,
-    memory_bytes=None,
-    max_attempts: int = 3,
-    gang_deadline_seconds: int | None = None,
+    **run,
 ) -> TrainingJob:
-    """P1: placed automatically among the visible Fleets that pass every gate. On a cluster
-    Fleet, its script is then handed to the manager (placement.handover)."""
+    """P1: placed automatically among the visible Fleets that pass every gate. On a node
+    Fleet the allocator then gives it cards and the agents run it — ``run`` is what
+    (placement.runspec: command or script, env, cpus, memory_bytes, max_attempts,
+    gang_deadline_seconds); on a cluster Fleet its script is handed to the manager
+    (placement.handover)."""
     return _job(
         TrainingJob,
         actor=actor,
@@ -164,15 +161,7 @@ def training_job_submit(
         volumes=volumes,
         datasets=datasets,
         need=Need(FleetCapability.TRAIN, series, cards, nodes),
-        run={
-            "command": command,
-            "script": script,
-            "env": env,
-            "cpus": cpus,
-            "memory_bytes": memory_bytes,
-            "max_attempts": max_attempts,
-            "gang_deadline_seconds": gang_deadline_seconds,
-        },
+        run=run,
         name=name,
     )
 
@@ -188,13 +177,7 @@ def lifecycle_job_submit(
     nodes: int = 1,
     volumes=(),
     datasets=(),
-    script: str = "",
-    command=None,
-    env=None,
-    cpus=None,
-    memory_bytes=None,
-    max_attempts: int = 3,
-    gang_deadline_seconds: int | None = None,
+    **run,
 ) -> LifecycleJob:
     """The same placement on the same gates; eval needs eval, the others train."""
     if kind not in LifecycleKind.values:
@@ -208,15 +191,7 @@ def lifecycle_job_submit(
         volumes=volumes,
         datasets=datasets,
         need=Need(LIFECYCLE_CAPABILITY[kind], series, cards, nodes),
-        run={
-            "command": command,
-            "script": script,
-            "env": env,
-            "cpus": cpus,
-            "memory_bytes": memory_bytes,
-            "max_attempts": max_attempts,
-            "gang_deadline_seconds": gang_deadline_seconds,
-        },
+        run=run,
         name=name,
         kind=kind,
     )

@@ -237,15 +237,7 @@ def job_cancel(*, actor: Actor, job):
             _audit(job, f"{job._meta.model_name}.cancelled", before, actor)
             return job
         if job.cancel_requested_at is None:
-            job.cancel_requested_at = now
-            job.save(update_fields=["cancel_requested_at"])
-            audit_record(
-                actor=actor,
-                action=f"{job._meta.model_name}.cancel_requested",
-                target=job,
-                before={"cancel_requested_at": None},
-                after={"cancel_requested_at": now.isoformat(), "state": job.state},
-            )
+            _cancel_requested(actor, job, now)
             live = Member.objects.select_for_update().filter(
                 **{f"attempt__{Attempt.job_field(job)}": job}, state__in=RUN_LIVE
             )
@@ -253,19 +245,23 @@ def job_cancel(*, actor: Actor, job):
     return job
 
 
+def _cancel_requested(actor: Actor, job, now) -> None:
+    job.cancel_requested_at = now
+    job.save(update_fields=["cancel_requested_at"])
+    audit_record(
+        actor=actor,
+        action=f"{job._meta.model_name}.cancel_requested",
+        target=job,
+        before={"cancel_requested_at": None},
+        after={"cancel_requested_at": now.isoformat(), "state": job.state},
+    )
+
+
 def _cluster_cancel(actor: Actor, job, now):
     """A job a cluster Fleet's manager has (or may have, mid-handover): the manager is asked
     to stop it; its CANCELLED, read back, ends it."""
     if job.cancel_requested_at is None:
-        job.cancel_requested_at = now
-        job.save(update_fields=["cancel_requested_at"])
-        audit_record(
-            actor=actor,
-            action=f"{job._meta.model_name}.cancel_requested",
-            target=job,
-            before={"cancel_requested_at": None},
-            after={"cancel_requested_at": now.isoformat(), "state": job.state},
-        )
+        _cancel_requested(actor, job, now)
         cluster_job_cancel_on_commit(job)
     return job
 

@@ -3,32 +3,18 @@ cancel passed on to the manager (R10) — here KubeRay through the official clie
 replayed API responses (tests/nodes/kube_replay.py); Slurm's against the real cluster is
 tests/slurm."""
 
-import contextlib
-
 import pytest
 from django.test import TestCase
 
 from audit.models import AuditEvent
 from placement.handover import cluster_job_handover, cluster_jobs_track
 from placement.models import TrainingJob
-from tests.audit.scenarios import RAYJOB, World, tasks_run_at_once
+from tests.audit.scenarios import RAYJOB, tasks_run_at_once
+from tests.audit.test_audit_completeness import world  # noqa: F401 -- the fixture
 
 
 @pytest.fixture
-def world(admin_user, member, project, make_fleet, mint, monkeypatch):
-    with contextlib.ExitStack() as stack:
-        yield World(
-            admin=admin_user,
-            member=member,
-            make_fleet=make_fleet,
-            mint=mint,
-            monkeypatch=monkeypatch,
-            stack=stack,
-        )
-
-
-@pytest.fixture
-def handed_over(world):
+def handed_over(world):  # noqa: F811
     job, replay = world.cluster_job()
     cluster_job_handover(job.pk)
     return TrainingJob.objects.get(pk=job.pk), replay
@@ -78,7 +64,8 @@ def test_R10_a_manager_away_is_asked_again_on_the_next_pass(handed_over, member_
 
 
 def test_R10_a_cluster_job_not_yet_handed_over_is_cancelled_at_once_and_never_handed_over(
-    world, member_api
+    world,  # noqa: F811
+    member_api,
 ):
     job, replay = world.cluster_job()
     response = member_api.post(f"/api/training-jobs/{job.pk}/cancel")

@@ -1,6 +1,6 @@
-"""Training jobs admitted to a cluster Fleet are handed to its manager, and their state read
-back on the refresh schedule. Kept thin: admission and the record are the product; Slurm or
-KubeRay is the allocator (P7).
+"""Jobs (training and lifecycle) admitted to a cluster Fleet are handed to its manager, and
+their state read back on the refresh schedule. Kept thin: admission and the record are the
+product; Slurm or KubeRay is the allocator (P7).
 
 Handing over is at most once: an attempt is marked before the manager is asked, a job with
 a manager id is never handed over again, and an attempt that died is resumed under the same
@@ -21,7 +21,11 @@ from nodes.backends import BackendError, JobSpec, OutcomeUnknown, backend_for, j
 from nodes.selectors import card_series
 
 from .choices import JOB_ENDED, JobState
-from .models import TrainingJob
+from .models import LifecycleJob, TrainingJob
+
+# A job's kind as tasks name it (its model's name), and back.
+JOB_MODELS = {model._meta.model_name: model for model in (TrainingJob, LifecycleJob)}
+Job = TrainingJob | LifecycleJob
 
 logger = logging.getLogger("tuneplane.clusters")
 
@@ -33,14 +37,15 @@ CANCEL_TASK = "placement.cluster_job_cancel"
 HANDOVER_STALE = timedelta(seconds=60)
 
 
-def handover_on_commit(job: TrainingJob) -> None:
+def handover_on_commit(job: Job) -> None:
     """At once through the broker; a message lost on the way (a broker down) costs one
     refresh interval, as cluster_jobs_track hands over what is still waiting. Sent by the
     task's name: tasks import services, never the reverse."""
-    transaction.on_commit(lambda: current_app.tasks[HANDOVER_TASK].delay(job.pk), robust=True)
+    kind = job._meta.model_name
+    transaction.on_commit(lambda: current_app.tasks[HANDOVER_TASK].delay(job.pk, kind), robust=True)
 
 
-def cluster_job_handover(job_id: int) -> TrainingJob:
+def cluster_job_handover(job_id: int, kind: str = "trainingjob") -> Job:
     """Hand one admitted job to its Fleet's manager and record the manager's id, or why not.
 
     In three steps, so no row lock is held while the manager is asked and a crash anywhere
@@ -51,12 +56,9 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
     whose call got no answer (OutcomeUnknown): the manager may have taken the job.
     """
     now = timezone.now()
+    model = JOB_MODELS[kind]
     with transaction.atomic():
-        job = (
-            TrainingJob.objects.select_for_update(of=("self",))
-            .select_related("fleet")
-            .get(pk=job_id)
-        )
+        job = model.objects.select_for_update(of=("self",)).select_related("fleet").get(pk=job_id)
         started = job.handover_started_at
         if job.backend_job_id or (started and now - started < HANDOVER_STALE):
             return job  # handed over, or being handed over now
@@ -80,7 +82,7 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
             job.fleet_id,
             exc,
         )
-        TrainingJob.objects.filter(pk=job_id, backend_job_id="").update(
+        model.objects.filter(pk=job_id, backend_job_id="").update(
             handover_started_at=now - HANDOVER_STALE
         )
         return job
@@ -90,7 +92,7 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
         logger.exception("job %s on %s: handover failed", job_id, job.fleet_id)
         error = f"the console failed to hand the job over: {type(exc).__name__}"
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update(of=("self",)).get(pk=job_id)
+        job = model.objects.select_for_update(of=("self",)).get(pk=job_id)
         if job.backend_job_id:
             if backend_job_id and backend_job_id != job.backend_job_id:
                 _duplicate(job, backend_job_id)
@@ -114,7 +116,7 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
         )
         audit_record(
             actor=SYSTEM,
-            action="trainingjob.handed_over" if backend_job_id else "trainingjob.handover_failed",
+            action=f"{kind}.handed_over" if backend_job_id else f"{kind}.handover_failed",
             target=job,
             before=before,
             after={
@@ -127,7 +129,7 @@ def cluster_job_handover(job_id: int) -> TrainingJob:
     return job
 
 
-def _duplicate(job: TrainingJob, orphan: str) -> None:
+def _duplicate(job: Job, orphan: str) -> None:
     """An attempt judged dead (stalled past HANDOVER_STALE) answered after all, and the
     manager had taken the job from both: the first recorded stands; the other is named, for
     an operator to cancel."""
@@ -139,7 +141,7 @@ def _duplicate(job: TrainingJob, orphan: str) -> None:
     )
     audit_record(
         actor=SYSTEM,
-        action="trainingjob.handed_over_twice",
+        action=f"{job._meta.model_name}.handed_over_twice",
         target=job,
         before={"backend_job_id": job.backend_job_id},
         after={"backend_job_id": job.backend_job_id, "unrecorded_job_id": orphan},
@@ -150,35 +152,34 @@ def cluster_jobs_track() -> dict:
     """Hand over what is still waiting, then read back the state of every handed-over job
     not yet finished; record each change."""
     changed = failed = 0
-    waiting = (
-        TrainingJob.objects.filter(
-            backend_job_id="", backend_error="", cancel_requested_at__isnull=True
+    for kind, model in JOB_MODELS.items():
+        waiting = (
+            model.objects.filter(
+                backend_job_id="", backend_error="", cancel_requested_at__isnull=True
+            )
+            .exclude(fleet__kind=FleetKind.NODE)
+            .values_list("id", flat=True)
         )
-        .exclude(fleet__kind=FleetKind.NODE)
-        .values_list("id", flat=True)
-    )
-    for job_id in list(waiting):
-        try:
-            cluster_job_handover(job_id)
-        except Exception:  # the database, say: this job waits for the next pass
-            failed += 1
-            logger.exception("job %s: handover not attempted", job_id)
-    open_jobs = (
-        TrainingJob.objects.exclude(backend_job_id="").select_related("fleet").order_by("id")
-    )
-    for job in open_jobs.iterator():
-        if job_state_is_final(job.backend_state):
-            continue
-        if job.cancel_requested_at is not None and job.backend_cancel_sent_at is None:
-            cluster_job_cancel(job.pk)
-        try:
-            state = backend_for(job.fleet).job_state(job.backend_job_id)
-        except Exception as exc:  # one job's trouble never stops the others
-            failed += 1
-            logger.warning("job %s on %s: %s", job.pk, job.fleet_id, exc)
-            continue
-        if state != job.backend_state:
-            changed += _record_state(job.pk, state)
+        for job_id in list(waiting):
+            try:
+                cluster_job_handover(job_id, kind)
+            except Exception:  # the database, say: this job waits for the next pass
+                failed += 1
+                logger.exception("%s %s: handover not attempted", kind, job_id)
+        open_jobs = model.objects.exclude(backend_job_id="").select_related("fleet").order_by("id")
+        for job in open_jobs.iterator():
+            if job_state_is_final(job.backend_state):
+                continue
+            if job.cancel_requested_at is not None and job.backend_cancel_sent_at is None:
+                cluster_job_cancel(job.pk, kind)
+            try:
+                state = backend_for(job.fleet).job_state(job.backend_job_id)
+            except Exception as exc:  # one job's trouble never stops the others
+                failed += 1
+                logger.warning("%s %s on %s: %s", kind, job.pk, job.fleet_id, exc)
+                continue
+            if state != job.backend_state:
+                changed += _record_state(model, job.pk, state)
     return {"changed": changed, "failed": failed}
 
 
@@ -196,10 +197,10 @@ MANAGER_STATES = {
 }
 
 
-def _record_state(job_id: int, state: str) -> int:
+def _record_state(model, job_id: int, state: str) -> int:
     """The manager's state, and the job's own (DESIGN §7's words) read from it."""
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update().get(pk=job_id)
+        job = model.objects.select_for_update().get(pk=job_id)
         if job.backend_state == state:
             return 0
         before = {"backend_state": job.backend_state, "state": job.state}
@@ -213,7 +214,7 @@ def _record_state(job_id: int, state: str) -> int:
                 job.ended_at = timezone.now()
         audit_record(
             actor=SYSTEM,
-            action="trainingjob.backend_state",
+            action=f"{job._meta.model_name}.backend_state",
             target=job,
             before=before,
             after={"backend_state": state, "state": job.state},
@@ -222,15 +223,17 @@ def _record_state(job_id: int, state: str) -> int:
     return 1
 
 
-def cluster_job_cancel_on_commit(job: TrainingJob) -> None:
-    transaction.on_commit(lambda: current_app.tasks[CANCEL_TASK].delay(job.pk), robust=True)
+def cluster_job_cancel_on_commit(job: Job) -> None:
+    kind = job._meta.model_name
+    transaction.on_commit(lambda: current_app.tasks[CANCEL_TASK].delay(job.pk, kind), robust=True)
 
 
-def cluster_job_cancel(job_id: int) -> TrainingJob:
+def cluster_job_cancel(job_id: int, kind: str = "trainingjob") -> Job:
     """R10 on a cluster Fleet: the manager is asked to stop the job, once; its end is read
     back as any state is (CANCELLED), and the job follows. A manager that cannot be reached
     now is asked again on the next tracking pass."""
-    job = TrainingJob.objects.select_related("fleet").get(pk=job_id)
+    model = JOB_MODELS[kind]
+    job = model.objects.select_related("fleet").get(pk=job_id)
     if (
         not job.backend_job_id
         or job.backend_cancel_sent_at
@@ -243,12 +246,12 @@ def cluster_job_cancel(job_id: int) -> TrainingJob:
         logger.warning("job %s on %s: cancel not taken: %s", job_id, job.fleet_id, exc)
         return job
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update(of=("self",)).get(pk=job_id)
+        job = model.objects.select_for_update(of=("self",)).get(pk=job_id)
         job.backend_cancel_sent_at = timezone.now()
         job.save(update_fields=["backend_cancel_sent_at"])
         audit_record(
             actor=SYSTEM,
-            action="trainingjob.cancel_sent",
+            action=f"{kind}.cancel_sent",
             target=job,
             before={"backend_cancel_sent_at": None},
             after={"backend_job_id": job.backend_job_id},
@@ -256,7 +259,7 @@ def cluster_job_cancel(job_id: int) -> TrainingJob:
     return job
 
 
-def _spec(job: TrainingJob) -> JobSpec:
+def _spec(job: Job) -> JobSpec:
     if not job.script:
         raise BackendError("the job has no script: a cluster Fleet's manager needs one to run")
     return JobSpec(
@@ -269,7 +272,7 @@ def _spec(job: TrainingJob) -> JobSpec:
     )
 
 
-def _card_name(job: TrainingJob) -> str:
+def _card_name(job: Job) -> str:
     """The manager's name for the series pinned: a card name of its snapshot that the
     registry maps to it (J4)."""
     if not job.series:

@@ -86,16 +86,9 @@ class Job(Workload):
     # A retry after a missed gang deadline waits a backoff: not allocated before this.
     not_before = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta(Workload.Meta):
-        abstract = True
-
-
-class TrainingJob(Job):
-    volumes = models.ManyToManyField(Volume, blank=True, related_name="+")
-    datasets = models.ManyToManyField(Dataset, blank=True, related_name="+")
     # The manager's own record of it, once handed over: its id, its state in its words, and
-    # why handing it over failed, if it did. The allocator is the manager (P7).
+    # why handing it over failed, if it did. On a cluster Fleet the manager
+    # is the allocator (P7).
     backend_job_id = models.CharField(max_length=200, blank=True)
     backend_state = models.CharField(max_length=32, blank=True)
     backend_error = models.TextField(blank=True)
@@ -107,6 +100,14 @@ class TrainingJob(Job):
     handover_started_at = models.DateTimeField(null=True, blank=True)
     # A cancel passed on to the manager (R10): sent once; its end is read back as any state.
     backend_cancel_sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta(Workload.Meta):
+        abstract = True
+
+
+class TrainingJob(Job):
+    volumes = models.ManyToManyField(Volume, blank=True, related_name="+")
+    datasets = models.ManyToManyField(Dataset, blank=True, related_name="+")
 
 
 class LifecycleJob(Job):

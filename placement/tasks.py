@@ -14,8 +14,8 @@ from .services.reconcile import members_reconcile
 
 
 @shared_task(name=HANDOVER_TASK, ignore_result=True)
-def cluster_job_handover_task(job_id: int) -> None:
-    cluster_job_handover(job_id)
+def cluster_job_handover_task(job_id: int, kind: str = "trainingjob") -> None:
+    cluster_job_handover(job_id, kind)
 
 
 @shared_task(name="placement.cluster_jobs_track", ignore_result=True)
@@ -39,5 +39,5 @@ def members_reconcile_task() -> dict:
 
 
 @shared_task(name=CANCEL_TASK, ignore_result=True)
-def cluster_job_cancel_task(job_id: int) -> None:
-    cluster_job_cancel(job_id)
+def cluster_job_cancel_task(job_id: int, kind: str = "trainingjob") -> None:
+    cluster_job_cancel(job_id, kind)

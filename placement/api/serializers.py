@@ -259,7 +259,7 @@ class TrainingJobSerializer(JobSerializer):
 class LifecycleJobSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
         model = LifecycleJob
-        fields = JobSerializer.Meta.fields + ["kind"]
+        fields = TrainingJobSerializer.Meta.fields + ["kind"]
         read_only_fields = fields
 
 

@@ -127,7 +127,7 @@ def _job(model, *, actor: Actor, project_slug, need: Need, volumes, datasets, ru
         job.datasets.set(datasets)
         if job.fleet.kind == FleetKind.NODE:
             allocate_on_commit(job.fleet_id)
-        elif isinstance(job, TrainingJob):
+        else:
             handover_on_commit(job)
     return job
 

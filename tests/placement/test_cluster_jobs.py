@@ -73,3 +73,23 @@ def test_R10_a_cluster_job_not_yet_handed_over_is_cancelled_at_once_and_never_ha
     cluster_job_handover(job.pk)
     assert not [r for r in replay.requests if r.method == "POST"]
     assert TrainingJob.objects.get(pk=job.pk).backend_job_id == ""
+
+
+def test_a_lifecycle_job_on_a_cluster_fleet_is_handed_over_as_a_training_job_is(
+    world,  # noqa: F811
+    member_api,
+):
+    from tests.audit.scenarios import RAYJOBS
+
+    _, replay = world.kube()
+    replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
+    replay.serve("GET", RAYJOB, "rayjob-running.json")
+    response = member_api.post(
+        "/api/lifecycle-jobs",
+        {"project": "ml", "name": "export", "kind": "export", "cards": 1, "script": "python x.py"},
+    )
+    assert response.status_code == 201, response.content
+    cluster_jobs_track()  # the pass hands over what is waiting, then reads it back
+    shown = member_api.get("/api/lifecycle-jobs").json()["results"][0]
+    assert (shown["backend_job_id"], shown["state"]) == ("ml-jobs/llama-sft-7b-x9k2p", "running")
+    assert AuditEvent.objects.filter(action="lifecyclejob.handed_over").count() == 1

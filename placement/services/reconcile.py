@@ -56,40 +56,54 @@ def _gone_since_cutoff(now):
 
 
 def members_reconcile(*, now=None) -> dict[str, int]:
-    """One pass: gone → unknown, back → running, past the deadline → lost; late gangs."""
+    """One pass: gone → unknown, back → running, past the deadline → lost; late gangs.
+    Each member is settled in a transaction of its own, its command locked before it (the
+    order a node's report takes), and no node row is locked: heartbeats never wait on it."""
     now = now or timezone.now()
     done = {"unknown": 0, "running_again": 0, "lost": 0, "gang_deadline": 0}
+    moves = (
+        (
+            "unknown",
+            Member.objects.filter(
+                state__in=(RunState.STARTING, RunState.RUNNING),
+                node__scheduling_state=SchedulingState.GONE,
+            ),
+            RunState.UNKNOWN,
+            "node_gone",
+        ),
+        (
+            "running_again",
+            Member.objects.filter(
+                state=RunState.UNKNOWN, command__state=CommandState.RUNNING
+            ).exclude(node__scheduling_state=SchedulingState.GONE),
+            RunState.RUNNING,
+            "",
+        ),
+    )
+    for counted, members, state, reason in moves:
+        for member_id, command_id in list(members.values_list("id", "command_id")):
+            with transaction.atomic():
+                NodeCommand.objects.select_for_update().filter(pk=command_id).first()
+                member = members.select_for_update(of=("self",)).filter(pk=member_id).first()
+                if member is None:
+                    continue  # moved meanwhile: a report came first
+                before = {"state": member.state, "reason": member.reason}
+                member.state, member.reason = state, reason
+                member.save(update_fields=["state", "reason"])
+                _moved(member, f"member.{state}", before)
+                _attempt_settle(member.attempt_id)
+                done[counted] += 1
+    past = Member.objects.filter(
+        state=RunState.UNKNOWN,
+        node__scheduling_state=SchedulingState.GONE,
+        node__last_seen_at__lt=_gone_since_cutoff(now),
+    ).values_list("command_id", flat=True)
+    for command_id in list(past):
+        with transaction.atomic():
+            command = NodeCommand.objects.select_for_update().filter(pk=command_id).first()
+            if command is not None:
+                done["lost"] += node_command_lost(command=command, reason="lost")
     with transaction.atomic():
-        on_gone = Member.objects.select_for_update().filter(
-            state__in=(RunState.STARTING, RunState.RUNNING),
-            node__scheduling_state=SchedulingState.GONE,
-        )
-        for member in on_gone:
-            before = {"state": member.state, "reason": member.reason}
-            member.state, member.reason = RunState.UNKNOWN, "node_gone"
-            member.save(update_fields=["state", "reason"])
-            _moved(member, "member.unknown", before)
-            done["unknown"] += 1
-        back = (
-            Member.objects.select_for_update()
-            .filter(state=RunState.UNKNOWN, command__state=CommandState.RUNNING)
-            .exclude(node__scheduling_state=SchedulingState.GONE)
-        )
-        for member in back:
-            before = {"state": member.state, "reason": member.reason}
-            member.state, member.reason = RunState.RUNNING, ""
-            member.save(update_fields=["state", "reason"])
-            _moved(member, "member.running", before)
-            done["running_again"] += 1
-        past = Member.objects.filter(
-            state=RunState.UNKNOWN,
-            node__scheduling_state=SchedulingState.GONE,
-            node__last_seen_at__lt=_gone_since_cutoff(now),
-        ).values_list("command_id", flat=True)
-        for command in NodeCommand.objects.select_for_update().filter(pk__in=list(past)):
-            done["lost"] += node_command_lost(command=command, reason="lost")
-        for attempt_id in {m.attempt_id for m in on_gone} | {m.attempt_id for m in back}:
-            _attempt_settle(attempt_id)
         done["gang_deadline"] = _gangs_past_deadline(now)
     return done
 

@@ -238,7 +238,7 @@ def job_cancel(*, actor: Actor, job):
             return job
         if job.cancel_requested_at is None:
             _cancel_requested(actor, job, now)
-            live = Member.objects.select_for_update().filter(
+            live = Member.objects.select_for_update(of=("self",)).filter(
                 **{f"attempt__{Attempt.job_field(job)}": job}, state__in=RUN_LIVE
             )
             _send(CommandKind.STOP, list(live), now, grace_seconds=settings.TUNEPLANE_STOP_GRACE)

@@ -145,27 +145,62 @@ def _refuse(digest: str, fleet_id: str, client_address: str, now) -> JoinRefused
     return JoinRefused()
 
 
+def _others(nodes, fleet_id: str) -> tuple[list[str], int]:
+    """Nodes of the joining machine's own Fleet by id; of any other Fleet only how many: a
+    join token is for one Fleet, and tells nothing of another's nodes."""
+    rows = list(nodes.values_list("id", "fleet_id")[:5])
+    own = [node_id for node_id, other_fleet in rows if other_fleet == fleet_id]
+    return own, len(rows) - len(own)
+
+
 def _join_warnings(node: Node, inventory: dict, now) -> list[dict]:
     warnings = []
-    for other in (
-        nodes_answering_at(node.address, now=now, exclude_id=node.id)[:5] if node.address else []
-    ):
+    answering = (
+        nodes_answering_at(node.address, now=now, exclude_id=node.id)
+        if node.address
+        else Node.objects.none()
+    )
+    own, foreign = _others(answering, node.fleet_id)
+    for other in own:
         warnings.append(
             {
                 "code": "address_in_use",
-                "node": other.id,
+                "node": other,
                 "address": node.address,
-                "message": f"Another node ({other.id}) answers at {node.address}. If this machine "
+                "message": f"Another node ({other}) answers at {node.address}. If this machine "
                 "re-joined, remove the old record, or the console counts its cards twice.",
             }
         )
-    for other in nodes_with_fingerprint(node.fingerprint, exclude_id=node.id)[:5]:
+    if foreign:
+        warnings.append(
+            {
+                "code": "address_in_use",
+                "count": foreign,
+                "address": node.address,
+                "message": f"{foreign} node(s) of another Fleet answer at {node.address}. "
+                "If this machine moved Fleets, have an administrator remove the old record.",
+            }
+        )
+    own, foreign = _others(
+        nodes_with_fingerprint(node.fingerprint, exclude_id=node.id), node.fleet_id
+    )
+    for other in own:
         warnings.append(
             {
                 "code": "same_machine",
-                "node": other.id,
-                "message": f"This machine's fingerprint matches node {other.id}, which still "
+                "node": other,
+                "message": f"This machine's fingerprint matches node {other}, which still "
                 "exists. If it is this machine's old record, remove it.",
+            }
+        )
+    if foreign:
+        warnings.append(
+            {
+                "code": "same_machine",
+                "count": foreign,
+                "message": f"This machine's fingerprint matches {foreign} node(s) of another "
+                "Fleet, which still exist. If one is this machine's old record, have an "
+                "administrator remove it.",
             }
         )
     for name in unknown_cards(inventory):

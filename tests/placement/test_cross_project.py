@@ -109,3 +109,15 @@ def test_issue17_item1_members_of_the_other_project_never_see_the_fleet_in_its_r
     for path in [*AUTOMATIC, *NAMED]:
         listed = reader.get(f"/api/{path}")
         assert listed.status_code == 200 and "ml-lab" not in listed.content.decode()
+
+
+def test_issue17_item3_a_member_learns_how_many_nodes_fitted_never_which(
+    ml_lab, member_api, admin_api
+):
+    node_id = ml_lab.nodes.get().id
+    placed = post(member_api, "training-jobs", "ml", AUTOMATIC["training-jobs"][0])
+    assert placed.status_code == 201 and node_id not in placed.content.decode()
+    assert placed.json()["admission"]["fits_on_nodes"] == 1
+    assert node_id not in member_api.get("/api/training-jobs").content.decode()
+    admin_view = admin_api.get("/api/training-jobs").json()["results"][0]["admission"]
+    assert admin_view["fits_on"] == [node_id] and admin_view["fits_on_nodes"] == 1

@@ -12,6 +12,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from tuneplane.client_address import parse_trusted_proxies
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("TUNEPLANE_VAR_DIR", BASE_DIR / "var"))
 
@@ -242,6 +244,9 @@ TUNEPLANE_COMMAND_POLL_INTERVAL = env_seconds("TUNEPLANE_COMMAND_POLL_INTERVAL",
 TUNEPLANE_GATEWAY_BIND = os.environ.get("TUNEPLANE_GATEWAY_BIND", "127.0.0.1:8443")
 # Joins per client address, in DRF's rate syntax.
 TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")
+# The proxies whose X-Forwarded-For hop is believed (addresses or CIDRs, comma-separated);
+# none by default: a client is its peer address, whatever headers it sends.
+TUNEPLANE_TRUSTED_PROXIES = parse_trusted_proxies(os.environ.get("TUNEPLANE_TRUSTED_PROXIES", ""))
 
 LOGGING = {
     "version": 1,

@@ -14,6 +14,7 @@ from audit.services import Actor
 from fleets.selectors import fleet_get_visible
 from tuneplane.api.permissions import IsAdmin, require_admin
 from tuneplane.api.schema import errors
+from tuneplane.client_address import client_address
 from tuneplane.errors import NotFound, ValidationFailed
 
 from ..models import JoinToken
@@ -91,7 +92,9 @@ class JoinTokenDetailView(GenericAPIView):
 
 
 class JoinThrottle(SimpleRateThrottle):
-    """Per client address, so tokens cannot be guessed at speed (TUNEPLANE_JOIN_RATE). The
+    """Per client address (tuneplane.client_address: the peer, never a header a client
+    writes unless a trusted proxy wrote it), so tokens cannot be guessed at speed
+    (TUNEPLANE_JOIN_RATE). The
     counts live in the cache (Redis, shared by every web replica); while Redis is away they
     live in this process, so joins go on, still throttled, per replica."""
 
@@ -120,7 +123,7 @@ class JoinThrottle(SimpleRateThrottle):
         return self.duration  # at most one window; the count resets when it ends
 
     def get_cache_key(self, request, view):
-        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+        return self.cache_format % {"scope": self.scope, "ident": client_address(request)}
 
 
 def _count_in_window(cache, key: str, seconds: int) -> int:
@@ -158,7 +161,7 @@ class NodeJoinView(GenericAPIView):
             hostname=data["hostname"],
             fingerprint=data["fingerprint"],
             agent_version=data["agent_version"],
-            client_address=request.META.get("REMOTE_ADDR", ""),
+            client_address=client_address(request),
         )
         body = {
             "node_id": result.node.id,

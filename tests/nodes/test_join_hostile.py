@@ -2,7 +2,11 @@
 costs — items 3 (no other Fleet's node ids), 5 (refusals audited at a bounded rate) and 7
 (log lines carry values escaped)."""
 
+import uuid
+
+from audit.models import AuditEvent
 from tests.conftest import H100_INVENTORY, make_csr
+from tuneplane.client_address import parse_trusted_proxies
 
 
 def join_body(secret, fleet="gpu-lab", **extra):
@@ -34,3 +38,48 @@ def test_issue17_item3_join_warnings_never_name_another_fleets_nodes(anon_api, m
         ("same_machine", None, 1),
     ]
     assert theirs.json()["node_id"] not in str(ours["warnings"])
+
+
+def fresh_address(n=0) -> str:
+    """The throttle counts in a cache that outlives one test run."""
+    return f"2001:db8::{uuid.uuid4().hex[:4]}:{n}"
+
+
+def test_issue17_item4_a_forged_forwarded_for_does_not_escape_the_join_throttle(
+    anon_api, node_fleet, settings
+):
+    settings.TUNEPLANE_JOIN_RATE = "3/minute"
+    peer = fresh_address()
+    statuses = [
+        anon_api.post(
+            "/api/nodes/join",
+            join_body("tpj_guess"),
+            REMOTE_ADDR=peer,
+            HTTP_X_FORWARDED_FOR=fresh_address(i),
+        ).status_code
+        for i in range(6)
+    ]
+    assert statuses == [403, 403, 403, 429, 429, 429]
+
+
+def test_issue17_item4_behind_a_trusted_proxy_the_hop_it_appended_is_the_client(
+    anon_api, node_fleet, settings
+):
+    settings.TUNEPLANE_JOIN_RATE = "3/minute"
+    settings.TUNEPLANE_TRUSTED_PROXIES = parse_trusted_proxies("10.1.0.0/16, 192.0.2.7")
+    client = fresh_address()
+
+    def via_proxy(forwarded_for):
+        return anon_api.post(
+            "/api/nodes/join",
+            join_body("tpj_guess"),
+            REMOTE_ADDR="10.1.2.3",
+            HTTP_X_FORWARDED_FOR=forwarded_for,
+        ).status_code
+
+    # The client forges a left-most hop each time; the proxies append the real address.
+    statuses = [via_proxy(f"{fresh_address(i)}, {client}, 192.0.2.7") for i in range(5)]
+    assert statuses == [403, 403, 403, 429, 429]
+    assert via_proxy(fresh_address(9)) == 403  # another client, through the same proxy
+    refused = AuditEvent.objects.filter(action="node.join_refused")
+    assert refused.filter(after__client=client).exists()

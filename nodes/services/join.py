@@ -14,6 +14,7 @@ from fleets.models import Fleet
 from fleets.services import fleet_hold
 from tuneplane.errors import ApplicationError, Conflict, ValidationFailed
 from tuneplane.models import hash_secret, new_secret
+from tuneplane.windows import first_in_window
 
 from .. import pki
 from ..inventory import normalize_inventory
@@ -125,22 +126,37 @@ def _refusal_reason(digest: str, fleet_id: str, now) -> tuple[str, JoinToken | N
     return "token not redeemable", token
 
 
+# Refusals from one client for one reason: one audit event and one log line a window,
+# carrying how many there were, so an anonymous client cannot grow the audit table.
+REFUSAL_WINDOW = 60
+
+
 def _refuse(digest: str, fleet_id: str, client_address: str, now) -> JoinRefused:
     reason, token = _refusal_reason(digest, fleet_id, now)
+    count = first_in_window("join-refused", client_address, reason, seconds=REFUSAL_WINDOW)
+    if not count:
+        return JoinRefused()
     target = token if token is not None else ("nodes.jointoken", f"sha256:{digest[:12]}")
     with transaction.atomic():
         audit_record(
             actor=Actor.system("join"),
             action="node.join_refused",
             target=target,
-            after={"reason": reason, "fleet": fleet_id, "client": client_address},
+            after={
+                "reason": reason,
+                "fleet": fleet_id[:63],
+                "client": client_address,
+                "count": count,
+                "window_seconds": REFUSAL_WINDOW,
+            },
         )
     logger.warning(
-        "join refused: %s (fleet %s, token %s, from %s)",
+        "join refused: %s (fleet %r, token %s, from %r; %d since the last such line)",
         reason,
         fleet_id[:63],
         token.pk if token else f"sha256:{digest[:12]}",
         client_address,
+        count,
     )
     return JoinRefused()
 
@@ -302,7 +318,7 @@ def node_join(
             )
     if won != 1:
         raise _refuse(digest, str(fleet_id), client_address, now)
-    logger.info("node %s joined fleet %s from %s", node.id, node.fleet_id, client_address)
+    logger.info("node %s joined fleet %s from %r", node.id, node.fleet_id, client_address)
     return JoinResult(
         node=node, certificate=certificate, ca_bundle=pki.load_ca().pem, warnings=warnings
     )

@@ -7,6 +7,7 @@ move it onto PostgreSQL and Redis without a code change.
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -72,6 +73,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
+    "axes",
     "tuneplane",
     "audit",
     "fleets",
@@ -89,6 +91,16 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login.
+    "axes.middleware.AxesMiddleware",
+]
+
+# Logins (the admin's, the browsable API's) are counted by django-axes: after
+# TUNEPLANE_LOGIN_FAILURE_LIMIT failures a username, and separately a client address, is
+# locked out for TUNEPLANE_LOGIN_COOLOFF seconds (429), audited as login.locked_out.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "tuneplane.urls"
@@ -247,6 +259,11 @@ TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")
 # The proxies whose X-Forwarded-For hop is believed (addresses or CIDRs, comma-separated);
 # none by default: a client is its peer address, whatever headers it sends.
 TUNEPLANE_TRUSTED_PROXIES = parse_trusted_proxies(os.environ.get("TUNEPLANE_TRUSTED_PROXIES", ""))
+AXES_FAILURE_LIMIT = int(os.environ.get("TUNEPLANE_LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(seconds=env_seconds("TUNEPLANE_LOGIN_COOLOFF", 900))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # either one locks
+AXES_CLIENT_IP_CALLABLE = "tuneplane.client_address.client_address"
+AXES_RESET_ON_SUCCESS = True
 
 LOGGING = {
     "version": 1,

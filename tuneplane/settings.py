@@ -103,6 +103,19 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 
+# Behind TLS (TUNEPLANE_HTTPS=1): cookies only over HTTPS, HSTS, plain HTTP redirected, and
+# the terminating proxy's X-Forwarded-Proto believed. `manage.py check --deploy` is clean.
+TUNEPLANE_HTTPS = env_bool("TUNEPLANE_HTTPS", False)
+if TUNEPLANE_HTTPS:
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # a load balancer's probe may speak plain HTTP
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_seconds("TUNEPLANE_HSTS_SECONDS", 365 * 24 * 3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+
 ROOT_URLCONF = "tuneplane.urls"
 # Paths never need a trailing slash, and a POST is never redirected to one.
 APPEND_SLASH = False
@@ -192,6 +205,14 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Fields named alike with different choices: each enum named for its class.
+    "ENUM_NAME_OVERRIDES": {
+        "FleetKindEnum": "fleets.choices.FleetKind",
+        "FleetStateEnum": "fleets.choices.FleetState",
+        "LifecycleKindEnum": "placement.choices.LifecycleKind",
+        "DeploymentStateEnum": "placement.choices.DeploymentState",
+        "CommandKindEnum": "nodes.choices.CommandKind",
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "tuneplane.api.schema.document_request_refusals",

@@ -1,5 +1,7 @@
 """The error body, once, for the OpenAPI document."""
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers
 
@@ -56,3 +58,15 @@ def document_request_refusals(result, generator, request, public):
                 },
             )
     return result
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """``Authorization: Bearer <token>`` in the document (tuneplane.api.authentication)."""
+
+    target_class = "tuneplane.api.authentication.BearerTokenAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return build_bearer_security_scheme_object(
+            header_name="Authorization", token_prefix="Bearer"
+        )

@@ -17,6 +17,7 @@ from tuneplane.models import hash_secret, new_secret
 from tuneplane.windows import first_in_window
 
 from .. import pki
+from ..downloads import lock_sha256
 from ..inventory import normalize_inventory
 from ..models import JoinToken, Node, NodeCredential, new_node_id
 from ..selectors import (
@@ -81,7 +82,7 @@ def join_commands(fleet_id: str, secret: str) -> dict:
     server = settings.TUNEPLANE_PUBLIC_URL.rstrip("/")
     return {
         "install_command": f"curl -fsSL {server}/install.sh | TUNEPLANE_FLEET={fleet_id} "
-        f"TUNEPLANE_JOIN_TOKEN={secret} sh",
+        f"TUNEPLANE_JOIN_TOKEN={secret} TUNEPLANE_AGENT_SHA256={lock_sha256()} sh",
         "join_command": f"tuneplane-node join --server {server} --fleet {fleet_id} "
         f"--token {secret}",
     }

@@ -285,6 +285,7 @@ AXES_COOLOFF_TIME = timedelta(seconds=env_seconds("TUNEPLANE_LOGIN_COOLOFF", 900
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # either one locks
 AXES_CLIENT_IP_CALLABLE = "tuneplane.client_address.client_address"
 AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # no banner: a process's first line of output stays its own
 
 LOGGING = {
     "version": 1,

@@ -27,13 +27,13 @@ def _key(scope: str, parts) -> str:
     return f"window:{scope}:{digest[:32]}"
 
 
-def _count(cache, key: str, seconds: int) -> int:
+def _count(cache, key: str, seconds: int, delta: int = 1) -> int:
     cache.add(key, 0, timeout=seconds)  # starts the window, unless one is running
     try:
-        return cache.incr(key)
+        return cache.incr(key, delta)
     except ValueError:  # the window ended between the two calls
         cache.add(key, 0, timeout=seconds)
-        return cache.incr(key)
+        return cache.incr(key, delta)
 
 
 def _with_fallback(call):
@@ -44,12 +44,10 @@ def _with_fallback(call):
         return call(_local_cache)
 
 
-def count_in_window(scope: str, *parts, seconds: int, cache=None) -> int:
-    """This one included, how many of ``parts`` in the current window of ``seconds``."""
+def count_in_window(scope: str, *parts, seconds: int, delta: int = 1) -> int:
+    """These ``delta`` included, how many of ``parts`` in the current window of ``seconds``."""
     key = _key(scope, parts)
-    if cache is not None:
-        return _count(cache, key, seconds)
-    return _with_fallback(lambda chosen: _count(chosen, key, seconds))
+    return _with_fallback(lambda chosen: _count(chosen, key, seconds, delta))
 
 
 def first_in_window(scope: str, *parts, seconds: int) -> int:

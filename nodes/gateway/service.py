@@ -31,12 +31,15 @@ logger = logging.getLogger("tuneplane.gateway")
 HELLO_TIMEOUT_SECONDS = 10
 # Messages of one stream waiting for the database; beyond this, the stream is closed.
 STORE_QUEUE = 256
+# Command states one Hello may carry (L5): a node runs far fewer; more closes the stream.
+MAX_HELLO_COMMANDS = 1000
 STORAGE_OBSERVED = "storage observation"  # on a stream's database queue: StorageWatch's turn
 _STATUS = {
     403: grpc.StatusCode.PERMISSION_DENIED,
     400: grpc.StatusCode.INVALID_ARGUMENT,
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.FAILED_PRECONDITION,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -82,6 +85,16 @@ class NodeControlService(AsyncService):
             )
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED, "Hello names a node other than the certificate's"
+            )
+        if len(hello.commands) > MAX_HELLO_COMMANDS:
+            logger.warning(
+                "node %s sent a Hello with %d command states; refused",
+                peer.node_id,
+                len(hello.commands),
+            )
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"a Hello carries at most {MAX_HELLO_COMMANDS} command states",
             )
         try:
             reported = [

@@ -37,6 +37,25 @@ def fleet_get_visible(user, fleet_id: str) -> Fleet:
     return fleet
 
 
+def fleets_open_to(project) -> QuerySet[Fleet]:
+    """F8: where a workload of ``project`` may go — public Fleets and that project's own.
+    A project Fleet takes only its own project's workloads, whoever submits them: for any
+    other project it does not exist, for a member of both projects and for staff alike."""
+    return Fleet.objects.select_related("project").filter(
+        Q(visibility=FleetVisibility.PUBLIC)
+        | Q(visibility=FleetVisibility.PROJECT, project_id=project.pk)
+    )
+
+
+def fleet_get_open_to(project, fleet_id: str) -> Fleet:
+    fleet = (
+        fleets_open_to(project).filter(pk=fleet_id).first() if isinstance(fleet_id, str) else None
+    )
+    if fleet is None:
+        raise fleet_not_found(fleet_id)
+    return fleet
+
+
 def fleet_config_warnings(fleet: Fleet) -> list[ConfigWarning]:
     """F4: config keys that no setting of this Fleet's kind reads."""
     return unread_keys(fleet.kind, fleet.config)

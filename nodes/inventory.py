@@ -6,9 +6,11 @@ format of ``tuneplane-node --inventory-file`` too.
 
 from tuneplane.errors import ValidationFailed
 
-MAX_CARD_KINDS = 16
+MAX_CARD_KINDS = 16  # distinct card names in one report
 MAX_CARDS = 1024
 MAX_TEXT = 200
+MAX_CPU_BUDGET = 1 << 20  # CPUs
+MAX_MEMORY_BUDGET_BYTES = 1 << 60  # an exbibyte
 
 
 def _text(value, field: str, *, required: bool = False) -> str | None:
@@ -21,11 +23,15 @@ def _text(value, field: str, *, required: bool = False) -> str | None:
     return value
 
 
-def _count(value, field: str, *, minimum: int, required: bool = False) -> int | None:
+def _count(value, field: str, *, minimum: int, maximum: int, required: bool = False) -> int | None:
+    """A whole number within bounds: a node's report is hostile input, and 10**400 is an
+    int to Python but nothing a machine has."""
     if value is None and not required:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValidationFailed(f"{field} must be a whole number ≥ {minimum}.", field=field)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ValidationFailed(
+            f"{field} must be a whole number from {minimum} to {maximum}.", field=field
+        )
     return value
 
 
@@ -89,7 +95,9 @@ def normalize_inventory(data) -> dict:
         if not isinstance(card, dict) or set(card) - {"name", "count"}:
             raise ValidationFailed(f'{field} must be {{"name", "count"}}.', field=field)
         name = _text(card.get("name"), f"{field}.name", required=True).strip()
-        count = _count(card.get("count"), f"{field}.count", minimum=1, required=True)
+        count = _count(
+            card.get("count"), f"{field}.count", minimum=1, maximum=MAX_CARDS, required=True
+        )
         totals[name] = totals.get(name, 0) + count
     if sum(totals.values()) > MAX_CARDS:
         raise ValidationFailed(
@@ -108,8 +116,13 @@ def normalize_inventory(data) -> dict:
         "driver": _text(data.get("driver"), "inventory.driver"),
         "container_runtime": _text(data.get("container_runtime"), "inventory.container_runtime"),
         "storage_root_visible": visible,
-        "cpu_budget": _count(data.get("cpu_budget"), "inventory.cpu_budget", minimum=1),
+        "cpu_budget": _count(
+            data.get("cpu_budget"), "inventory.cpu_budget", minimum=1, maximum=MAX_CPU_BUDGET
+        ),
         "memory_budget_bytes": _count(
-            data.get("memory_budget_bytes"), "inventory.memory_budget_bytes", minimum=1
+            data.get("memory_budget_bytes"),
+            "inventory.memory_budget_bytes",
+            minimum=1,
+            maximum=MAX_MEMORY_BUDGET_BYTES,
         ),
     }

@@ -5,7 +5,7 @@ from django.http import FileResponse, Http404, HttpResponse
 from django.template.loader import render_to_string
 from django.utils.html import escape
 
-from .downloads import downloads_dir, wheels
+from .downloads import LOCK_NAME, downloads_dir, lock_text, wheels
 
 
 def install_script(request):
@@ -24,6 +24,8 @@ def download_index(request):
 
 
 def download(request, filename: str):
+    if filename == LOCK_NAME:
+        return HttpResponse(lock_text(), content_type="text/plain; charset=utf-8")
     path = downloads_dir() / filename
     if "/" in filename or not filename.endswith(".whl") or not path.is_file():
         raise Http404(filename)

@@ -1,9 +1,13 @@
 """Admission: which Fleet takes a workload, or exactly why none can (P1–P7, F3, F8, L1).
 
-The gates, in order: the named Fleet is visible (404, the same answer as a Fleet that does
-not exist), it has the capability, it is active, the inventory fits. Automatic choice runs
-the same gates over every visible Fleet and never counts, names or hints at one the
-submitter cannot see. Inventory fit is a check, not a reservation (P7).
+Every gate judges a Fleet against the workload's project, never against the submitter (F8):
+a project Fleet takes only its own project's workloads, so a member of two projects, or
+staff, cannot put one project's workload (and so its members' eyes) on another's Fleet.
+
+The gates, in order: the named Fleet is open to the workload's project (404, the same
+answer as a Fleet that does not exist), it has the capability, it is active, the inventory
+fits. Automatic choice runs the same gates over every Fleet open to the project and never
+counts, names or hints at another. Inventory fit is a check, not a reservation (P7).
 
 Queries do not depend on the number of nodes or Fleets: the visible Fleets, one aggregate
 per Fleet over the placeable nodes' rows, then where it fits in the Fleet chosen.
@@ -19,7 +23,7 @@ from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from fleets.choices import FleetKind, FleetState
-from fleets.selectors import fleet_get_visible, fleets_visible_to
+from fleets.selectors import fleet_get_open_to, fleets_open_to
 from nodes.selectors import (
     card_series,
     cards_summary,
@@ -178,9 +182,9 @@ def _check_fit(candidates: list, need: Need, now):
     return [fit for fit in fits.values() if fit.fits(need)], fits, holdings
 
 
-def admit_named(user, fleet_id: str, need: Need, now=None) -> Admitted:
+def admit_named(project, fleet_id: str, need: Need, now=None) -> Admitted:
     """A Fleet the submitter named: every gate on it, in order."""
-    fleet = fleet_get_visible(user, fleet_id)
+    fleet = fleet_get_open_to(project, fleet_id)
     if need.capability not in fleet.capabilities or (need.kinds and fleet.kind not in need.kinds):
         raise _refuse(
             Refusal.CAPABILITY,
@@ -209,11 +213,11 @@ def admit_named(user, fleet_id: str, need: Need, now=None) -> Admitted:
     return Admitted(fleet.id, GATES, holdings.fitting_nodes(fleet.id))
 
 
-def admit_automatically(user, need: Need, now=None) -> Admitted:
-    """P1, P4: among every visible Fleet that passes every gate, the one with the most
+def admit_automatically(project, need: Need, now=None) -> Admitted:
+    """P1, P4: among every Fleet open to the project that passes every gate, the one with the most
     fitting cards, then the smallest id — deterministic."""
     visible = list(
-        fleets_visible_to(user)
+        fleets_open_to(project)
         .select_related(None)
         .order_by("id")
         .values_list("id", "kind", "capabilities", "state", named=True)
@@ -247,13 +251,13 @@ def admit_automatically(user, need: Need, now=None) -> Admitted:
     return Admitted(chosen.fleet_id, GATES, holdings.fitting_nodes(chosen.fleet_id))
 
 
-def admit_deployment(user, fleet_id: str | None, need: Need, now=None) -> Admitted:
-    """P2: named by the submitter; unnamed, the one visible serving Fleet, if there is one."""
+def admit_deployment(project, fleet_id: str | None, need: Need, now=None) -> Admitted:
+    """P2: named by the submitter; unnamed, the one serving Fleet open to the project."""
     if fleet_id:
-        return admit_named(user, fleet_id, need, now)
+        return admit_named(project, fleet_id, need, now)
     serving = [
         fleet.id
-        for fleet in fleets_visible_to(user).order_by("id")
+        for fleet in fleets_open_to(project).order_by("id")
         if need.capability in fleet.capabilities
     ]
     if not serving:
@@ -266,4 +270,4 @@ def admit_deployment(user, fleet_id: str | None, need: Need, now=None) -> Admitt
             "chosen for you among several (rule P2).",
             candidates=serving,
         )
-    return admit_named(user, serving[0], need, now)
+    return admit_named(project, serving[0], need, now)

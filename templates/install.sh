@@ -1,6 +1,9 @@
 #!/bin/sh
 # Tuneplane node installer, served by the console at {{ server }}/install.sh
-#   curl -fsSL {{ server }}/install.sh | TUNEPLANE_FLEET=<fleet> TUNEPLANE_JOIN_TOKEN=<token> sh
+#   curl -fsSL {{ server }}/install.sh | TUNEPLANE_FLEET=<fleet> TUNEPLANE_JOIN_TOKEN=<token> \
+#     TUNEPLANE_AGENT_SHA256=<digest> sh
+# The digest, shown with the one-liner, is of the agent's lock (every wheel with its SHA-256):
+# nothing is installed unless the lock matches it and every wheel matches the lock.
 # Optional: TUNEPLANE_STORAGE_ROOT, TUNEPLANE_CPU_BUDGET, TUNEPLANE_MEMORY_BUDGET_BYTES,
 # TUNEPLANE_NODE_STATE_DIR, TUNEPLANE_INVENTORY_FILE, TUNEPLANE_PREFIX (install under a
 # directory instead of /), TUNEPLANE_PYTHON (default python3).
@@ -9,6 +12,7 @@ set -eu
 SERVER="{{ server }}"
 : "${TUNEPLANE_FLEET:?set TUNEPLANE_FLEET to the Fleet id shown by Add a machine}"
 : "${TUNEPLANE_JOIN_TOKEN:?set TUNEPLANE_JOIN_TOKEN to the join token shown by Add a machine}"
+: "${TUNEPLANE_AGENT_SHA256:?set TUNEPLANE_AGENT_SHA256 to the digest in the one-liner shown by Add a machine}"
 PREFIX="${TUNEPLANE_PREFIX:-}"
 PYTHON="${TUNEPLANE_PYTHON:-python3}"
 VENV="$PREFIX/opt/tuneplane-node"
@@ -23,10 +27,21 @@ say() { printf 'tuneplane: %s\n' "$*"; }
 
 command -v "$PYTHON" >/dev/null 2>&1 || { say "needs $PYTHON (3.10 or newer, with venv)"; exit 1; }
 
-say "installing the node agent into $VENV (from $SERVER/downloads/, no other index)"
+LOCK=$(mktemp)
+trap 'rm -f "$LOCK"' EXIT
+"$PYTHON" - "$SERVER/downloads/tuneplane-node.lock" "$LOCK" "$TUNEPLANE_AGENT_SHA256" <<'CHECK' || exit 1
+import hashlib, sys, urllib.request
+url, path, expected = sys.argv[1:]
+data = urllib.request.urlopen(url, timeout=60).read()
+if hashlib.sha256(data).hexdigest() != expected.strip().lower():
+    sys.exit("tuneplane: the agent's lock at " + url + " does not match TUNEPLANE_AGENT_SHA256; nothing installed")
+open(path, "wb").write(data)
+CHECK
+
+say "installing the node agent into $VENV (from $SERVER/downloads/, no other index, every wheel's SHA-256 checked)"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-index \
-  --find-links "$SERVER/downloads/" tuneplane-node
+  --require-hashes --find-links "$SERVER/downloads/" -r "$LOCK"
 
 set -- --server "$SERVER" --fleet "$TUNEPLANE_FLEET"
 if [ -n "${TUNEPLANE_INVENTORY_FILE:-}" ]; then set -- "$@" --inventory-file "$TUNEPLANE_INVENTORY_FILE"; fi

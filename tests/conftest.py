@@ -1,6 +1,7 @@
 import importlib
 import json
 import os
+import uuid
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -179,6 +180,10 @@ def _hardware_registry(request):
 def _join_rate(settings):
     # Tests join far faster than any operator; the throttle test sets its own rate.
     settings.TUNEPLANE_JOIN_RATE = "100000/minute"
+    # Each test counts its windows (throttles, refusals audited once a minute) afresh, in
+    # the same cache: a key prefix of its own.
+    default = settings.CACHES["default"]
+    settings.CACHES = {**settings.CACHES, "default": {**default, "KEY_PREFIX": uuid.uuid4().hex}}
 
 
 @pytest.fixture

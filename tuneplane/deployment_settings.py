@@ -11,11 +11,11 @@ import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 from .errors import ValidationFailed
-from .secret_sources import env_name_refusal, file_path_refusal
+from .secret_sources import env_name_refusal, file_path_refusal, resolved_path_refusal
 
 MAX_VALUE_LENGTH = 2048
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -59,8 +59,10 @@ def _token_env(value) -> str:
 
 
 def _token_file(value) -> str:
+    """Where the path lies, and, if it exists now, where its symbolic links lead: a link out
+    of the secrets directory is refused when the config is saved, not only at each read."""
     value = _string(value)
-    refusal = file_path_refusal(value)
+    refusal = file_path_refusal(value) or resolved_path_refusal(Path(value))
     if refusal:
         raise ValueError(refusal)
     return value

@@ -1,3 +1,4 @@
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import ProtectedError
@@ -129,3 +130,17 @@ def project_delete(*, actor: Actor, project: Project) -> None:
             raise Conflict(
                 f"Project '{project.slug}' still has workloads: it cannot be deleted."
             ) from None
+
+
+def login_locked_out(*, username: str, client: str, count: int) -> None:
+    """django-axes locked a username or a client address out of logging in. One event per
+    (username, client) a window, carrying how many refused attempts it stands for: the
+    attempts go on while locked out, and must not grow the audit table one row each."""
+    user = get_user_model().objects.filter(**{get_user_model().USERNAME_FIELD: username}).first()
+    with transaction.atomic():
+        audit_record(
+            actor=Actor.system("login"),
+            action="login.locked_out",
+            target=user if user is not None else ("auth.user", username[:150]),
+            after={"username": username[:150], "client": client, "count": count},
+        )

@@ -7,10 +7,13 @@ move it onto PostgreSQL and Redis without a code change.
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from tuneplane.client_address import parse_trusted_proxies
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("TUNEPLANE_VAR_DIR", BASE_DIR / "var"))
@@ -70,6 +73,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
+    "axes",
     "tuneplane",
     "audit",
     "fleets",
@@ -87,7 +91,30 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Logins (the admin's, the browsable API's) are counted by django-axes: after
+# TUNEPLANE_LOGIN_FAILURE_LIMIT failures a username, and separately a client address, is
+# locked out for TUNEPLANE_LOGIN_COOLOFF seconds (429), audited as login.locked_out.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+# Behind TLS (TUNEPLANE_HTTPS=1): cookies only over HTTPS, HSTS, plain HTTP redirected, and
+# the terminating proxy's X-Forwarded-Proto believed. `manage.py check --deploy` is clean.
+TUNEPLANE_HTTPS = env_bool("TUNEPLANE_HTTPS", False)
+if TUNEPLANE_HTTPS:
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # a load balancer's probe may speak plain HTTP
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_seconds("TUNEPLANE_HSTS_SECONDS", 365 * 24 * 3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
 
 ROOT_URLCONF = "tuneplane.urls"
 # Paths never need a trailing slash, and a POST is never redirected to one.
@@ -155,7 +182,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["tuneplane.api.parsers.DepthLimitedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
@@ -271,12 +298,24 @@ TUNEPLANE_COMMAND_POLL_INTERVAL = env_seconds("TUNEPLANE_COMMAND_POLL_INTERVAL",
 TUNEPLANE_GATEWAY_BIND = os.environ.get("TUNEPLANE_GATEWAY_BIND", "127.0.0.1:8443")
 # Joins per client address, in DRF's rate syntax.
 TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")
+# The proxies whose X-Forwarded-For hop is believed (addresses or CIDRs, comma-separated);
+# none by default: a client is its peer address, whatever headers it sends.
+TUNEPLANE_TRUSTED_PROXIES = parse_trusted_proxies(os.environ.get("TUNEPLANE_TRUSTED_PROXIES", ""))
+AXES_FAILURE_LIMIT = int(os.environ.get("TUNEPLANE_LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(seconds=env_seconds("TUNEPLANE_LOGIN_COOLOFF", 900))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # either one locks
+AXES_CLIENT_IP_CALLABLE = "tuneplane.client_address.client_address"
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # no banner: a process's first line of output stays its own
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {
+            "()": "tuneplane.logs.OneLineFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain"},

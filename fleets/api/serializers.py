@@ -2,6 +2,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
+from tuneplane.permissions import is_admin
 
 from ..choices import FleetCapability, FleetDelivery, FleetKind, FleetState, FleetVisibility
 from ..models import Fleet
@@ -11,9 +12,13 @@ OUTPUT_ONLY = ("created_at", "updated_at", "warnings")
 
 
 class FleetSerializer(serializers.ModelSerializer):
+    """A Fleet as its reader may see it: ``config`` (cluster endpoints, where secrets come
+    from) is an administrator's to read; members get the Fleet without it. Without a
+    ``viewer`` in the context, nobody is assumed to be an administrator."""
+
     project = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     capabilities = serializers.ListField(child=serializers.ChoiceField(FleetCapability.choices))
-    config = serializers.DictField()
+    config = serializers.DictField(required=False, help_text="Shown to administrators only.")
 
     class Meta:
         model = Fleet
@@ -30,6 +35,12 @@ class FleetSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+    def to_representation(self, fleet):
+        shown = super().to_representation(fleet)
+        if not is_admin(self.context.get("viewer")):
+            del shown["config"]
+        return shown
 
 
 class WarningSerializer(serializers.Serializer):

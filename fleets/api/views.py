@@ -29,6 +29,10 @@ def _service_arguments(data: dict) -> dict:
     return arguments
 
 
+def _seen_by(request) -> dict:
+    return {"viewer": request.user}
+
+
 class FleetListView(GenericAPIView):
     serializer_class = FleetSerializer
 
@@ -49,7 +53,9 @@ class FleetListView(GenericAPIView):
         if request.query_params.get("project"):
             fleets = fleets.filter(project__slug=request.query_params["project"])
         page = self.paginate_queryset(fleets)
-        return self.get_paginated_response(FleetSerializer(page, many=True).data)
+        return self.get_paginated_response(
+            FleetSerializer(page, many=True, context=_seen_by(request)).data
+        )
 
     @extend_schema(
         summary="Register a Fleet (administrators)",
@@ -63,7 +69,10 @@ class FleetListView(GenericAPIView):
         fleet = services.fleet_create(
             actor=Actor.of_user(request.user), **_service_arguments(serializer.validated_data)
         )
-        return Response(FleetWriteResultSerializer(fleet).data, status=status.HTTP_201_CREATED)
+        return Response(
+            FleetWriteResultSerializer(fleet, context=_seen_by(request)).data,
+            status=status.HTTP_201_CREATED,
+        )
 
 
 class FleetDetailView(GenericAPIView):
@@ -71,7 +80,11 @@ class FleetDetailView(GenericAPIView):
 
     @extend_schema(summary="A Fleet", responses={200: FleetSerializer, **errors(401, 404)})
     def get(self, request, fleet_id: str):
-        return Response(FleetSerializer(fleet_get_visible(request.user, fleet_id)).data)
+        return Response(
+            FleetSerializer(
+                fleet_get_visible(request.user, fleet_id), context=_seen_by(request)
+            ).data
+        )
 
     @extend_schema(
         summary="Change a Fleet (administrators)",
@@ -87,7 +100,7 @@ class FleetDetailView(GenericAPIView):
         requested_id = arguments.pop("id", fleet.id)
         rules.refuse_change("id", fleet.id, requested_id)
         fleet = services.fleet_update(actor=Actor.of_user(request.user), fleet=fleet, **arguments)
-        return Response(FleetWriteResultSerializer(fleet).data)
+        return Response(FleetWriteResultSerializer(fleet, context=_seen_by(request)).data)
 
     @extend_schema(
         summary="Delete a Fleet (administrators; rule F7)",

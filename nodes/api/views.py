@@ -1,8 +1,6 @@
 import logging
 
-import redis
 from django.conf import settings
-from django.core.cache.backends.locmem import LocMemCache
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
@@ -14,7 +12,9 @@ from audit.services import Actor
 from fleets.selectors import fleet_get_visible
 from tuneplane.api.permissions import IsAdmin, require_admin
 from tuneplane.api.schema import errors
+from tuneplane.client_address import client_address
 from tuneplane.errors import NotFound, ValidationFailed
+from tuneplane.windows import count_in_window
 
 from ..models import JoinToken
 from ..selectors import (
@@ -94,12 +94,13 @@ class JoinTokenDetailView(GenericAPIView):
 
 
 class JoinThrottle(SimpleRateThrottle):
-    """Per client address, so tokens cannot be guessed at speed (TUNEPLANE_JOIN_RATE). The
+    """Per client address (tuneplane.client_address: the peer, never a header a client
+    writes unless a trusted proxy wrote it), so tokens cannot be guessed at speed
+    (TUNEPLANE_JOIN_RATE). The
     counts live in the cache (Redis, shared by every web replica); while Redis is away they
     live in this process, so joins go on, still throttled, per replica."""
 
     scope = "node-join"
-    local_cache = LocMemCache("node-join-throttle", {})
 
     def get_rate(self):
         return settings.TUNEPLANE_JOIN_RATE
@@ -109,30 +110,11 @@ class JoinThrottle(SimpleRateThrottle):
         history and writes it back, so a concurrent burst from one address got through
         several times over (measured: 10 of 40 at a rate of 5)."""
         self.num_requests, self.duration = self.parse_rate(self.get_rate())
-        key = self.get_cache_key(request, view)
-        try:
-            count = _count_in_window(self.cache, key, self.duration)
-        except redis.RedisError as error:
-            logger.warning(
-                "join throttle counts in this process while the cache is away (%s)", error
-            )
-            count = _count_in_window(self.local_cache, key, self.duration)
+        count = count_in_window(self.scope, client_address(request), seconds=self.duration)
         return count <= self.num_requests
 
     def wait(self):
         return self.duration  # at most one window; the count resets when it ends
-
-    def get_cache_key(self, request, view):
-        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
-
-
-def _count_in_window(cache, key: str, seconds: int) -> int:
-    cache.add(key, 0, timeout=seconds)  # starts the window, unless one is running
-    try:
-        return cache.incr(key)
-    except ValueError:  # the window ended between the two calls
-        cache.add(key, 0, timeout=seconds)
-        return cache.incr(key)
 
 
 class NodeJoinView(GenericAPIView):
@@ -161,7 +143,7 @@ class NodeJoinView(GenericAPIView):
             hostname=data["hostname"],
             fingerprint=data["fingerprint"],
             agent_version=data["agent_version"],
-            client_address=request.META.get("REMOTE_ADDR", ""),
+            client_address=client_address(request),
         )
         body = {
             "node_id": result.node.id,

@@ -23,6 +23,7 @@ from ..pki import NODE_URI_PREFIX
 from ..services import commands, control, logs, scheduling
 from .aio import AsyncService
 from .replica import Gateway
+from .storage_watch import StorageWatch
 from .streams import Stream
 
 logger = logging.getLogger("tuneplane.gateway")
@@ -30,11 +31,15 @@ logger = logging.getLogger("tuneplane.gateway")
 HELLO_TIMEOUT_SECONDS = 10
 # Messages of one stream waiting for the database; beyond this, the stream is closed.
 STORE_QUEUE = 256
+# Command states one Hello may carry (L5): a node runs far fewer; more closes the stream.
+MAX_HELLO_COMMANDS = 1000
+STORAGE_OBSERVED = "storage observation"  # on a stream's database queue: StorageWatch's turn
 _STATUS = {
     403: grpc.StatusCode.PERMISSION_DENIED,
     400: grpc.StatusCode.INVALID_ARGUMENT,
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.FAILED_PRECONDITION,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -80,6 +85,16 @@ class NodeControlService(AsyncService):
             )
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED, "Hello names a node other than the certificate's"
+            )
+        if len(hello.commands) > MAX_HELLO_COMMANDS:
+            logger.warning(
+                "node %s sent a Hello with %d command states; refused",
+                peer.node_id,
+                len(hello.commands),
+            )
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"a Hello carries at most {MAX_HELLO_COMMANDS} command states",
             )
         try:
             reported = [commands.Reported.from_wire(c) for c in hello.commands]
@@ -140,9 +155,9 @@ class NodeControlService(AsyncService):
         threads are busy; what needs the database goes, in order, to ``_store``."""
         node_id = stream.node_id
         last_sequence = -1
-        storage_visible = None
         work: asyncio.Queue = asyncio.Queue()
-        store = asyncio.create_task(self._store(stream, work))
+        storage = StorageWatch(lambda: work.put_nowait(STORAGE_OBSERVED))
+        store = asyncio.create_task(self._store(stream, work, storage))
         self.gateway.storing.add(store)
         store.add_done_callback(self.gateway.storing.discard)
         try:
@@ -173,12 +188,10 @@ class NodeControlService(AsyncService):
                     stream.outbox.put_nowait(
                         pb.ControlMessage(heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence))
                     )
-                    if beat.storage_root_visible != storage_visible:
-                        storage_visible = beat.storage_root_visible
-                        work.put_nowait(message)
+                    # At most one storage observation waits for the database at a time,
+                    # and it is counted against STORE_QUEUE with the reports.
+                    storage.observe(beat.storage_root_visible)
                 elif kind in ("inventory", "command_update", "log_tail"):
-                    if kind == "inventory":
-                        storage_visible = message.inventory.storage_root_visible
                     if work.qsize() >= STORE_QUEUE:
                         # Reading on would grow the queue without bound; waiting would leave
                         # heartbeats unread. The node is told, and tells it all again.
@@ -199,28 +212,34 @@ class NodeControlService(AsyncService):
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             pass
         finally:
+            storage.stop()
             # What the node said before it went is stored still: the store task ends when it
             # reaches this mark, whatever happens to the stream meanwhile.
             work.put_nowait(None)
             stream.outbox.put_nowait(None)
 
-    async def _store(self, stream: Stream, work: asyncio.Queue) -> None:
+    async def _store(self, stream: Stream, work: asyncio.Queue, storage: StorageWatch) -> None:
         """The database work of one stream's messages, one at a time, in arrival order."""
         node_id = stream.node_id
         while (message := await work.get()) is not None:
-            kind = message.WhichOneof("body")
+            observed = message is STORAGE_OBSERVED
+            kind = "storage observation" if observed else message.WhichOneof("body")
             try:
-                if kind == "heartbeat":
+                if observed:
                     await self.gateway.database.run(
                         scheduling.node_observe_storage_root,
                         node_id=node_id,
-                        visible=message.heartbeat.storage_root_visible,
+                        visible=storage.take(),
                     )
                 elif kind == "inventory":
+                    report = wire.inventory_report(message.inventory)
+                    if storage.written is None:  # the stream's first: it moves the cordon
+                        storage.settled(report["storage_root_visible"])
+                    else:  # later ones move it as heartbeats do, debounced
+                        storage.observe(report["storage_root_visible"])
+                        report["storage_root_visible"] = storage.written
                     await self.gateway.database.run(
-                        control.node_report_inventory,
-                        node_id=node_id,
-                        inventory=wire.inventory_report(message.inventory),
+                        control.node_report_inventory, node_id=node_id, inventory=report
                     )
                     stream.inventory_digest = wire.inventory_digest(message.inventory)
                 elif kind == "log_tail":

@@ -61,6 +61,14 @@ def session_open(
     now = timezone.now()
     with transaction.atomic():
         node = _authenticated_node(node_id, serial, now)
+        # A successor used on a stream retires every credential issued before it: a copied
+        # old certificate dies now, not at its expiry.
+        current = NodeCredential.objects.get(node=node, serial=serial)
+        predecessors = NodeCredential.objects.filter(
+            node=node, revoked_at__isnull=True, pk__lt=current.pk
+        )
+        retired = sorted(predecessors.values_list("serial", flat=True))
+        predecessors.update(revoked_at=now)
         for old in ControlSession.objects.select_for_update().filter(
             node=node, closed_at__isnull=True
         ):
@@ -81,7 +89,12 @@ def session_open(
             actor=Actor.of_node(node_id),
             action="control_session.opened",
             target=session,
-            after={"node": node_id, "gateway": gateway, "credential_serial": serial},
+            after={
+                "node": node_id,
+                "gateway": gateway,
+                "credential_serial": serial,
+                **({"credentials_revoked": retired} if retired else {}),
+            },
         )
     logger.info("node %s connected to %s (session %s)", node_id, gateway, session.id)
     return session
@@ -195,16 +208,30 @@ def leases_renew(
         return {str(session.id) for session in sessions}
 
 
+class RotationTooSoon(ApplicationError):
+    status = 429
+    code = "rotation_too_soon"
+
+
+ROTATION_INTERVAL = 60  # an agent rotates at two thirds of a lifetime: more often is not it
+
+
 def credential_rotate(*, node_id: str, serial: str, csr: str) -> pki.IssuedCertificate:
     """J6: a node, authenticated by its current certificate, gets a new one for a new key.
 
-    The current certificate stays valid until it expires (it is bounded), so a
-    node that crashes before it has written the new files keeps its identity.
+    The current certificate stays valid until the new one is used on a stream (then it is
+    revoked, in ``session_open``), so a node that crashes before it has written the new
+    files keeps its identity. At most one rotation a minute (a quarter of a shorter lifetime).
     """
     parsed = pki.parse_csr(csr)
     now = timezone.now()
+    interval = min(ROTATION_INTERVAL, settings.TUNEPLANE_NODE_CREDENTIAL_TTL / 4)
     with transaction.atomic():
         node = _authenticated_node(node_id, serial, now)
+        credentials = NodeCredential.objects.filter(node=node)  # the join's is no rotation
+        recent = credentials.filter(created_at__gt=now - timedelta(seconds=interval))
+        if recent.exclude(pk=credentials.order_by("pk").values("pk")[:1]).exists():
+            raise RotationTooSoon(f"node {node_id} rotated less than {interval:g} s ago.")
         issued = pki.sign_node_csr(
             parsed, node.id, timedelta(seconds=settings.TUNEPLANE_NODE_CREDENTIAL_TTL)
         )
@@ -239,7 +266,7 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
         before = {"inventory": node.inventory, "scheduling_state": node.scheduling_state}
         node.inventory = inventory
         node.inventory_observed_at = now
-        card_names_remember((card["name"] for card in inventory["cards"]), now)
+        card_names_remember((c["name"] for c in inventory["cards"]), now, node_id=node_id)
         for name, value in cards_summary(inventory).items():
             setattr(node, name, value)
         live = node.lease_expires_at is not None and node.lease_expires_at > now

@@ -1,15 +1,20 @@
 """The hardware registry: card names as machines and clusters report them, and the series an
 admin maps each to (J4). Mapping takes effect on every node at once, without a re-join."""
 
+import logging
+
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from audit.services import Actor, audit_record
 from tuneplane.errors import Conflict, ValidationFailed
+from tuneplane.windows import count_in_window
 
 from ..choices import SchedulingState
 from ..models import CardAlias, HardwareSeries, Node
 from ..selectors import card_series, cards_summary
+
+logger = logging.getLogger("tuneplane.nodes")
 
 
 def _clean(record) -> None:
@@ -21,13 +26,34 @@ def _clean(record) -> None:
         raise ValidationFailed(f"{field}: {' '.join(messages)}", field=field) from None
 
 
-def card_names_remember(names, now) -> None:
+# New card names one node may add to the registry in an hour: a real machine has a few; a
+# node inventing names each report would fill the admin's card list.
+NEW_CARD_NAMES_PER_NODE_HOUR = 16
+
+
+def card_names_remember(names, now, *, node_id: str = "") -> None:
     """Card names no one has seen yet become unmapped registry entries for an admin to map
     (J4): from a join, an inventory report over the stream, or a cluster's snapshot. An
-    observation, not audited: the mapping an admin makes of it is."""
+    observation, not audited: the mapping an admin makes of it is. What ``node_id`` adds is
+    limited to NEW_CARD_NAMES_PER_NODE_HOUR; past it, its names stay unknown (and unplaced
+    for a pinned series) until the next hour."""
+    names = sorted(set(names))
+    if node_id and names:
+        known = set(CardAlias.objects.filter(name__in=names).values_list("name", flat=True))
+        names = [name for name in names if name not in known]
+        if names:
+            used = count_in_window("card-names", node_id, seconds=3600, delta=len(names))
+            allowed = max(NEW_CARD_NAMES_PER_NODE_HOUR - (used - len(names)), 0)
+            if allowed < len(names):
+                logger.warning(
+                    "node %s: %d new card names past its hourly %d not registered",
+                    node_id,
+                    len(names) - allowed,
+                    NEW_CARD_NAMES_PER_NODE_HOUR,
+                )
+            names = names[:allowed]
     CardAlias.objects.bulk_create(
-        [CardAlias(name=name, first_seen_at=now) for name in sorted(set(names))],
-        ignore_conflicts=True,
+        [CardAlias(name=name, first_seen_at=now) for name in names], ignore_conflicts=True
     )
 
 

@@ -14,8 +14,10 @@ from fleets.models import Fleet
 from fleets.services import fleet_hold
 from tuneplane.errors import ApplicationError, Conflict, ValidationFailed
 from tuneplane.models import hash_secret, new_secret
+from tuneplane.windows import first_in_window
 
 from .. import pki
+from ..downloads import lock_sha256
 from ..inventory import normalize_inventory
 from ..models import JoinToken, Node, NodeCredential, new_node_id
 from ..selectors import (
@@ -80,7 +82,7 @@ def join_commands(fleet_id: str, secret: str) -> dict:
     server = settings.TUNEPLANE_PUBLIC_URL.rstrip("/")
     return {
         "install_command": f"curl -fsSL {server}/install.sh | TUNEPLANE_FLEET={fleet_id} "
-        f"TUNEPLANE_JOIN_TOKEN={secret} sh",
+        f"TUNEPLANE_JOIN_TOKEN={secret} TUNEPLANE_AGENT_SHA256={lock_sha256()} sh",
         "join_command": f"tuneplane-node join --server {server} --fleet {fleet_id} "
         f"--token {secret}",
     }
@@ -125,47 +127,97 @@ def _refusal_reason(digest: str, fleet_id: str, now) -> tuple[str, JoinToken | N
     return "token not redeemable", token
 
 
+# Refusals from one client for one reason: one audit event and one log line a window,
+# carrying how many there were, so an anonymous client cannot grow the audit table.
+REFUSAL_WINDOW = 60
+
+
 def _refuse(digest: str, fleet_id: str, client_address: str, now) -> JoinRefused:
     reason, token = _refusal_reason(digest, fleet_id, now)
+    count = first_in_window("join-refused", client_address, reason, seconds=REFUSAL_WINDOW)
+    if not count:
+        return JoinRefused()
     target = token if token is not None else ("nodes.jointoken", f"sha256:{digest[:12]}")
     with transaction.atomic():
         audit_record(
             actor=Actor.system("join"),
             action="node.join_refused",
             target=target,
-            after={"reason": reason, "fleet": fleet_id, "client": client_address},
+            after={
+                "reason": reason,
+                "fleet": fleet_id[:63],
+                "client": client_address,
+                "count": count,
+                "window_seconds": REFUSAL_WINDOW,
+            },
         )
     logger.warning(
-        "join refused: %s (fleet %s, token %s, from %s)",
+        "join refused: %s (fleet %r, token %s, from %r; %d since the last such line)",
         reason,
         fleet_id[:63],
         token.pk if token else f"sha256:{digest[:12]}",
         client_address,
+        count,
     )
     return JoinRefused()
 
 
+def _others(nodes, fleet_id: str) -> tuple[list[str], int]:
+    """Nodes of the joining machine's own Fleet by id; of any other Fleet only how many: a
+    join token is for one Fleet, and tells nothing of another's nodes."""
+    rows = list(nodes.values_list("id", "fleet_id")[:5])
+    own = [node_id for node_id, other_fleet in rows if other_fleet == fleet_id]
+    return own, len(rows) - len(own)
+
+
 def _join_warnings(node: Node, inventory: dict, now) -> list[dict]:
     warnings = []
-    for other in (
-        nodes_answering_at(node.address, now=now, exclude_id=node.id)[:5] if node.address else []
-    ):
+    answering = (
+        nodes_answering_at(node.address, now=now, exclude_id=node.id)
+        if node.address
+        else Node.objects.none()
+    )
+    own, foreign = _others(answering, node.fleet_id)
+    for other in own:
         warnings.append(
             {
                 "code": "address_in_use",
-                "node": other.id,
+                "node": other,
                 "address": node.address,
-                "message": f"Another node ({other.id}) answers at {node.address}. If this machine "
+                "message": f"Another node ({other}) answers at {node.address}. If this machine "
                 "re-joined, remove the old record, or the console counts its cards twice.",
             }
         )
-    for other in nodes_with_fingerprint(node.fingerprint, exclude_id=node.id)[:5]:
+    if foreign:
+        warnings.append(
+            {
+                "code": "address_in_use",
+                "count": foreign,
+                "address": node.address,
+                "message": f"{foreign} node(s) of another Fleet answer at {node.address}. "
+                "If this machine moved Fleets, have an administrator remove the old record.",
+            }
+        )
+    own, foreign = _others(
+        nodes_with_fingerprint(node.fingerprint, exclude_id=node.id), node.fleet_id
+    )
+    for other in own:
         warnings.append(
             {
                 "code": "same_machine",
-                "node": other.id,
-                "message": f"This machine's fingerprint matches node {other.id}, which still "
+                "node": other,
+                "message": f"This machine's fingerprint matches node {other}, which still "
                 "exists. If it is this machine's old record, remove it.",
+            }
+        )
+    if foreign:
+        warnings.append(
+            {
+                "code": "same_machine",
+                "count": foreign,
+                "message": f"This machine's fingerprint matches {foreign} node(s) of another "
+                "Fleet, which still exist. If one is this machine's old record, have an "
+                "administrator remove it.",
             }
         )
     for name in unknown_cards(inventory):
@@ -267,7 +319,7 @@ def node_join(
             )
     if won != 1:
         raise _refuse(digest, str(fleet_id), client_address, now)
-    logger.info("node %s joined fleet %s from %s", node.id, node.fleet_id, client_address)
+    logger.info("node %s joined fleet %s from %r", node.id, node.fleet_id, client_address)
     return JoinResult(
         node=node, certificate=certificate, ca_bundle=pki.load_ca().pem, warnings=warnings
     )

@@ -2,6 +2,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
+from tuneplane.permissions import is_admin
 
 from ..choices import Cleanup, DeploymentState, DeploymentStatus, JobState, LifecycleKind, RunState
 from ..models import (
@@ -158,6 +159,10 @@ class WorkloadSerializer(serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug")
     fleet = serializers.CharField(source="fleet_id")
     created_by = serializers.CharField(source="created_by.username", allow_null=True, default=None)
+    admission = serializers.SerializerMethodField(
+        help_text="The gates passed and how many nodes the need fitted on; administrators "
+        "also see which (fits_on)."
+    )
 
     class Meta:
         fields = [
@@ -173,6 +178,17 @@ class WorkloadSerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.DictField())
+    def get_admission(self, workload) -> dict:
+        """Node ids are an administrator's to read (the nodes API is theirs): a member
+        learns how many nodes fitted, never which."""
+        record = dict(workload.admission)
+        fits_on = record.pop("fits_on", [])
+        record["fits_on_nodes"] = len(fits_on)
+        if is_admin(self.context.get("viewer")):
+            record["fits_on"] = fits_on
+        return record
 
 
 class MemberSerializer(serializers.ModelSerializer):

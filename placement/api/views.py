@@ -27,6 +27,10 @@ from . import serializers as s
 from .schema import refusals
 
 
+def seen_by(request) -> dict:
+    return {"viewer": request.user}
+
+
 class WorkloadListView(GenericAPIView):
     """GET: the caller's projects' records; POST: admit one, or refuse with a reason."""
 
@@ -41,14 +45,19 @@ class WorkloadListView(GenericAPIView):
 
     def get(self, request):
         page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(self.serializer_class(page, many=True).data)
+        return self.get_paginated_response(
+            self.serializer_class(page, many=True, context=seen_by(request)).data
+        )
 
     def post(self, request):
         incoming = self.request_serializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         record = self.submit(Actor.of_user(request.user), incoming.validated_data)
         shown = self.get_queryset().get(pk=record.pk)
-        return Response(self.serializer_class(shown).data, status=status.HTTP_201_CREATED)
+        return Response(
+            self.serializer_class(shown, context=seen_by(request)).data,
+            status=status.HTTP_201_CREATED,
+        )
 
 
 def documented(noun: str, request, response, *, refused=(404, 422)):
@@ -104,7 +113,7 @@ class JobCancelView(GenericAPIView):
             raise NotFound(f"{self.model._meta.verbose_name.capitalize()} {job_id} not found.")
         runs.job_cancel(actor=Actor.of_user(request.user), job=job)
         shown = workloads_shown_to(request.user, self.model).get(pk=job_id)
-        return Response(self.serializer_class(shown).data)
+        return Response(self.serializer_class(shown, context=seen_by(request)).data)
 
 
 @extend_schema(
@@ -181,7 +190,11 @@ class DeploymentDetailView(GenericAPIView):
         responses={200: s.DeploymentSerializer, **errors(401, 404)},
     )
     def get(self, request, deployment_id: int):
-        return Response(s.DeploymentSerializer(self._deployment(request, deployment_id)).data)
+        return Response(
+            s.DeploymentSerializer(
+                self._deployment(request, deployment_id), context=seen_by(request)
+            ).data
+        )
 
     @extend_schema(
         summary="Stop a deployment; its Fleet never changes (P2)",
@@ -195,7 +208,11 @@ class DeploymentDetailView(GenericAPIView):
         services.deployment_update(
             actor=Actor.of_user(request.user), deployment=deployment, **incoming.validated_data
         )
-        return Response(s.DeploymentSerializer(self._deployment(request, deployment_id)).data)
+        return Response(
+            s.DeploymentSerializer(
+                self._deployment(request, deployment_id), context=seen_by(request)
+            ).data
+        )
 
 
 @documented("playground session", s.PlaygroundRequest, s.PlaygroundSessionSerializer)

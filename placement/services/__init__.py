@@ -9,8 +9,7 @@ from django.db import transaction
 
 from audit.services import Actor, audit_record
 from fleets.choices import FleetCapability, FleetKind, FleetState
-from fleets.models import Fleet
-from fleets.selectors import fleet_not_found
+from fleets.selectors import fleet_not_found, fleets_open_to
 from tuneplane.errors import NotFound, PlacementRefused, ValidationFailed
 from tuneplane.models import Membership, Project
 from tuneplane.permissions import is_admin
@@ -67,8 +66,10 @@ def _record(
     **fields,
 ):
     """Write the admitted workload against its locked Fleet, and audit it."""
-    fleet = Fleet.objects.select_for_update(of=("self",)).filter(pk=admitted.fleet_id).first()
-    if fleet is None:
+    fleet = (
+        fleets_open_to(project).select_for_update(of=("self",)).filter(pk=admitted.fleet_id).first()
+    )
+    if fleet is None:  # gone, or made another project's, since the gates ran (F8)
         raise fleet_not_found(admitted.fleet_id)
     if fleet.state != FleetState.ACTIVE:  # changed since the gates ran
         raise PlacementRefused(
@@ -109,7 +110,7 @@ def _job(model, *, actor: Actor, project_slug, need: Need, volumes, datasets, ru
     project = project_for(actor.user, project_slug)
     volumes = _storage(project, Volume, volumes, "volumes")
     datasets = _storage(project, Dataset, datasets, "datasets")
-    admitted = admit_automatically(actor.user, need)
+    admitted = admit_automatically(project, need)
     with transaction.atomic():
         job = _record(
             model,
@@ -209,7 +210,7 @@ def deployment_submit(
     """P2: the named Fleet, or the only visible serving one; its first revision on the node
     that fits best."""
     project = project_for(actor.user, project)
-    admitted = admit_deployment(actor.user, fleet, Need(FleetCapability.SERVE, series, cards))
+    admitted = admit_deployment(project, fleet, Need(FleetCapability.SERVE, series, cards))
     with transaction.atomic():
         deployment = _record(
             Deployment,
@@ -263,7 +264,7 @@ def playground_session_submit(
     """P4: among serving Fleets of kind node or kubernetes — never a slurm one."""
     project = project_for(actor.user, project)
     admitted = admit_automatically(
-        actor.user,
+        project,
         Need(FleetCapability.SERVE, series, cards, kinds=(FleetKind.NODE, FleetKind.KUBERNETES)),
     )
     with transaction.atomic():
@@ -290,7 +291,7 @@ def environment_submit(*, actor: Actor, project: str, name: str, manifest) -> En
             field="manifest.fleet",
         )
     project = project_for(actor.user, project)
-    admitted = admit_named(actor.user, manifest["fleet"], Need(FleetCapability.ENV))
+    admitted = admit_named(project, manifest["fleet"], Need(FleetCapability.ENV))
     with transaction.atomic():
         return _record(
             Environment,

@@ -222,6 +222,12 @@ def membership_remove(w):
     return lambda: tuneplane.membership_remove(actor=Actor.of_user(w.admin), membership=membership)
 
 
+def login_locked_out(w):
+    return lambda: tuneplane.login_locked_out(
+        username=w.admin.get_username(), client="198.51.100.7", count=3
+    )
+
+
 def handover_on_commit(w):
     job, _ = w.cluster_job()
 

@@ -46,6 +46,7 @@ from .scenarios import (
     fleet_set_state,
     fleet_update,
     handover_on_commit,
+    login_locked_out,
     membership_add,
     membership_remove,
     project_create,
@@ -133,6 +134,9 @@ SCENARIOS = {
     "tuneplane.services.membership_add": Scenario(membership_add, (created("membership.added"),)),
     "tuneplane.services.membership_remove": Scenario(
         membership_remove, (deleted("membership.removed"),)
+    ),
+    "tuneplane.services.login_locked_out": Scenario(
+        login_locked_out, (created("login.locked_out"),)
     ),
     "nodes.services.hardware.series_create": Scenario(
         nodes.series_create, (created("hardware_series.created"),)

@@ -81,11 +81,11 @@ def test_bench_admission_100_fleets_10k_nodes(make_fleet, member, project, capsy
     need = Need("train", "h100", 8)
     decide, submit = [], []
     with CaptureQueriesContext(connection) as queries:
-        admit_automatically(member, need)
+        admit_automatically(project, need)
     decision_queries = len(queries.captured_queries)
     for _ in range(RUNS):
         started = time.perf_counter()
-        admitted = admit_automatically(member, need)
+        admitted = admit_automatically(project, need)
         decide.append((time.perf_counter() - started) * 1000)
     Node.objects.update(inventory_observed_at=timezone.now())
     for index in range(RUNS):

@@ -1,10 +1,13 @@
+import signal
 import uuid
 
 import psycopg
 import pytest
 from django.db import connection
 
-from .agents import lay_out_a_joined_node, running_gateway
+from nodes.models import ControlSession
+
+from .agents import lay_out_a_joined_node, running_gateway, serve, wait_until
 from .console import database_url
 
 
@@ -45,3 +48,17 @@ def joined(node_fleet, mint, tmp_path):
 def joined_short(node_fleet, mint, tmp_path, settings):
     settings.TUNEPLANE_NODE_CREDENTIAL_TTL = 6
     return lay_out_a_joined_node(node_fleet, mint, tmp_path)
+
+
+@pytest.fixture
+def bystander(gateway, node_fleet, mint, tmp_path):
+    """A real agent on its own node, holding its stream throughout."""
+    node, env, _ = lay_out_a_joined_node(node_fleet, mint, tmp_path, name="bystander")
+    agent = serve(env, gateway, tmp_path)
+    session = wait_until(
+        lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).first(),
+        what="the bystander connected",
+    )
+    yield session
+    agent.send_signal(signal.SIGTERM)
+    agent.wait(20)

@@ -3,7 +3,6 @@ oversized message and a flood of Hellos. Each is refused or dropped, and a real 
 stream beside it is unaffected."""
 
 import queue
-import signal
 import threading
 import time
 
@@ -14,7 +13,7 @@ from nodes.agent.proto import control_pb2 as pb
 from nodes.agent.proto import control_pb2_grpc
 from nodes.models import ControlSession
 
-from .agents import credentials, lay_out_a_joined_node, serve, wait_until
+from .agents import credentials, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,20 +45,6 @@ class Stream:
     def close(self) -> None:
         self.outgoing.put(None)
         self.channel.close()
-
-
-@pytest.fixture
-def bystander(gateway, node_fleet, mint, tmp_path):
-    """A real agent on its own node, holding its stream throughout."""
-    node, env, _ = lay_out_a_joined_node(node_fleet, mint, tmp_path, name="bystander")
-    agent = serve(env, gateway, tmp_path)
-    session = wait_until(
-        lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).first(),
-        what="the bystander connected",
-    )
-    yield session
-    agent.send_signal(signal.SIGTERM)
-    agent.wait(20)
 
 
 def still_beating(session) -> None:

@@ -320,3 +320,22 @@ def test_fleet_list_query_count_does_not_grow_with_fleets(
     assert few == many
     with django_assert_max_num_queries(3):  # token, count, page
         member_api.get("/api/fleets")
+
+
+def test_issue17_item2_members_get_a_fleet_without_its_config_admins_see_it(
+    make_fleet, member_api, admin_api
+):
+    config = {
+        "slurm_rest_url": "http://slurm.internal:6820",
+        "slurm_token_env": "TUNEPLANE_TOKEN_HPC",
+    }
+    make_fleet("hpc", kind="slurm", capabilities=["train"], config=config)
+    for path in ("/api/fleets", "/api/fleets/hpc"):
+        shown = member_api.get(path)
+        assert shown.status_code == 200
+        assert "slurm.internal" not in shown.content.decode()
+        assert "TUNEPLANE_TOKEN_HPC" not in shown.content.decode()
+    member_view = member_api.get("/api/fleets/hpc").json()
+    assert set(member_view) == FLEET_FIELDS - {"config"}
+    assert admin_api.get("/api/fleets/hpc").json()["config"] == config
+    assert admin_api.get("/api/fleets").json()["results"][0]["config"] == config

@@ -1,8 +1,10 @@
 """Bad input gets a clear error naming the field, and changes nothing."""
 
 import json
+import re
 
 import pytest
+from django.urls import URLResolver, get_resolver
 
 from audit.models import AuditEvent
 from fleets.models import Fleet
@@ -114,3 +116,34 @@ def test_wrong_content_type_is_415_with_the_error_body(admin_api):
     assert response.status_code == 415
     assert response.json()["error"]["code"] == "unsupported_media_type"
     assert nothing_written()
+
+
+def api_routes(patterns=None, prefix=""):
+    for entry in get_resolver().url_patterns if patterns is None else patterns:
+        route = prefix + str(entry.pattern)
+        if isinstance(entry, URLResolver):
+            yield from api_routes(entry.url_patterns, route)
+        elif route.startswith("api/"):
+            yield route
+
+
+def test_issue17_item6_deeply_nested_json_is_a_400_naming_the_body_on_every_endpoint(
+    admin_api, anon_api, make_fleet
+):
+    make_fleet("gpu-lab", capabilities=["train"])
+    deep = "[" * 100_000 + "]" * 100_000
+    just_too_deep = json.dumps({"fleet": json.loads("[" * 40 + "]" * 40)})
+    assert anon_api.post("/api/nodes/join", deep).status_code == 400
+    tried = 0
+    for route in api_routes():
+        path = "/" + re.sub(
+            r"<(?:\w+:)?(\w+)>", lambda m: "gpu-lab" if "fleet" in m[1] else "1", route
+        )
+        for method in ("POST", "PATCH"):
+            for body in (deep, just_too_deep):
+                response = admin_api.request(method, path, body)
+                assert response.status_code != 500, (method, path)
+                if response.status_code == 400:
+                    tried += 1
+                    assert response.json()["error"]["field"] == "body", (method, path)
+    assert tried >= 20

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from audit.models import AuditEvent
+from nodes.downloads import lock_sha256
 from nodes.models import CardAlias, HardwareSeries, JoinToken
 from tuneplane.models import hash_secret
 
@@ -37,7 +38,8 @@ def test_J2_add_a_machine_shows_the_token_once(staff, node_fleet, settings):
     minted = staff.post(url)
     page = minted.content.decode()
     assert "no-store" in minted["Cache-Control"]
-    secret = re.search(r"TUNEPLANE_JOIN_TOKEN=(tpj_[A-Za-z0-9_-]+) sh", page).group(1)
+    secret = re.search(r"TUNEPLANE_JOIN_TOKEN=(tpj_[A-Za-z0-9_-]+) ", page).group(1)
+    assert f"TUNEPLANE_AGENT_SHA256={lock_sha256()} sh" in page
     assert "curl -fsSL https://tuneplane.corp/install.sh | TUNEPLANE_FLEET=gpu-lab" in page
     assert (
         f"tuneplane-node join --server https://tuneplane.corp --fleet gpu-lab --token {secret}"

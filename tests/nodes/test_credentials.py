@@ -135,16 +135,38 @@ def test_a_fleet_saved_before_the_rule_reads_no_console_secret_and_sends_nothing
 def test_a_symlink_out_of_the_secrets_dir_is_not_followed(db, replay, secrets_dir, tmp_path):
     outside = tmp_path / "console.env"
     outside.write_text(CONSOLE_SECRET)
-    (secrets_dir / "k8s-token").symlink_to(outside)
     fleet = kube_fleet(
         "k8s-link", kube_config(replay.url, kube_token_file=str(secrets_dir / "k8s-token"))
     )
+    (secrets_dir / "k8s-token").symlink_to(outside)  # made after the config was saved
 
     snapshot = cluster_refresh(fleet)
 
     assert "leads out of TUNEPLANE_SECRETS_DIR" in snapshot.error
     assert CONSOLE_SECRET not in snapshot.error
     assert replay.requests == []
+
+
+def test_issue17_item15_a_symlink_out_of_the_secrets_dir_is_refused_when_the_config_is_saved(
+    admin_api, secrets_dir, tmp_path
+):
+    outside = tmp_path / "console.env"
+    outside.write_text(CONSOLE_SECRET)
+    (secrets_dir / "k8s-token").symlink_to(outside)
+    config = {"kube_api_url": "https://k8s.internal:6443", "kuberay_namespace": "ml"}
+    response = admin_api.post(
+        "/api/fleets",
+        {
+            "id": "k8s-link",
+            "kind": "kubernetes",
+            "config": {**config, "kube_token_file": str(secrets_dir / "k8s-token")},
+        },
+    )
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["field"] == "config.kube_token_file"
+    assert "leads out of TUNEPLANE_SECRETS_DIR" in error["message"]
+    assert CONSOLE_SECRET not in response.content.decode()
 
 
 def test_a_symlink_within_the_secrets_dir_is_read(db, replay, secrets_dir):

@@ -6,11 +6,12 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+import zipfile
 
 import pytest
 
 from nodes.choices import SchedulingState
-from nodes.downloads import build_agent_wheels
+from nodes.downloads import build_agent_wheels, lock_sha256, lock_text
 from nodes.models import Node
 from tests.conftest import H100_INVENTORY
 
@@ -47,6 +48,8 @@ def run_install(server, env: dict) -> subprocess.CompletedProcess:
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", "/root"),
         "TUNEPLANE_PYTHON": sys.executable,
+        # As the one-liner shown at mint carries it.
+        "TUNEPLANE_AGENT_SHA256": lock_sha256(),
     }
     return subprocess.run(
         ["sh", "-s"], input=script, env={**base, **env}, capture_output=True, text=True, timeout=300
@@ -128,3 +131,29 @@ def test_downloads_index_lists_the_agent_wheel(server):
     assert "tuneplane_node-" in page and "cryptography-" in page
     with pytest.raises(urllib.error.HTTPError):
         fetch(f"{server}/downloads/..%2Fsettings.py")
+
+
+def test_issue17_item15_install_sh_refuses_a_wheel_changed_after_the_one_liner(
+    server, settings, agent_wheels, node_fleet, mint, tmp_path
+):
+    shown = lock_sha256()  # what the one-liner carried
+    tampered = tmp_path / "downloads"
+    shutil.copytree(agent_wheels, tampered)
+    settings.TUNEPLANE_DOWNLOADS_DIR = tampered
+    wheel = next(tampered.glob("tuneplane_node-*.whl"))
+    with zipfile.ZipFile(wheel, "a") as archive:
+        archive.writestr("tuneplane_node/backdoor.py", "print('owned')\n")
+    assert "tuneplane_node" in lock_text() and lock_sha256() != shown
+    prefix = tmp_path / "root"
+    result = run_install(
+        server,
+        {
+            "TUNEPLANE_PREFIX": str(prefix),
+            "TUNEPLANE_FLEET": "gpu-lab",
+            "TUNEPLANE_JOIN_TOKEN": mint(node_fleet)[1],
+            "TUNEPLANE_AGENT_SHA256": shown,
+        },
+    )
+    assert result.returncode != 0
+    assert "does not match TUNEPLANE_AGENT_SHA256" in result.stderr
+    assert not (prefix / "opt/tuneplane-node").exists() and not Node.objects.exists()

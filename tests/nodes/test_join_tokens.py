@@ -6,6 +6,7 @@ import pytest
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from nodes.downloads import lock_sha256
 from nodes.models import JoinToken
 
 
@@ -18,7 +19,7 @@ def test_J2_mint_shows_the_token_and_commands_once(admin_api, node_fleet, settin
     assert secret.startswith("tpj_") and len(secret) >= 40
     assert body["install_command"] == (
         f"curl -fsSL https://tuneplane.corp/install.sh | TUNEPLANE_FLEET=gpu-lab "
-        f"TUNEPLANE_JOIN_TOKEN={secret} sh"
+        f"TUNEPLANE_JOIN_TOKEN={secret} TUNEPLANE_AGENT_SHA256={lock_sha256()} sh"
     )
     assert body["join_command"] == (
         f"tuneplane-node join --server https://tuneplane.corp --fleet gpu-lab --token {secret}"

@@ -318,7 +318,7 @@ def test_L1_a_closed_stream_never_fits(fleet, member_api, project):
     refusal(submit(member_api, "training-jobs", cards=1), "inventory_fit")
 
 
-def test_L1_a_lease_past_its_end_never_fits_though_inventory_is_fresh(fleet, member):
+def test_L1_a_lease_past_its_end_never_fits_though_inventory_is_fresh(fleet, member, project):
     from nodes.models import ControlSession
     from placement.admission import Need, admit_automatically
 
@@ -326,10 +326,10 @@ def test_L1_a_lease_past_its_end_never_fits_though_inventory_is_fresh(fleet, mem
     session = ControlSession.objects.get()
     Node.objects.update(inventory_observed_at=session.lease_expires_at)
     before = session.lease_expires_at - timedelta(seconds=1)
-    assert admit_automatically(member, Need("train", "h100", 1), now=before).fleet_id == "gpu-lab"
+    assert admit_automatically(project, Need("train", "h100", 1), now=before).fleet_id == "gpu-lab"
     with pytest.raises(PlacementRefused) as refused:
         admit_automatically(
-            member, Need("train", "h100", 1), now=session.lease_expires_at + timedelta(seconds=1)
+            project, Need("train", "h100", 1), now=session.lease_expires_at + timedelta(seconds=1)
         )
     assert refused.value.reason == "inventory_fit"
 

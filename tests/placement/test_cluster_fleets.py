@@ -47,29 +47,31 @@ def kube(replay, make_fleet):
     return fleet
 
 
-def refusal(member, need, now=None) -> PlacementRefused:
+def refusal(project, need, now=None) -> PlacementRefused:
     with pytest.raises(PlacementRefused) as refused:
-        admit_automatically(member, need, now=now)
+        admit_automatically(project, need, now=now)
     return refused.value
 
 
-def test_only_the_ready_schedulable_node_fits_and_the_gfd_label_maps_to_h100(kube, member):
-    admitted = admit_automatically(member, Need("train", "h100", 8))
+def test_only_the_ready_schedulable_node_fits_and_the_gfd_label_maps_to_h100(kube, member, project):
+    admitted = admit_automatically(project, Need("train", "h100", 8))
     assert admitted.fleet_id == "k8s-lab" and admitted.nodes == ["gpu-h100-01"]
     assert (
-        refusal(member, Need("train", "h100", 9)).details["best_offer"]
+        refusal(project, Need("train", "h100", 9)).details["best_offer"]
         == "largest fit: 8 × h100 on one node in k8s-lab"
     )
-    assert refusal(member, Need("train", "a100-80gb", 1)).reason == "inventory_fit"  # NotReady
+    assert refusal(project, Need("train", "a100-80gb", 1)).reason == "inventory_fit"  # NotReady
 
 
-def test_D1_a_draining_cluster_fleet_takes_no_new_work(kube, member):
+def test_D1_a_draining_cluster_fleet_takes_no_new_work(kube, member, project):
     kube.state = "draining"
     kube.save(update_fields=["state"])
-    assert refusal(member, Need("train", "h100", 8)).reason == "state"
+    assert refusal(project, Need("train", "h100", 8)).reason == "state"
 
 
-def test_L1_a_failed_read_keeps_the_snapshot_until_it_ages_out(kube, member, replay, settings):
+def test_L1_a_failed_read_keeps_the_snapshot_until_it_ages_out(
+    kube, member, replay, settings, project
+):
     read = cluster_refresh(kube)
     replay.serve("GET", "/api/v1/nodes", "status-500.json", status=500)
     failed = clusters_refresh()
@@ -78,7 +80,7 @@ def test_L1_a_failed_read_keeps_the_snapshot_until_it_ages_out(kube, member, rep
     window = timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
     assert (
         admit_automatically(
-            member, Need("train", "h100", 8), now=read.observed_at + window
+            project, Need("train", "h100", 8), now=read.observed_at + window
         ).fleet_id
         == "k8s-lab"
     )

@@ -194,7 +194,8 @@ def test_P7_two_jobs_admitted_onto_the_same_cards_are_both_admitted(
 
     for job in (first, second):
         assert job["fleet"] == "gpu-lab"
-        assert job["admission"]["fits_on"] == [node.id]
-    assert TrainingJob.objects.filter(fleet_id="gpu-lab").count() == 2
+        assert job["admission"]["fits_on_nodes"] == 1
+    jobs = TrainingJob.objects.filter(fleet_id="gpu-lab")
+    assert [job.admission["fits_on"] for job in jobs] == [[node.id], [node.id]]
     node.refresh_from_db()
     assert (node.series_cards, node.card_count) == ({"h100": 8}, 8)

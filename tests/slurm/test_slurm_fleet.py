@@ -68,9 +68,9 @@ def settled(fleet, within=30.0) -> dict:
         time.sleep(0.5)
 
 
-def refused(member, cards, now=None) -> PlacementRefused:
+def refused(project, cards, now=None) -> PlacementRefused:
     with pytest.raises(PlacementRefused) as refusal:
-        admit_automatically(member, Need("train", "h100", cards), now=now)
+        admit_automatically(project, Need("train", "h100", cards), now=now)
     return refusal.value
 
 
@@ -82,11 +82,13 @@ def test_its_inventory_is_what_slurm_says_four_h100(hpc, slurm_cluster):
     assert machine["detail"]["partitions"] == [slurm_cluster.partition]
 
 
-def test_J4_an_unmapped_slurm_card_type_never_fits_a_pinned_series(hpc, member, admin_user):
+def test_J4_an_unmapped_slurm_card_type_never_fits_a_pinned_series(
+    hpc, member, admin_user, project
+):
     card_alias_map(
         actor=Actor.of_user(admin_user), alias=CardAlias.objects.get(name="h100"), series=None
     )
-    assert refused(member, 2).reason == "inventory_fit"
+    assert refused(project, 2).reason == "inventory_fit"
 
 
 def test_P7_two_h100_are_admitted_handed_to_slurm_and_run_to_completed(hpc, member, project):
@@ -247,41 +249,41 @@ def test_P7_a_handover_under_way_is_left_to_its_worker(hpc, member, slurm_cluste
     assert slurm_jobs_with_comment(slurm_cluster, "tp-underway0001") == []
 
 
-def test_P6_eight_h100_are_refused_with_the_largest_fit_that_exists(hpc, member):
-    refusal = refused(member, 8)
+def test_P6_eight_h100_are_refused_with_the_largest_fit_that_exists(hpc, member, project):
+    refusal = refused(project, 8)
     assert refusal.reason == "inventory_fit"
     assert refusal.details["best_offer"] == "largest fit: 4 × h100 on one node in hpc"
 
 
 def test_D1_a_node_drained_in_slurm_stops_fitting_and_shows_as_not_made_by_the_console(
-    hpc, member, slurm_cluster, admin_client
+    hpc, member, slurm_cluster, admin_client, project
 ):
     node = slurm_cluster.node_name
     slurm_cluster.scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason=test-drain")
     try:
         [machine] = cluster_refresh(hpc).machines
         assert (machine["state"], machine["reason"]) == ("cordoned", "Slurm drain: test-drain")
-        assert refused(member, 2).reason == "inventory_fit"
+        assert refused(project, 2).reason == "inventory_fit"
         page = admin_client.get("/admin/fleets/fleet/hpc/change/").content.decode()
         assert "test-drain" in page and "not made by the console" in page
     finally:
         slurm_cluster.scontrol("update", f"NodeName={node}", "State=RESUME")
     # Resumed, Slurm pings slurmd first (NOT_RESPONDING meanwhile: gone, to the console).
     assert settled(hpc)["state"] == "schedulable"
-    assert admit_automatically(member, Need("train", "h100", 2)).fleet_id == "hpc"
+    assert admit_automatically(project, Need("train", "h100", 2)).fleet_id == "hpc"
 
 
 def test_D1_a_draining_slurm_fleet_takes_no_new_work_and_slurm_is_untouched(
-    hpc, member, slurm_cluster
+    hpc, member, slurm_cluster, project
 ):
     hpc.state = "draining"
     hpc.save(update_fields=["state"])
-    assert refused(member, 2).reason == "state"
+    assert refused(project, 2).reason == "state"
     assert "DRAIN" not in slurm_cluster.scontrol("show", "node", slurm_cluster.node_name)
 
 
 def test_L1_slurmrestd_gone_ages_the_fleet_out_of_placement_with_the_error_shown(
-    hpc, member, slurm_cluster, admin_client, settings
+    hpc, member, slurm_cluster, admin_client, settings, project
 ):
     read = cluster_refresh(hpc)
     slurm_cluster.stop_restd()
@@ -290,9 +292,9 @@ def test_L1_slurmrestd_gone_ages_the_fleet_out_of_placement_with_the_error_shown
         assert failed.observed_at == read.observed_at and "did not answer" in failed.error
         window = timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
         within = read.observed_at + window - timedelta(seconds=1)
-        assert admit_automatically(member, Need("train", "h100", 2), now=within).fleet_id == "hpc"
+        assert admit_automatically(project, Need("train", "h100", 2), now=within).fleet_id == "hpc"
         assert (
-            refused(member, 2, now=read.observed_at + window + timedelta(seconds=1)).reason
+            refused(project, 2, now=read.observed_at + window + timedelta(seconds=1)).reason
             == "inventory_fit"
         )
         page = admin_client.get("/admin/fleets/fleet/hpc/change/").content.decode()

@@ -80,3 +80,20 @@ def test_every_operation_documents_the_refusals_made_before_its_view(client, db)
     for path, item in document["paths"].items():
         for method, operation in item.items():
             assert {"400", "414", "503"} <= set(operation["responses"]), (method, path)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_issue17_item8_healthz_says_which_dependency_is_down_never_the_error_text(client):
+    from django.db import connection
+
+    real = connection.settings_dict["NAME"]
+    connection.close()
+    connection.settings_dict["NAME"] = "/no/such/dir/s3cr3t.sqlite3"  # neither engine opens it
+    try:
+        response = client.get("/healthz")
+    finally:
+        connection.close()
+        connection.settings_dict["NAME"] = real
+    assert response.status_code == 503
+    assert response.json() == {"status": "unhealthy", "database": "unavailable"}
+    assert b"s3cr3t" not in response.content

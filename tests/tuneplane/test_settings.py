@@ -71,3 +71,35 @@ def test_a_bad_duration_is_refused_naming_the_setting(tmp_path, value):
     result = settings_under(tmp_path, TUNEPLANE_QUIET_SERVE=value)
     assert result.returncode != 0
     assert "TUNEPLANE_QUIET_SERVE" in result.stderr and "ImproperlyConfigured" in result.stderr
+
+
+def test_issue17_item14_behind_tls_check_deploy_is_clean(tmp_path):
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "DJANGO_SETTINGS_MODULE": "tuneplane.settings",
+        "TUNEPLANE_VAR_DIR": str(tmp_path),
+        "TUNEPLANE_HTTPS": "1",
+    }
+    checked = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert "System check identified no issues" in checked.stdout
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings as s; "
+            "print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_SSL_REDIRECT, "
+            "s.SECURE_HSTS_SECONDS > 0, s.SECURE_PROXY_SSL_HEADER)",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert shown.stdout.split() == ["True"] * 4 + ["('HTTP_X_FORWARDED_PROTO',", "'https')"]

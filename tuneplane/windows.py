@@ -1,0 +1,67 @@
+"""Fixed-window counts in the shared cache (Redis with REDIS_URL, so every replica counts
+together), each a single atomic increment. While the cache is away they count in this
+process: what they guard goes on, still bounded, per replica.
+
+Throttles (the join endpoint's) ask how many in this window; rate-limited records (one
+audit event per client and reason a minute, card names a node may add an hour) ask whether
+this is the first of its window and how many came since the last one recorded.
+"""
+
+import hashlib
+import logging
+
+import redis
+from django.core.cache import cache as shared_cache
+from django.core.cache.backends.locmem import LocMemCache
+
+logger = logging.getLogger("tuneplane")
+
+_local_cache = LocMemCache("tuneplane-windows", {})
+
+# How long a running total outlives its last increment.
+TOTAL_TIMEOUT = 24 * 3600
+
+
+def _key(scope: str, parts) -> str:
+    digest = hashlib.sha256("\x1f".join(str(part) for part in parts).encode()).hexdigest()
+    return f"window:{scope}:{digest[:32]}"
+
+
+def _count(cache, key: str, seconds: int, delta: int = 1) -> int:
+    cache.add(key, 0, timeout=seconds)  # starts the window, unless one is running
+    try:
+        return cache.incr(key, delta)
+    except ValueError:  # the window ended between the two calls
+        cache.add(key, 0, timeout=seconds)
+        return cache.incr(key, delta)
+
+
+def _with_fallback(call):
+    try:
+        return call(shared_cache)
+    except redis.RedisError as error:
+        logger.warning("counting in this process while the cache is away (%s)", error)
+        return call(_local_cache)
+
+
+def count_in_window(scope: str, *parts, seconds: int, delta: int = 1) -> int:
+    """These ``delta`` included, how many of ``parts`` in the current window of ``seconds``."""
+    key = _key(scope, parts)
+    return _with_fallback(lambda chosen: _count(chosen, key, seconds, delta))
+
+
+def first_in_window(scope: str, *parts, seconds: int) -> int:
+    """0 while a window of ``seconds`` for ``parts`` is running; at the first of a new
+    window, how many there were since the previous first (this one included), so that one
+    record a window still counts every occurrence."""
+    key = _key(scope, parts)
+
+    def tally(cache) -> int:
+        total = _count(cache, key + ":total", TOTAL_TIMEOUT)
+        if not cache.add(key + ":open", 1, timeout=seconds):
+            return 0
+        recorded = cache.get(key + ":recorded") or 0
+        cache.set(key + ":recorded", total, timeout=TOTAL_TIMEOUT)
+        return max(total - recorded, 1)
+
+    return _with_fallback(tally)

@@ -48,9 +48,9 @@ def _devices(devices, totals: dict[str, int]) -> list[dict]:
         here = f"{field}[{position}]"
         if not isinstance(device, dict) or set(device) != {"index", "uuid", "name"}:
             raise ValidationFailed(f'{here} must be {{"index", "uuid", "name"}}.', field=here)
-        index = _count(device["index"], f"{here}.index", minimum=0, required=True)
-        if index >= MAX_CARDS:
-            raise ValidationFailed(f"{here}.index must be below {MAX_CARDS}.", field=here)
+        index = _count(
+            device["index"], f"{here}.index", minimum=0, maximum=MAX_CARDS - 1, required=True
+        )
         uuid = _text(device["uuid"], f"{here}.uuid", required=True).strip()
         name = _text(device["name"], f"{here}.name", required=True).strip()
         counts[name] = counts.get(name, 0) + 1

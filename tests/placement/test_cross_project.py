@@ -17,8 +17,11 @@ EVERY_KIND = ["train", "eval", "serve", "env"]
 
 # Each workload kind, as submitted with the Fleet named where the kind names one.
 AUTOMATIC = {
-    "training-jobs": ({"series": "h100", "cards": 1}, TrainingJob),
-    "lifecycle-jobs": ({"kind": "eval", "series": "h100", "cards": 1}, LifecycleJob),
+    "training-jobs": ({"series": "h100", "cards": 1, "command": ["true"]}, TrainingJob),
+    "lifecycle-jobs": (
+        {"kind": "eval", "series": "h100", "cards": 1, "command": ["true"]},
+        LifecycleJob,
+    ),
     "playground-sessions": ({"cards": 1}, PlaygroundSession),
 }
 NAMED = {

@@ -378,6 +378,7 @@ class NodeCommandAdmin(ReadOnlyAdmin):
     list_filter = ["state", "kind", "node__fleet"]
     search_fields = ["id", "node__id", "node__hostname"]
     list_select_related = ["node"]
+    exclude = ["payload"]  # a member's carries its job's env values: shown nowhere again
 
 
 @admin.register(StrayCommand)

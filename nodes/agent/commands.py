@@ -96,7 +96,7 @@ class Commands:
     def _path(self, command_id: str, suffix: str = ".json") -> Path:
         return self.directory / f"{command_id}{suffix}"
 
-    def _save(self, command: Command) -> None:
+    def save(self, command: Command) -> None:
         state.ensure_private_dir(self.directory)
         state.write_private(self._path(command.command_id), json.dumps(asdict(command)).encode())
 
@@ -139,7 +139,7 @@ class Commands:
         else:
             code = VANISHED
         command.state, command.exit_code = (SUCCEEDED if code == 0 else FAILED), code
-        self._save(command)
+        self.save(command)
         self.children.pop(command.command_id, None)
         return command
 
@@ -165,17 +165,17 @@ class Commands:
             return self._on_member(command_id, kind, payload)
         argv = payload.get("argv")
         command = Command(command_id=command_id, kind=kind, argv=argv or [])
-        self._save(command)
+        self.save(command)
         if kind != "run" or not argv or not all(isinstance(arg, str) for arg in argv):
             command.state, command.exit_code = FAILED, VANISHED
-            self._save(command)
+            self.save(command)
             return command
         self._spawn(
             command,
             ["/bin/sh", "-c", WRAPPER, str(self._path(command_id, ".exit")), *argv],
             self._path(command_id, ".log"),
         )
-        self._save(command)
+        self.save(command)
         return command
 
     def _spawn(self, command: Command, argv: list[str], log_path: Path, **options) -> None:
@@ -223,13 +223,13 @@ class Commands:
             command.state, command.exit_code, command.reason = FAILED, VANISHED, "refused"
             command.cleaned = True
             logger.warning("member %s %s", command_id, refusal)
-            self._save(command)
+            self.save(command)
             return command
         scratch = self.scratch / command_id
         state.ensure_private_dir(scratch)
         argv = members.argv_of(payload, scratch)
         command.argv = argv[:1]
-        self._save(command)  # persisted before it starts (R4)
+        self.save(command)  # persisted before it starts (R4)
         command.confinement, procs = members.confine(
             self.cgroup(command_id), payload.get("cpus"), payload.get("memory_bytes")
         )
@@ -242,7 +242,7 @@ class Commands:
             cwd=scratch,
             env=members.member_env(payload, scratch, self.storage_root),
         )
-        self._save(command)
+        self.save(command)
         return command
 
     def _refresh_member(self, command: Command) -> Command:
@@ -274,7 +274,7 @@ class Commands:
         self.children.pop(command.command_id, None)
         if command.cleanup_wanted:
             self._clean(command)
-        self._save(command)
+        self.save(command)
         return command
 
     def _escalate(self, command: Command) -> None:
@@ -283,33 +283,44 @@ class Commands:
             return
         now = time.time()
         if command.killed_at is None and now >= command.stop_at + command.grace:
-            members.signal_member(command.pid, self.cgroup(command.command_id), members.SIGKILL)
+            members.signal_member(
+                self._leader(command), self.cgroup(command.command_id), members.SIGKILL
+            )
             command.killed_at = now
-            self._save(command)
+            self.save(command)
         elif (
             command.killed_at is not None
             and now >= command.killed_at + members.UNKILLABLE_AFTER
             and command.reason != "unkillable"
         ):
             command.reason = "unkillable"
-            self._save(command)
+            self.save(command)
 
     def _stop(self, command: Command, grace: float) -> None:
         if command.state != RUNNING or command.stop_at is not None:
             return
         command.stop_at, command.grace = time.time(), grace
-        self._save(command)
-        members.signal_member(command.pid, self.cgroup(command.command_id), members.SIGTERM)
+        self.save(command)
+        members.signal_member(
+            self._leader(command), self.cgroup(command.command_id), members.SIGTERM
+        )
         self._escalate(command)
 
     def _clean(self, command: Command) -> None:
         """Whatever the member left is gone: its processes, cgroup and scratch dir (R7)."""
         cgroup = self.cgroup(command.command_id)
-        members.signal_member(command.pid, cgroup, members.SIGKILL)
+        members.signal_member(self._leader(command), cgroup, members.SIGKILL)
         members.release(cgroup)
         members.remove_scratch(self.scratch / command.command_id)
-        command.cleaned = not members.cgroup_pids(cgroup)
-        self._save(command)
+        command.cleaned = not members.live_pids(cgroup)
+        if not command.cleaned:
+            # Something of it outlived SIGKILL: a minute on, it is unkillable (stuck in the
+            # kernel); the node is cordoned for it and its cards stay held (DESIGN §7).
+            now = time.time()
+            command.killed_at = command.killed_at or now
+            if now >= command.killed_at + members.UNKILLABLE_AFTER:
+                command.reason = "unkillable"
+        self.save(command)
 
     def _on_member(self, command_id: str, kind: str, payload: dict) -> Command:
         """A stop or cleanup: applied to the member it names, answered at once. A member
@@ -330,44 +341,23 @@ class Commands:
             self._stop(member, grace)
             if kind == CLEANUP:
                 member.cleanup_wanted = True
-                self._save(member)
+                self.save(member)
                 self._refresh(member)
             command.state = SUCCEEDED
         command.exit_code = 0
-        self._save(command)
+        self.save(command)
         return command
+
+    def _leader(self, command: Command) -> int | None:
+        """The member's process group, if its leader is still the process it started (a pid
+        reused by another job's wrapper is never signalled)."""
+        pid = command.pid
+        if pid and _started(pid) == command.started and not members.zombie(pid):
+            return pid
+        return None
 
     def cgroup(self, member_id: str) -> str:
         return f"{self.scope}/{member_id}"
-
-    def adopt_orphans(self) -> list[str]:
-        """R6: members whose state file is lost are found by what they left running — a
-        cgroup named by their id, with processes in it — and adopted as running, so that the
-        console's reconcile keeps them rather than calling them vanished."""
-        adopted = []
-        with self.lock:
-            for member_id in members.cgroup_members(self.scope):
-                cgroup = self.cgroup(member_id)
-                pids = members.cgroup_pids(cgroup)
-                if not COMMAND_ID.fullmatch(member_id) or self.get(member_id) or not pids:
-                    continue
-                leader = next((pid for pid in pids if members.leads_group(pid)), pids[0])
-                self._save(
-                    Command(
-                        command_id=member_id,
-                        kind=START,
-                        argv=[],
-                        pid=leader,
-                        started=_started(leader),
-                        boot_id=members.boot_id(),
-                        confinement=members.cgroup_paths(cgroup)[0],
-                        reason="adopted",
-                    )
-                )
-                adopted.append(member_id)
-        for member_id in adopted:
-            logger.warning("member %s had no state file; adopted from its cgroup", member_id)
-        return adopted
 
     def log_tail(self, member_id: str, tail_bytes: int) -> bytes | None:
         if not COMMAND_ID.fullmatch(member_id):

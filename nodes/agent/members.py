@@ -164,6 +164,11 @@ def leads_group(pid: int) -> bool:
         return False
 
 
+def live_pids(name: str) -> list[int]:
+    """The processes left in a member's cgroup that still run (a zombie does not)."""
+    return [pid for pid in cgroup_pids(name) if not zombie(pid)]
+
+
 def signal_member(pid: int | None, member_id: str, signum: int) -> None:
     """To its process group and to anything in its cgroup (a child that left the group)."""
     targets = [("group", pid)] if pid else []

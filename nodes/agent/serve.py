@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 
-from . import __version__, enroll, inventory, state
-from .commands import Command, Commands
+from . import __version__, enroll, inventory, orphans, state
+from .commands import CLEANUP, STOP, Command, Commands
 from .proto import control_pb2 as pb
 from .proto import control_pb2_grpc
 from .wire import command_payload, command_state, inventory_digest, inventory_message
@@ -88,7 +88,7 @@ class Agent:
             storage_root=storage_root,
             scope=(self.identity or {}).get("node_id", "local"),
         )
-        self.commands.adopt_orphans()
+        orphans.adopt_orphans(self.commands)
         # What this stream has told the console of each command, to report only changes.
         self.reported: dict[str, tuple] = {}
         self.last_inventory: pb.InventoryReport | None = None
@@ -208,6 +208,11 @@ class Agent:
         if command is not None:
             logger.info("command %s %s", command.command_id, command.state)
             self._tell(command, outgoing)
+            if command.kind in (STOP, CLEANUP) and command.state != "running":
+                # An answer, not work: told once, it is not carried into every later Hello
+                # (which the console caps). Lost on the way, it is delivered again.
+                self.commands.forget_finished([command.command_id])
+                self.reported.pop(command.command_id, None)
 
     def _answer_log(self, request: pb.LogRequest, outgoing: queue.Queue) -> None:
         data = self.commands.log_tail(request.member_id, request.tail_bytes)

@@ -5,6 +5,7 @@ from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSeria
 
 from ..choices import CommandKind
 from ..models import JoinToken, Node, NodeCommand
+from ..services.commands import payload_shown
 
 
 class JoinTokenSerializer(serializers.ModelSerializer):
@@ -218,6 +219,13 @@ class CommandRequestSerializer(StrictSerializer):
 
 class CommandSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="node_id")
+    payload = serializers.SerializerMethodField(
+        help_text="A member's env by name only: its values are its job's secrets."
+    )
+
+    @extend_schema_field(serializers.DictField())
+    def get_payload(self, command) -> dict:
+        return payload_shown(command)
 
     class Meta:
         model = NodeCommand

@@ -164,7 +164,11 @@ def node_commands_create_many(*, actor: Actor, commands: list[tuple[str, str, di
                 (
                     command.pk,
                     None,
-                    {"node": command.node_id, "kind": command.kind, "payload": _shown(command)},
+                    {
+                        "node": command.node_id,
+                        "kind": command.kind,
+                        "payload": payload_shown(command),
+                    },
                 )
                 for command in created
             ],
@@ -174,15 +178,23 @@ def node_commands_create_many(*, actor: Actor, commands: list[tuple[str, str, di
     return created
 
 
-def _shown(command: NodeCommand) -> dict:
-    """A payload as the audit keeps it: a member's env values are the job's secrets."""
+def payload_shown(command: NodeCommand) -> dict:
+    """A payload as the audit keeps it and the API shows it: a member's env values are its
+    job's secrets, shown by name only."""
     if command.kind != CommandKind.START:
         return command.payload
     return {**command.payload, "env": sorted(command.payload.get("env") or {})}
 
 
 def node_command_create(*, actor: Actor, node: Node, kind: str, payload) -> NodeCommand:
-    """Record a command for a node; the gateway holding its stream delivers it."""
+    """Record a command for a node; the gateway holding its stream delivers it. Only a
+    ``run``: a job's members are started, stopped and cleaned up by placement's allocator
+    and runs (DESIGN §7), which hold their cards and follow their reports."""
+    if kind in (CommandKind.START, CommandKind.STOP, CommandKind.CLEANUP):
+        raise ValidationFailed(
+            f"kind: a {kind} command is the allocator's (a job's member); send a run.",
+            field="kind",
+        )
     payload = _payload(kind, payload)
     now = timezone.now()
     with transaction.atomic():
@@ -234,6 +246,8 @@ def _apply(command: NodeCommand, reported: Reported, now: datetime) -> bool:
         command.confinement = reported.confinement or command.confinement
         if reported.cleaned and command.cleaned_at is None and command.state in ENDED:
             command.cleaned_at = now
+    elif reported.reason and before["state"] != command.state:
+        command.reason = reported.reason  # a cleanup's "unknown_member", say
     after = _view(command)
     if after == before:
         return False

@@ -122,11 +122,17 @@ def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
 
 
 def _queue(fleet: Fleet) -> list:
-    """The Fleet's queued jobs of both kinds, in admission order (R2): one query a kind."""
+    """The Fleet's queued jobs of both kinds, in admission order (R2): one query a kind,
+    their rows locked for the pass."""
     jobs = [
         job
         for model in JOB_MODELS
-        for job in model.objects.filter(fleet=fleet, state=JobState.QUEUED)
+        for job in model.objects.filter(
+            fleet=fleet, state=JobState.QUEUED, cancel_requested_at__isnull=True
+        )
+        # Locked: a cancel racing this pass either comes first (and the job is not here)
+        # or waits for it (and then stops what it started).
+        .select_for_update(of=("self",))
         .select_related("fleet", "project")
         .prefetch_related("volumes", "datasets")
         .order_by("created_at", "id")

@@ -27,7 +27,7 @@ from nodes.services.commands import node_command_lost
 
 from ..choices import RunState
 from ..models import Attempt, Member
-from .runs import RUNS, _attempt_settle
+from .runs import RUNS, _attempt_settle, locked_run
 
 BACKOFF_FIRST = 60
 BACKOFF_MAX = 3600
@@ -48,11 +48,14 @@ def backoff(attempt_number: int) -> timedelta:
 
 
 def _gone_since_cutoff(now):
-    """A node is gone once silent past the train threshold (L4): it has been gone longer
-    than the reconcile deadline when it has been silent longer than both together."""
-    return now - timedelta(
-        seconds=settings.TUNEPLANE_QUIET_TRAIN + settings.TUNEPLANE_RECONCILE_DEADLINE
+    """A node is gone once silent past its thresholds (L4; the longest, to be safe): it has
+    been gone longer than the reconcile deadline when it has been silent longer than both."""
+    gone_after = max(
+        settings.TUNEPLANE_QUIET_TRAIN,
+        settings.TUNEPLANE_QUIET_SERVE,
+        settings.TUNEPLANE_QUIET_ENV,
     )
+    return now - timedelta(seconds=gone_after + settings.TUNEPLANE_RECONCILE_DEADLINE)
 
 
 def members_reconcile(*, now=None) -> dict[str, int]:
@@ -81,17 +84,20 @@ def members_reconcile(*, now=None) -> dict[str, int]:
         ),
     )
     for counted, members, state, reason in moves:
-        for member_id, command_id in list(members.values_list("id", "command_id")):
+        for member_id, command_id, attempt_id in list(
+            members.values_list("id", "command_id", "attempt_id")
+        ):
             with transaction.atomic():
                 NodeCommand.objects.select_for_update().filter(pk=command_id).first()
-                member = members.select_for_update(of=("self",)).filter(pk=member_id).first()
-                if member is None:
+                locked = locked_run(attempt_id)
+                member = next(m for m in locked[2] if m.pk == member_id)
+                if not members.filter(pk=member_id).exists():
                     continue  # moved meanwhile: a report came first
                 before = {"state": member.state, "reason": member.reason}
                 member.state, member.reason = state, reason
                 member.save(update_fields=["state", "reason"])
                 _moved(member, f"member.{state}", before)
-                _attempt_settle(member.attempt_id)
+                _attempt_settle(attempt_id, locked=locked)
                 done[counted] += 1
     past = Member.objects.filter(
         state=RunState.UNKNOWN,
@@ -103,24 +109,35 @@ def members_reconcile(*, now=None) -> dict[str, int]:
             command = NodeCommand.objects.select_for_update().filter(pk=command_id).first()
             if command is not None:
                 done["lost"] += node_command_lost(command=command, reason="lost")
-    with transaction.atomic():
-        done["gang_deadline"] = _gangs_past_deadline(now)
+    done["gang_deadline"] = _gangs_past_deadline(now)
     return done
 
 
 def _gangs_past_deadline(now) -> int:
-    late = Attempt.objects.select_for_update().filter(state=RunState.STARTING)
+    """Each late gang in a transaction of its own, locked in the one order (locked_run)."""
     failed = 0
-    for attempt in late:
-        job = attempt.job
-        deadline = job.gang_deadline_seconds or settings.TUNEPLANE_GANG_DEADLINE
-        if attempt.created_at + timedelta(seconds=deadline) > now or job.nodes < 2:
-            continue
-        before = {"state": attempt.state, "reason": attempt.reason}
-        attempt.state, attempt.reason, attempt.ended_at = RunState.FAILED, "gang_deadline", now
-        attempt.save(update_fields=["state", "reason", "ended_at"])
-        _moved(attempt, "attempt.failed", before)
-        type(job).objects.filter(pk=job.pk).update(not_before=now + backoff(attempt.number))
-        _attempt_settle(attempt.pk)
-        failed += 1
+    for attempt_id in list(
+        Attempt.objects.filter(state=RunState.STARTING).values_list("pk", flat=True)
+    ):
+        with transaction.atomic():
+            job, attempt, members = locked_run(attempt_id)
+            deadline = job.gang_deadline_seconds or settings.TUNEPLANE_GANG_DEADLINE
+            if (
+                attempt.state != RunState.STARTING
+                or job.nodes < 2
+                or attempt.created_at + timedelta(seconds=deadline) > now
+            ):
+                continue
+            before = {"state": attempt.state, "reason": attempt.reason}
+            attempt.state, attempt.reason, attempt.ended_at = (
+                RunState.FAILED,
+                "gang_deadline",
+                now,
+            )
+            attempt.save(update_fields=["state", "reason", "ended_at"])
+            _moved(attempt, "attempt.failed", before)
+            job.not_before = now + backoff(attempt.number)
+            job.save(update_fields=["not_before"])
+            _attempt_settle(attempt_id, locked=(job, attempt, members))
+            failed += 1
     return failed

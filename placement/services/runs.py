@@ -22,7 +22,7 @@ from tuneplane.errors import Conflict, NotFound
 
 from ..choices import JOB_ENDED, RUN_LIVE, Cleanup, JobState, RunState
 from ..handover import cluster_job_cancel_on_commit
-from ..models import Attempt, CardHold, Member
+from ..models import Attempt, CardHold, LifecycleJob, Member, TrainingJob
 from .allocator import allocate_on_commit
 
 RUNS = Actor.system("runs")
@@ -55,9 +55,33 @@ def _audit(record, action: str, before: dict, actor: Actor = RUNS) -> None:
     )
 
 
+def locked_run(attempt_id: int):
+    """The job, the attempt and its members by rank, locked in that order — the one order
+    every writer of runs takes (after a node command, which a report has locked first), so
+    that two of them never wait on each other."""
+    training_job_id, lifecycle_job_id = (
+        Attempt.objects.filter(pk=attempt_id)
+        .values_list("training_job_id", "lifecycle_job_id")
+        .get()
+    )
+    if training_job_id:
+        job = TrainingJob.objects.select_for_update().get(pk=training_job_id)
+    else:
+        job = LifecycleJob.objects.select_for_update().get(pk=lifecycle_job_id)
+    attempt = Attempt.objects.select_for_update().get(pk=attempt_id)
+    members = list(attempt.members.select_for_update().order_by("rank"))
+    return job, attempt, members
+
+
 def member_command_observed(command: NodeCommand, before: dict) -> None:
     """A node's report moved one of its commands: follow it in the member it stands for."""
-    if command.kind == CommandKind.CLEANUP and command.state == CommandState.SUCCEEDED:
+    if (
+        command.kind == CommandKind.CLEANUP
+        and command.state == CommandState.SUCCEEDED
+        and command.reason == "unknown_member"
+    ):
+        # The node did not know the member (its state was lost) and cleaned up by its id:
+        # nothing of it is left there. A member it knows says so itself (R7).
         start = (
             NodeCommand.objects.select_for_update()
             .filter(pk=command.payload.get("member"), node_id=command.node_id)
@@ -68,12 +92,16 @@ def member_command_observed(command: NodeCommand, before: dict) -> None:
         return
     if command.kind != CommandKind.START:
         return
-    member = Member.objects.select_for_update().filter(command=command).first()
-    if member is not None:
+    attempt_id = Member.objects.filter(command=command).values_list("attempt_id", flat=True).first()
+    if attempt_id is not None:
+        job, attempt, members = locked_run(attempt_id)
+        member = next(m for m in members if m.command_id == command.pk)
         _member_moved(member, command, before)
+        _attempt_settle(attempt_id, locked=(job, attempt, members))
 
 
 def _member_moved(member: Member, command: NodeCommand, before_command: dict) -> None:
+    """The member as its start command now says; its attempt is settled by the caller."""
     now = timezone.now()
     before = {"state": member.state, "reason": member.reason}
     if member.state in RUN_LIVE:
@@ -122,7 +150,6 @@ def _member_moved(member: Member, command: NodeCommand, before_command: dict) ->
             after={"cleanup": Cleanup.CLEANED, "cards_released": member.cards},
         )
         allocate_on_commit(member.attempt.fleet_id)
-    _attempt_settle(member.attempt_id)
 
 
 def _send(kind: str, members: list[Member], now, **extra) -> None:
@@ -145,12 +172,10 @@ def _send(kind: str, members: list[Member], now, **extra) -> None:
         setattr(member, stamp, now)
 
 
-def _attempt_settle(attempt_id: int) -> None:
+def _attempt_settle(attempt_id: int, locked=None) -> None:
     """An attempt follows its members; its job follows it."""
     now = timezone.now()
-    attempt = Attempt.objects.select_for_update().get(pk=attempt_id)
-    members = list(attempt.members.select_for_update().order_by("rank"))
-    job = type(attempt.job).objects.select_for_update().get(pk=attempt.job.pk)
+    job, attempt, members = locked or locked_run(attempt_id)
     before = {"state": attempt.state, "reason": attempt.reason}
     live = [m for m in members if m.state in RUN_LIVE]
     ended = [m for m in members if m.state not in RUN_LIVE]
@@ -173,7 +198,8 @@ def _attempt_settle(attempt_id: int) -> None:
             attempt.reason = "cancelled" if cancelled else failed.reason or "exit"
         elif members and all(m.state == RunState.SUCCEEDED for m in members):
             attempt.state, attempt.reason = RunState.SUCCEEDED, "exit"
-        elif members and all(m.state == RunState.RUNNING for m in members):
+        elif members and all(m.started_at is not None for m in members):
+            # Every member started (a fast one may have finished already): it runs.
             attempt.state, attempt.started_at = RunState.RUNNING, attempt.started_at or now
         if attempt.state not in RUN_LIVE:
             attempt.ended_at = now
@@ -199,7 +225,8 @@ def _job_settle(job, attempt: Attempt, now) -> None:
         job.state = JobState.RUNNING
     elif attempt.state == RunState.SUCCEEDED:
         job.state, job.reason = JobState.SUCCEEDED, ""
-    elif attempt.state == RunState.CANCELLED:
+    elif attempt.state == RunState.CANCELLED or job.cancel_requested_at is not None:
+        # Asked to stop: however the attempt ended, nothing runs again (R10).
         job.state, job.reason = JobState.CANCELLED, "cancelled"
     elif attempt.state in (RunState.FAILED, RunState.LOST):
         if attempt.reason in RETRIED and attempt.number < job.max_attempts:
@@ -238,10 +265,16 @@ def job_cancel(*, actor: Actor, job):
             return job
         if job.cancel_requested_at is None:
             _cancel_requested(actor, job, now)
-            live = Member.objects.select_for_update(of=("self",)).filter(
-                **{f"attempt__{Attempt.job_field(job)}": job}, state__in=RUN_LIVE
+            latest = (
+                Attempt.objects.filter(**{Attempt.job_field(job): job})
+                .order_by("-number")
+                .values_list("pk", flat=True)
+                .first()
             )
-            _send(CommandKind.STOP, list(live), now, grace_seconds=settings.TUNEPLANE_STOP_GRACE)
+            if latest is not None:  # locked in the one order (locked_run), the job first
+                _, _, members = locked_run(latest)
+                live = [m for m in members if m.state in RUN_LIVE]
+                _send(CommandKind.STOP, live, now, grace_seconds=settings.TUNEPLANE_STOP_GRACE)
     return job
 
 

@@ -82,6 +82,7 @@ READS = {
     "nodes.services.join.join_commands",  # formats the one-liners shown at mint
     "nodes.services.commands.checked",  # validates a node's report
     "nodes.services.commands.command_active",  # a predicate
+    "nodes.services.commands.payload_shown",  # a payload as shown
     "nodes.services.liveness.gone_threshold",  # a pure computation (L4)
     "nodes.services.liveness.console_hearing",  # reads the gateway replicas
     "nodes.services.control.replica_gone_after",  # a pure computation
@@ -90,6 +91,7 @@ READS = {
     "placement.services.workload_records_blocking_deletion",  # F7's check, counts
     "placement.services.reconcile.backoff",  # a pure computation
     "placement.services.runs.member_output",  # reads a log tail from its node
+    "placement.services.runs.locked_run",  # row locks, in the one order
     "fleets.services.fleet_hold",  # a row lock against deletion, taken before a join
 }
 # Writes that are observations, not changes, in their own (or their module's) words.

@@ -12,6 +12,7 @@ import pytest
 
 from nodes.agent import members
 from nodes.agent.commands import Commands
+from nodes.agent.orphans import adopt_orphans
 from tests.conftest import H100_DEVICES
 
 pytestmark = pytest.mark.e2e
@@ -191,10 +192,10 @@ def test_R6_a_member_whose_state_file_is_lost_is_adopted_from_its_cgroup(node, t
         time.sleep(0.05)  # the wrapper joins its cgroup as it starts
     (node.directory / "m-orphan.json").unlink()  # the state file lost
     again = Commands(node.root, devices=lambda: H100_DEVICES, scope=node.scope)
-    assert again.adopt_orphans() == ["m-orphan"]
+    assert adopt_orphans(again) == ["m-orphan"]
     adopted = next(c for c in again.known() if c.command_id == "m-orphan")
     assert (adopted.state, adopted.pid, adopted.reason) == ("running", first.pid, "adopted")
     other = Commands(tmp_path / "other", devices=lambda: H100_DEVICES, scope="another-node")
-    assert other.adopt_orphans() == []  # another agent's scope: never its members
+    assert adopt_orphans(other) == []  # another agent's scope: never its members
     again.accept("c-clean", "cleanup", {"member": "m-orphan", "grace_seconds": 0})
     assert settled(again, "m-orphan").cleaned

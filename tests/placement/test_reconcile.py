@@ -172,3 +172,47 @@ def test_R3_one_member_failing_fails_the_attempt_and_stops_the_others(
     stop = NodeCommand.objects.get(kind="stop")
     assert stop.payload["member"] == member_of(gang, rank=0).command_id
     assert TrainingJob.objects.get(pk=gang.pk).state == "failed"  # R9: an exit is not retried
+
+
+def test_R10_a_cancelled_job_is_never_retried_however_its_attempt_ends(
+    two_nodes,  # noqa: F811
+    node_fleet,
+    member,
+):
+    from audit.services import Actor
+    from placement.services.runs import job_cancel
+
+    record = started(member, node_fleet)
+    job_cancel(actor=Actor.of_user(member), job=record)
+    running = member_of(record)
+    # The stop never got there: the node dropped it (vanished is the machine's doing).
+    node_commands_reconcile(node_id=running.node_id, reported=[])
+    job_now = TrainingJob.objects.get(pk=record.pk)
+    assert (job_now.state, job_now.reason) == ("cancelled", "cancelled")
+    assert allocate(fleet_id=node_fleet.id)["allocated"] == 0
+    assert Attempt.objects.filter(training_job=record).count() == 1
+
+
+def test_R7_a_cleanup_answered_for_a_member_the_node_knows_does_not_release_its_cards(
+    two_nodes,  # noqa: F811
+    node_fleet,
+    member,
+):
+    record = started(member, node_fleet)
+    ended = member_of(record)
+    node_command_report(
+        node_id=ended.node_id, reported=Reported(ended.command_id, "succeeded", 0, "exit")
+    )
+    cleanup = NodeCommand.objects.get(kind="cleanup")
+    # The node acknowledged the cleanup but has not cleaned (a process outlived SIGKILL).
+    node_command_report(node_id=ended.node_id, reported=Reported(cleanup.id, "succeeded", 0))
+    assert CardHold.objects.filter(member=ended).count() == 8
+    # A node that did not know the member cleaned it by its id: nothing is left there.
+    other = started(member, node_fleet)
+    lost = member_of(other)
+    node_commands_reconcile(node_id=lost.node_id, reported=[])  # its state file is gone
+    gone_cleanup = NodeCommand.objects.get(kind="cleanup", payload__member=lost.command_id)
+    node_command_report(
+        node_id=lost.node_id, reported=Reported(gone_cleanup.id, "succeeded", 0, "unknown_member")
+    )
+    assert not CardHold.objects.filter(member=lost).exists()

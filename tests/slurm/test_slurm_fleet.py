@@ -82,6 +82,37 @@ def test_its_inventory_is_what_slurm_says_four_h100(hpc, slurm_cluster):
     assert machine["detail"]["partitions"] == [slurm_cluster.partition]
 
 
+def test_unset_the_version_spoken_is_the_newest_slurm_22_05_offers_v0_0_38(hpc):
+    hpc.config.pop("slurm_api_version")
+    hpc.save(update_fields=["config"])
+    [machine] = cluster_refresh(hpc).machines
+    assert machine["detail"]["slurm_api_version"] == "v0.0.38"
+    assert machine["cards"] == [{"name": "h100", "count": 4}]
+
+
+def test_a_handed_over_job_is_cancelled_in_slurm_and_read_back_cancelled(hpc, member):
+    job = training_job_submit(
+        actor=Actor.of_user(member),
+        project="ml",
+        name="cancel-me",
+        series="h100",
+        cards=1,
+        script="#!/bin/sh\nsleep 300\n",
+    )
+    job = cluster_job_handover(job.pk)
+    backend = backend_for(hpc)
+
+    backend.cancel(job.backend_job_id)
+
+    deadline = time.monotonic() + 30
+    while job.backend_state != "CANCELLED" and time.monotonic() < deadline:
+        cluster_jobs_track()
+        job.refresh_from_db()
+        time.sleep(0.3)
+    assert job.backend_state == "CANCELLED"
+    backend.cancel(job.backend_job_id)  # finished already: nothing left to cancel, no error
+
+
 def test_J4_an_unmapped_slurm_card_type_never_fits_a_pinned_series(
     hpc, member, admin_user, project
 ):

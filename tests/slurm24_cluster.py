@@ -26,7 +26,7 @@ from tests.slurm_cluster import SEARCH_PATH, SLURM_CONF, SlurmCluster, SlurmStar
 CHROOT = Path(os.environ.get("TUNEPLANE_SLURM24_ROOT", "/var/cache/tuneplane/slurm-24.11"))
 # tools/slurm-24.11-chroot writes it last: a chroot without it is half built.
 COMPLETE = ".tuneplane-complete"
-BUILD = "tools/slurm-24.11-chroot (as root; it needs debootstrap: apt-get install debootstrap)"
+BUILD = "apt-get install debootstrap && tools/slurm-24.11-chroot"
 API_VERSIONS = ("v0.0.40", "v0.0.41", "v0.0.42")
 RESTD_USER = "nobody"
 # Run a daemon in the chroot, in a mount namespace of its own: $0 the chroot, "$@" its argv.

@@ -10,6 +10,7 @@ import pytest
 from audit.models import AuditEvent
 from audit.services import Actor
 from nodes.backends import backend_for
+from nodes.backends.slurm import _negotiated
 from nodes.models import CardAlias, HardwareSeries
 from nodes.services.clusters import cluster_refresh
 from nodes.services.hardware import card_alias_map
@@ -171,3 +172,14 @@ def test_a_bad_token_is_a_refusal_that_names_no_token(hpc, monkeypatch, slurm24_
     snapshot = cluster_refresh(hpc)
     assert "refused the credentials (511" in snapshot.error, snapshot.error
     assert "not-a-jwt" not in snapshot.error and slurm24_cluster.token not in snapshot.error
+
+
+def test_a_bad_token_while_the_version_is_found_is_a_refusal_not_a_missing_version(
+    fleet_on, monkeypatch
+):
+    monkeypatch.setenv(TOKEN_ENV, "not-a-jwt")
+    fleet = fleet_on("")
+    _negotiated.clear()  # what an earlier test found with a good token: asked again
+    snapshot = cluster_refresh(fleet)
+    assert "refused the credentials (511" in snapshot.error, snapshot.error
+    assert "not-a-jwt" not in snapshot.error

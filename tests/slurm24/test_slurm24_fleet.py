@@ -6,6 +6,7 @@ H100s, slurmrestd on loopback serving v0.0.40, v0.0.41 and v0.0.42.
 import time
 
 import pytest
+from django.test import TestCase
 
 from audit.models import AuditEvent
 from audit.services import Actor
@@ -17,6 +18,7 @@ from nodes.services.hardware import card_alias_map
 from placement.admission import Need, admit_automatically
 from placement.handover import _spec, cluster_job_handover, cluster_jobs_track
 from placement.services import training_job_submit
+from tests.audit.scenarios import tasks_run_at_once
 from tests.slurm24_cluster import API_VERSIONS
 from tuneplane.errors import PlacementRefused
 
@@ -141,7 +143,8 @@ def test_P7_a_job_is_handed_over_holds_its_cards_and_is_read_back_completed(hpc,
     job = tracked_until(job, {"RUNNING", "COMPLETED"})
     if job.backend_state == "RUNNING":
         assert cluster_refresh(hpc).machines[0]["cards_used"] == 2  # gres_used, as Slurm holds
-    assert tracked_until(job, {"COMPLETED"}).backend_state == "COMPLETED"
+    job = tracked_until(job, {"COMPLETED"})
+    assert (job.backend_state, job.state) == ("COMPLETED", "succeeded")
     states = list(
         AuditEvent.objects.filter(action="trainingjob.backend_state", target_id=str(job.pk))
         .order_by("pk")
@@ -156,15 +159,20 @@ def test_P7_a_handover_resumed_finds_the_job_slurm_took_by_its_key(hpc, member):
     assert backend_for(hpc).resume(_spec(job)) == job.backend_job_id  # not a second job
 
 
-def test_a_handed_over_job_is_cancelled_in_slurm_and_read_back_cancelled(hpc, member):
+def test_R10_a_running_job_cancelled_through_the_api_is_cancelled_in_slurm_and_read_back(
+    hpc, member, member_api
+):
     job = cluster_job_handover(submit(member, "cancel-me", "#!/bin/sh\nsleep 300\n").pk)
     assert tracked_until(job, {"RUNNING"}).backend_state == "RUNNING"
-    backend = backend_for(hpc)
 
-    backend.cancel(job.backend_job_id)
+    with tasks_run_at_once(), TestCase.captureOnCommitCallbacks(execute=True):
+        assert member_api.post(f"/api/training-jobs/{job.pk}/cancel").status_code == 200
 
-    assert tracked_until(job, {"CANCELLED"}, within=30).backend_state == "CANCELLED"
-    backend.cancel(job.backend_job_id)  # finished already: nothing left to cancel, no error
+    job.refresh_from_db()
+    assert job.backend_cancel_sent_at is not None  # slurmrestd's job delete taken
+    job = tracked_until(job, {"CANCELLED"}, within=30)
+    assert (job.backend_state, job.state, job.reason) == ("CANCELLED", "cancelled", "cancelled")
+    backend_for(hpc).cancel(job.backend_job_id)  # finished: nothing left to cancel, no error
 
 
 def test_a_bad_token_is_a_refusal_that_names_no_token(hpc, monkeypatch, slurm24_cluster):

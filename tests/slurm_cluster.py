@@ -30,6 +30,7 @@ MUNGE_KEY = Path("/etc/munge/munge.key")
 MUNGE_RUN_DIR = Path("/run/munge")
 START_TIMEOUT = 30.0
 STOP_GRACE = 10.0
+JOBS_GONE_WITHIN = 10.0
 LOG_TAIL_LINES = 30
 REQUIRED_PROGRAMS = (
     "munge",
@@ -40,6 +41,8 @@ REQUIRED_PROGRAMS = (
     "slurmd",
     "slurmrestd",
     "scontrol",
+    "scancel",
+    "squeue",
     "sinfo",
 )
 # Daemons live in sbin, which a non-login PATH may lack.
@@ -142,9 +145,32 @@ class SlurmCluster:
             raise
 
     def stop(self) -> None:
-        """Stop what this object started, newest first (munged only if it was ours)."""
+        """Stop what this object started, newest first (munged only if it was ours), after
+        its jobs: a job's slurmstepd outlives slurmd (a test that failed mid-job left one)."""
+        self._cancel_jobs()
         for name in reversed(list(self._processes)):
             _terminate(self._processes.pop(name))
+
+    def _cancel_jobs(self) -> None:
+        """Every job of this cluster cancelled and gone, or JOBS_GONE_WITHIN passed."""
+        daemons = ("slurmctld", "slurmd")
+        if any(
+            name not in self._processes or self._processes[name].poll() is not None
+            for name in daemons
+        ):
+            return
+        subprocess.run(self._command("scancel", "--user=root"), env=self.env, capture_output=True)
+        deadline = time.monotonic() + JOBS_GONE_WITHIN
+        while (
+            time.monotonic() < deadline
+            and subprocess.run(
+                self._command("squeue", "-h", "-o", "%i"),
+                env=self.env,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        ):
+            time.sleep(0.2)
 
     def stop_restd(self) -> None:
         """Stop slurmrestd alone: the API becomes unreachable while Slurm itself runs on."""

@@ -116,7 +116,7 @@ def test_its_machine_is_what_slurm_says_four_h100_none_used(hpc, slurm24_cluster
 
 
 def test_D1_a_node_drained_in_slurm_is_a_cordon_with_slurms_own_reason(
-    hpc, member, slurm24_cluster
+    hpc, project, slurm24_cluster
 ):
     node = slurm24_cluster.node_name
     reason = f"fan-{hpc.config['slurm_api_version']}"
@@ -126,7 +126,7 @@ def test_D1_a_node_drained_in_slurm_is_a_cordon_with_slurms_own_reason(
         assert (machine["state"], machine["reason"]) == ("cordoned", f"Slurm drain: {reason}")
         assert machine["detail"]["state_flags"] == ["DRAIN"]
         with pytest.raises(PlacementRefused) as refusal:
-            admit_automatically(member, Need("train", "h100", 1))
+            admit_automatically(project, Need("train", "h100", 1))
         assert refusal.value.reason == "inventory_fit"
     finally:
         slurm24_cluster.scontrol("update", f"NodeName={node}", "State=UNDRAIN")

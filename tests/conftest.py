@@ -228,16 +228,18 @@ H100_DEVICE_INVENTORY = {**H100_INVENTORY, "devices": H100_DEVICES}
 # Folders whose every test starts real processes (gateways, agents, Celery, a browser, Slurm,
 # a live server fuzzed from outside): marked e2e, so `-m "not e2e"` is the quick loop. Tests
 # elsewhere that start a process carry the mark themselves.
-E2E_FOLDERS = {"e2e", "browser", "slurm", "bench"}
+E2E_FOLDERS = {"e2e", "browser", "slurm", "slurm24", "bench"}
 # ... and single tests in modules that do not import pytest (their imports are left alone).
 E2E_TESTS = {"tests/nodes/test_control.py::test_generated_protobuf_modules_are_up_to_date"}
 # Tests that must run one after another in one pytest-xdist worker, by path: the Slurm tests
-# share one cluster (and the machine's munged); install.sh's tests and those that start
+# share one cluster (and the machine's munged), the Slurm 24.11 tests another (apart, so the
+# two clusters start and run in two workers at once); install.sh's tests and those that start
 # runconsole, which builds the agent's wheels when they are missing, build them where
 # setuptools builds, in the source tree (nodes/agent/build): two builds at once break each
 # other.
 XDIST_GROUPS = {
     "tests/slurm/": "slurm",
+    "tests/slurm24/": "slurm24",
     "tests/nodes/test_install_sh.py": "agent-wheels",
     "tests/e2e/test_make_run.py": "agent-wheels",
     "tests/e2e/test_postgres_restart.py": "agent-wheels",

@@ -30,6 +30,7 @@ MUNGE_KEY = Path("/etc/munge/munge.key")
 MUNGE_RUN_DIR = Path("/run/munge")
 START_TIMEOUT = 30.0
 STOP_GRACE = 10.0
+JOBS_GONE_WITHIN = 10.0
 LOG_TAIL_LINES = 30
 REQUIRED_PROGRAMS = (
     "munge",
@@ -40,6 +41,8 @@ REQUIRED_PROGRAMS = (
     "slurmd",
     "slurmrestd",
     "scontrol",
+    "scancel",
+    "squeue",
     "sinfo",
 )
 # Daemons live in sbin, which a non-login PATH may lack.
@@ -97,11 +100,13 @@ class SlurmCluster:
     """
 
     partition = "debug"
+    api_version = API_VERSION
+    slurm_conf = SLURM_CONF
 
     def __init__(self, scratch: Path):
         self.scratch = Path(scratch).resolve()
         self.node_name = socket.gethostname().split(".")[0]
-        self.env = {**os.environ, "SLURM_CONF": str(self.scratch / "etc" / "slurm.conf")}
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf_root / "etc" / "slurm.conf")}
         self.url = ""
         self.token = ""
         self._processes: dict[str, subprocess.Popen] = {}
@@ -118,13 +123,18 @@ class SlurmCluster:
         """What slurmrestd wants on every request over TCP (only JWT auth works there)."""
         return {"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": self.token}
 
+    @property
+    def conf_root(self) -> Path:
+        """``scratch`` as the daemons see it (the same path here; another in a chroot)."""
+        return self.scratch
+
     def start(self) -> None:
         """Bring every daemon up; on failure, stop those already started and re-raise."""
         if os.geteuid() != 0:
             raise SlurmStartupError("SlurmCluster needs root: its daemons switch users")
         try:
             self._lay_out()
-            self._start_munged_unless_usable()
+            self._start_auth()
             self._spawn("slurmctld", ["slurmctld", "-D"])
             self._spawn("slurmd", ["slurmd", "-D"])
             self._wait_for("the node to be idle", self._node_is_idle, "slurmctld", "slurmd")
@@ -135,9 +145,32 @@ class SlurmCluster:
             raise
 
     def stop(self) -> None:
-        """Stop what this object started, newest first (munged only if it was ours)."""
+        """Stop what this object started, newest first (munged only if it was ours), after
+        its jobs: a job's slurmstepd outlives slurmd (a test that failed mid-job left one)."""
+        self._cancel_jobs()
         for name in reversed(list(self._processes)):
             _terminate(self._processes.pop(name))
+
+    def _cancel_jobs(self) -> None:
+        """Every job of this cluster cancelled and gone, or JOBS_GONE_WITHIN passed."""
+        daemons = ("slurmctld", "slurmd")
+        if any(
+            name not in self._processes or self._processes[name].poll() is not None
+            for name in daemons
+        ):
+            return
+        subprocess.run(self._command("scancel", "--user=root"), env=self.env, capture_output=True)
+        deadline = time.monotonic() + JOBS_GONE_WITHIN
+        while (
+            time.monotonic() < deadline
+            and subprocess.run(
+                self._command("squeue", "-h", "-o", "%i"),
+                env=self.env,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        ):
+            time.sleep(0.2)
 
     def stop_restd(self) -> None:
         """Stop slurmrestd alone: the API becomes unreachable while Slurm itself runs on."""
@@ -146,7 +179,7 @@ class SlurmCluster:
     def scontrol(self, *args: str) -> str:
         """Run scontrol against this cluster; its stdout, or an error carrying its stderr."""
         result = subprocess.run(
-            [_program("scontrol"), *args], env=self.env, capture_output=True, text=True
+            self._command("scontrol", *args), env=self.env, capture_output=True, text=True
         )
         if result.returncode:
             raise RuntimeError(f"scontrol {' '.join(args)} failed: {result.stderr.strip()}")
@@ -164,14 +197,14 @@ class SlurmCluster:
         ctld_port, slurmd_port = _free_ports(2)
         settings = {
             "node": self.node_name,
-            "root": self.scratch,
+            "root": self.conf_root,
             "partition": self.partition,
             "cpus": os.cpu_count(),
             "gpus": GPU_COUNT,
             "ctld_port": ctld_port,
             "slurmd_port": slurmd_port,
         }
-        _write(self.scratch / "etc" / "slurm.conf", SLURM_CONF.format(**settings))
+        _write(self.scratch / "etc" / "slurm.conf", self.slurm_conf.format(**settings))
         _write(
             self.scratch / "etc" / "gres.conf",
             GRES_CONF.format(node=self.node_name, files=self._make_gpu_devices()),
@@ -189,7 +222,7 @@ class SlurmCluster:
                 )  # 195: NVIDIA's major number
         except OSError:
             return FALLBACK_GPU_FILES
-        return f"{self.scratch}/dev/nvidia[0-{GPU_COUNT - 1}]"
+        return f"{self.conf_root}/dev/nvidia[0-{GPU_COUNT - 1}]"
 
     def _write_jwt_key(self) -> None:
         """slurmctld signs and checks tokens with this key, and wants it to itself."""
@@ -198,7 +231,20 @@ class SlurmCluster:
         key.write_bytes(secrets.token_bytes(32))
         key.chmod(0o600)
         for path in (state, key):
-            shutil.chown(path, "slurm", "slurm")
+            self._chown_to_slurm(path)
+
+    def _chown_to_slurm(self, path: Path) -> None:
+        shutil.chown(path, "slurm", "slurm")
+
+    def _command(self, program: str, *args: str, daemon: bool = False) -> list[str]:
+        """The argv that runs one of Slurm's programs (``daemon``: one that stays up)."""
+        return [_program(program), *args]
+
+    def _start_auth(self) -> None:
+        self._start_munged_unless_usable()
+
+    def _restd_argv(self, port: int) -> list[str]:
+        return ["slurmrestd", "-u", RESTD_USER, "-s", OPENAPI_PLUGINS, f"127.0.0.1:{port}"]
 
     def _start_munged_unless_usable(self) -> None:
         """munged serves the whole machine: reuse one that works, else start (and own) one."""
@@ -218,11 +264,7 @@ class SlurmCluster:
     def _start_restd(self, port: int | None = None) -> None:
         port = port or _free_ports(1)[0]
         self.url = f"http://127.0.0.1:{port}"
-        self._spawn(
-            "slurmrestd",
-            ["slurmrestd", "-u", RESTD_USER, "-s", OPENAPI_PLUGINS, f"127.0.0.1:{port}"],
-            env={**self.env, "SLURM_JWT": "daemon"},
-        )
+        self._spawn("slurmrestd", self._restd_argv(port), env={**self.env, "SLURM_JWT": "daemon"})
         self._wait_for("slurmrestd to answer ping", self._restd_answers, "slurmrestd")
 
     def _spawn(
@@ -236,7 +278,7 @@ class SlurmCluster:
         """Start a daemon in the foreground, its output in ``log/<name>.log``."""
         with open(self._log_path(name), "ab") as log:
             self._processes[name] = subprocess.Popen(
-                [_program(argv[0]), *argv[1:]],
+                self._command(*argv, daemon=True),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -261,7 +303,7 @@ class SlurmCluster:
 
     def _node_is_idle(self) -> bool:
         result = subprocess.run(
-            [_program("sinfo"), "-h", "-N", "-o", "%T"],
+            self._command("sinfo", "-h", "-N", "-o", "%T"),
             env=self.env,
             capture_output=True,
             text=True,
@@ -274,7 +316,7 @@ class SlurmCluster:
 
     def _restd_answers(self) -> bool:
         request = urllib.request.Request(
-            f"{self.url}/slurm/{API_VERSION}/ping", headers=self.headers
+            f"{self.url}/slurm/{self.api_version}/ping", headers=self.headers
         )
         try:
             with urllib.request.urlopen(request, timeout=2) as response:

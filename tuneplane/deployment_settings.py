@@ -19,7 +19,9 @@ from .secret_sources import env_name_refusal, file_path_refusal, resolved_path_r
 
 MAX_VALUE_LENGTH = 2048
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_SLURM_API_VERSION = re.compile(r"^v\d+\.\d+\.\d+$")
+# The slurmrestd API versions a slurm Fleet's backend speaks, newest first: Slurm 22.05's
+# v0.0.38 and 23.11-24.11's v0.0.40-v0.0.42 (nodes/backends/slurm_api.py has one dialect each).
+SLURM_API_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -68,6 +70,16 @@ def _token_file(value) -> str:
     return value
 
 
+def _one_of(values: tuple[str, ...]):
+    def check(value) -> str:
+        value = _string(value)
+        if value not in values:
+            raise ValueError(f"must be one of {', '.join(values)}")
+        return value
+
+    return check
+
+
 def _matching(pattern: re.Pattern, description: str):
     def check(value) -> str:
         value = _string(value)
@@ -112,8 +124,8 @@ SETTINGS = {
         DeploymentSetting(
             "slurm_api_version",
             frozenset({"slurm"}),
-            _matching(_SLURM_API_VERSION, "a version such as v0.0.38"),
-            "slurmrestd API version.",
+            _one_of(SLURM_API_VERSIONS),
+            "slurmrestd API version; unset: the newest of these the cluster offers.",
         ),
         DeploymentSetting(
             "slurm_partition",

@@ -4,9 +4,15 @@ Slurm is the allocator (P7): the console reads what the partitions hold and subm
 admitted; it never places work on a Slurm node itself. The JWT comes from an environment
 variable or a file named in the Fleet's config at each call: never the token itself in the
 Fleet record, a log line or an error message.
+
+The API version is the Fleet's ``slurm_api_version``, else the newest of those the console
+speaks (slurm_api.py) that the cluster offers, found by asking each for ``ping``, newest
+first, and kept for NEGOTIATED_FOR: a cluster upgraded is spoken to in its new version soon
+after, without a config change.
 """
 
 import re
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -14,15 +20,18 @@ import httpx
 from ..choices import SchedulingState
 from .base import BackendError, JobSpec, Machine, OutcomeUnknown
 from .credentials import read_token
+from .slurm_api import DIALECTS, Dialect, Submission
 
-DEFAULT_API_VERSION = "v0.0.38"
 TIMEOUT = httpx.Timeout(10.0, connect=3.0)
+NEGOTIATED_FOR = 300.0  # seconds a cluster's newest version is trusted before asking again
 # "gpu:h100:4", "gpu:h100:4(S:0-1)", "gpu:2", several comma-separated; in gres_used the
 # index list may hold commas too ("gpu:h100:2(IDX:0,2)"), hence a pattern, not a split.
 _GRES = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
 _GONE_STATES = {"down", "unknown", "future"}
 _GONE_FLAGS = {"NOT_RESPONDING", "POWERED_DOWN", "POWER_DOWN"}
 _DRAIN_STATES = {"drained", "draining", "drain"}
+# What each slurmrestd (by URL) was found to offer: (version, time.monotonic() to ask again).
+_negotiated: dict[str, tuple[str, float]] = {}
 
 
 def gres_cards(gres: str | None) -> dict[str, int]:
@@ -36,7 +45,7 @@ def gres_cards(gres: str | None) -> dict[str, int]:
 @dataclass(frozen=True)
 class SlurmBackend:
     url: str
-    api_version: str
+    api_version: str  # "" for the newest the cluster offers
     partitions: tuple[str, ...]
     user: str
     token_env: str = ""
@@ -55,7 +64,7 @@ class SlurmBackend:
         )
         return cls(
             url=config["slurm_rest_url"].rstrip("/"),
-            api_version=config.get("slurm_api_version") or DEFAULT_API_VERSION,
+            api_version=config.get("slurm_api_version") or "",
             partitions=partitions,
             user=config["slurm_user"],
             token_env=config.get("slurm_token_env", ""),
@@ -66,25 +75,25 @@ class SlurmBackend:
     # -- the interface --------------------------------------------------------------------
 
     def read(self) -> list[Machine]:
-        nodes = self._call("GET", "nodes")["nodes"] or []
-        return [self._machine(node) for node in nodes if self._ours(node)]
+        dialect = self._dialect()
+        nodes = self._call("GET", "nodes", dialect=dialect).get("nodes") or []
+        return [self._machine(dialect.node(node), dialect) for node in nodes if self._ours(node)]
 
     def submit(self, job: JobSpec) -> str:
+        dialect = self._dialect()
         gres = f"gpu:{job.series}:{job.cards}" if job.series else f"gpu:{job.cards}"
-        spec = {
-            "name": job.name[:200],
-            "nodes": job.nodes,
-            "current_working_directory": self.workdir,
-            "environment": {"PATH": "/bin:/usr/bin:/usr/local/bin"},
-            "standard_output": f"{self.workdir}/tuneplane-%j.out",
-        }
-        if job.key:
-            spec["comment"] = job.key  # what resume() finds it by
-        if job.cards:
-            spec["gres"] = gres
-        if self.partitions:
-            spec["partition"] = self.partitions[0]
-        answer = self._call("POST", "job/submit", json={"script": job.script, "job": spec})
+        submission = Submission(
+            script=job.script,
+            name=job.name,
+            nodes=job.nodes,
+            workdir=self.workdir,
+            gres=gres if job.cards else "",
+            comment=job.key,
+            partition=self.partitions[0] if self.partitions else "",
+        )
+        answer = self._call(
+            "POST", "job/submit", dialect=dialect, json=dialect.submission(submission)
+        )
         return str(answer["job_id"])
 
     def resume(self, job: JobSpec) -> str:
@@ -96,17 +105,23 @@ class SlurmBackend:
         return self.submit(job)
 
     def job_state(self, job_id: str) -> str:
-        jobs = self._call("GET", f"job/{job_id}").get("jobs") or []
+        dialect = self._dialect()
+        jobs = self._call("GET", f"job/{job_id}", dialect=dialect).get("jobs") or []
         if not jobs:
             raise BackendError(f"slurmrestd knows no job {job_id}")
-        return str(jobs[0].get("job_state") or "UNKNOWN")
+        return dialect.job_state(jobs[0])
+
+    def cancel(self, job_id: str) -> None:
+        """Ask Slurm to cancel the job, as scancel does (slurmrestd's job delete). A job
+        already finished, or one Slurm no longer holds, has nothing left to cancel."""
+        self._call("DELETE", f"job/{job_id}", finished_is_done=True)
 
     # -- reading ----------------------------------------------------------------------------
 
     def _ours(self, node: dict) -> bool:
         return not self.partitions or bool(set(node.get("partitions") or []) & set(self.partitions))
 
-    def _machine(self, node: dict) -> Machine:
+    def _machine(self, node: dict, dialect: Dialect) -> Machine:
         cards = gres_cards(node.get("gres"))
         used = sum(gres_cards(node.get("gres_used")).values())
         state, reason = scheduling_state_of(node)
@@ -122,6 +137,7 @@ class SlurmBackend:
                 "partitions": node.get("partitions") or [],
                 "gres": node.get("gres", ""),
                 "gres_used": node.get("gres_used", ""),
+                "slurm_api_version": dialect.version,
             },
         )
 
@@ -136,11 +152,55 @@ class SlurmBackend:
         )
         return token.removeprefix("SLURM_JWT=").strip()  # as `scontrol token` prints it
 
-    def _call(self, method: str, path: str, **kwargs) -> dict:
-        url = f"{self.url}/slurm/{self.api_version}/{path}"
+    def _dialect(self) -> Dialect:
+        """The configured version's dialect, else the newest the cluster offers."""
+        if self.api_version:
+            if self.api_version not in DIALECTS:
+                raise BackendError(
+                    f"config.slurm_api_version {self.api_version} is not one the console "
+                    f"speaks: {', '.join(DIALECTS)}"
+                )
+            return DIALECTS[self.api_version]
+        version, ask_again = _negotiated.get(self.url, ("", 0.0))
+        if version and time.monotonic() < ask_again:
+            return DIALECTS[version]
+        for version in DIALECTS:  # newest first
+            response = self._request("GET", f"/slurm/{version}/ping")
+            if response.status_code != 404:
+                self._answer(response)  # a refused token says so here, not as "no version"
+                _negotiated[self.url] = (version, time.monotonic() + NEGOTIATED_FOR)
+                return DIALECTS[version]
+        raise BackendError(
+            f"slurmrestd at {self.url} offers none of the API versions the console speaks "
+            f"({', '.join(DIALECTS)}): start it with one of their plugins"
+        )
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        dialect: Dialect | None = None,
+        finished_is_done: bool = False,
+        **kwargs,
+    ) -> dict:
+        dialect = dialect or self._dialect()
+        response = self._request(method, f"/slurm/{dialect.version}/{path}", **kwargs)
+        if response.status_code == 404 and not _json(response):
+            # The URL itself is unknown: the version is not served (any more).
+            _negotiated.pop(self.url, None)
+            raise BackendError(
+                f"slurmrestd at {self.url} does not serve API {dialect.version}"
+                + ("" if self.api_version else ": asking it again at the next call")
+            )
+        return self._answer(response, finished_is_done=finished_is_done)
+
+    def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
         headers = {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": self._token()}
         try:
-            response = httpx.request(method, url, headers=headers, timeout=TIMEOUT, **kwargs)
+            return httpx.request(
+                method, self.url + path, headers=headers, timeout=TIMEOUT, **kwargs
+            )
         except httpx.ConnectError as exc:  # never sent: nothing can have been taken
             raise BackendError(
                 f"slurmrestd at {self.url} did not answer: {type(exc).__name__}"
@@ -149,14 +209,20 @@ class SlurmBackend:
             raise OutcomeUnknown(
                 f"slurmrestd at {self.url} did not answer: {type(exc).__name__}"
             ) from None
+
+    def _answer(self, response: httpx.Response, *, finished_is_done: bool = False) -> dict:
         body = _json(response)
         errors = [e for e in (body.get("errors") or []) if isinstance(e, dict)]
-        if response.status_code == 401:
+        done = finished_is_done and any(_error_number(e) in _ALREADY_FINISHED for e in errors)
+        if done:
+            errors = [e for e in errors if _error_number(e) not in _ALREADY_FINISHED]
+        if response.status_code in (401, 511):
             raise BackendError(
-                "slurmrestd refused the credentials (401): check slurm_user and "
+                f"slurmrestd refused the credentials ({response.status_code}"
+                f"{': ' + _describe(errors) if errors else ''}): check slurm_user and "
                 "the token in slurm_token_env / slurm_token_file"
             )
-        if response.status_code >= 400 or errors:
+        if errors or (response.status_code >= 400 and not done):
             raise BackendError(
                 f"slurmrestd answered {response.status_code}: "
                 f"{_describe(errors) or response.text[:200]}"
@@ -185,11 +251,20 @@ def _json(response: httpx.Response) -> dict:
     return body if isinstance(body, dict) else {}
 
 
+# Slurm's errno for a job that already finished (ESLURM_ALREADY_DONE) and for one it no
+# longer holds (ESLURM_INVALID_JOB_ID): what cancelling a finished job answers.
+_ALREADY_FINISHED = {2017, 2021}
+
+
+def _error_number(error: dict):
+    return error.get("error_number", error.get("errno"))
+
+
 def _describe(errors: list[dict]) -> str:
     described = []
     for error in errors:
         text = error.get("description") or error.get("error") or ""
-        if error.get("errno") == -1 or error.get("error_number") == -1:
+        if _error_number(error) == -1:
             text += " (how Slurm 22.05 answers a token it cannot verify)"
         described.append(text)
     return "; ".join(described)

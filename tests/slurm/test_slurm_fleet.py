@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from django.test import TestCase
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -24,6 +25,7 @@ from placement.admission import Need, admit_automatically
 from placement.handover import _spec, cluster_job_handover, cluster_jobs_track
 from placement.models import TrainingJob
 from placement.services import training_job_submit
+from tests.audit.scenarios import tasks_run_at_once
 from tuneplane.errors import PlacementRefused
 
 pytestmark = [pytest.mark.slurm]
@@ -80,6 +82,41 @@ def test_its_inventory_is_what_slurm_says_four_h100(hpc, slurm_cluster):
     assert machine["cards"] == [{"name": "h100", "count": 4}]
     assert machine["state"] == "schedulable"
     assert machine["detail"]["partitions"] == [slurm_cluster.partition]
+
+
+def test_unset_the_version_spoken_is_the_newest_slurm_22_05_offers_v0_0_38(hpc):
+    hpc.config.pop("slurm_api_version")
+    hpc.save(update_fields=["config"])
+    [machine] = cluster_refresh(hpc).machines
+    assert machine["detail"]["slurm_api_version"] == "v0.0.38"
+    assert machine["cards"] == [{"name": "h100", "count": 4}]
+
+
+def test_R10_a_job_cancelled_through_the_api_is_cancelled_in_slurm_and_read_back(
+    hpc, member, member_api
+):
+    job = training_job_submit(
+        actor=Actor.of_user(member),
+        project="ml",
+        name="cancel-me",
+        series="h100",
+        cards=1,
+        script="#!/bin/sh\nsleep 300\n",
+    )
+    job = cluster_job_handover(job.pk)
+
+    with tasks_run_at_once(), TestCase.captureOnCommitCallbacks(execute=True):
+        assert member_api.post(f"/api/training-jobs/{job.pk}/cancel").status_code == 200
+
+    job.refresh_from_db()
+    assert job.backend_cancel_sent_at is not None  # slurmrestd's job delete taken
+    deadline = time.monotonic() + 30
+    while job.backend_state != "CANCELLED" and time.monotonic() < deadline:
+        cluster_jobs_track()
+        job.refresh_from_db()
+        time.sleep(0.3)
+    assert (job.backend_state, job.state) == ("CANCELLED", "cancelled")
+    backend_for(hpc).cancel(job.backend_job_id)  # finished: nothing left to cancel, no error
 
 
 def test_J4_an_unmapped_slurm_card_type_never_fits_a_pinned_series(

@@ -23,7 +23,9 @@ def modules() -> dict[str, Path]:
     for app in LADDER:
         for path in (ROOT / app).rglob("*.py"):
             relative = path.relative_to(ROOT)
-            if "migrations" in relative.parts:
+            # build/: the copy `pip wheel nodes/agent` lays out while the agent's wheels are
+            # built in another xdist worker (git ignores it); not a module of the console.
+            if "migrations" in relative.parts or "build" in relative.parts:
                 continue
             parts = list(relative.with_suffix("").parts)
             if parts[-1] == "__init__":

@@ -284,6 +284,10 @@ class NodeCommand(models.Model):
     reason = models.CharField(max_length=32, blank=True)
     cleaned_at = models.DateTimeField(null=True, blank=True)
     confinement = models.CharField(max_length=200, blank=True)
+    # A serving member's (S1): its probe passes, its restarts, the probe's error.
+    ready = models.BooleanField(default=False)
+    restarts = models.PositiveIntegerField(default=0)
+    detail = models.CharField(max_length=200, blank=True)
     created_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()

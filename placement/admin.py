@@ -1,23 +1,27 @@
 from django.contrib import admin, messages
+from django.db.models import Prefetch
 from django.utils.html import format_html, format_html_join
 
 from audit.services import Actor
 from tuneplane.admin import ReadOnlyAdmin
 from tuneplane.errors import ApplicationError
 
+from . import services
 from .models import (
     Attempt,
     Dataset,
     Deployment,
     Environment,
     LifecycleJob,
+    Member,
     PlaygroundSession,
     Revision,
     TrainingJob,
     Volume,
 )
-from .selectors import deployments_with_status, revisions_with_ready
+from .selectors import deployments_with_status, replica_not_ready, revisions_with_ready
 from .services import runs
+from .services.payloads import host
 
 
 class WorkloadAdmin(ReadOnlyAdmin):
@@ -128,18 +132,41 @@ class LifecycleJobAdmin(JobAdmin):
 
 
 class RevisionInline(ReadOnlyInline):
-    """Ready as the API reads it: one selector computes it (L2)."""
+    """Ready as the API reads it: one selector computes it (L2, S1); each replica with its
+    node, address and why it is not Ready (a replica on a gone node says so: S3)."""
 
     model = Revision
-    fields = ["number", "node", "ready", "created_at"]
+    fields = ["number", "state", "reason", "node", "ready", "replica_list", "created_at"]
     readonly_fields = fields
 
     def get_queryset(self, request):
-        return revisions_with_ready(super().get_queryset(request))
+        members = Member.objects.select_related("node").order_by("rank")
+        return revisions_with_ready(super().get_queryset(request)).prefetch_related(
+            Prefetch("members", queryset=members)
+        )
 
     @admin.display(boolean=True, description="Ready")
     def ready(self, revision) -> bool:
         return revision.ready
+
+    @admin.display(description="Replicas")
+    def replica_list(self, revision) -> str:
+        return format_html_join(
+            "",
+            "<div>replica {} on {} ({}:{}): {} · restarts {} · cleanup {}</div>",
+            (
+                (
+                    m.rank,
+                    m.node_id,
+                    host(m.node.address),
+                    m.port,
+                    replica_not_ready(m) or "Ready",
+                    m.restarts,
+                    m.cleanup,
+                )
+                for m in revision.members.all()
+            ),
+        ) or format_html("<span>{}</span>", "—")
 
 
 @admin.register(Deployment)
@@ -148,8 +175,22 @@ class DeploymentAdmin(WorkloadAdmin):
 
     list_display = WorkloadAdmin.list_display[:4] + ["state", "status", "created_at"]
     list_filter = ["state", *WorkloadAdmin.list_filter]
-    readonly_fields = ["status"]
+    readonly_fields = ["status", "reason"]
     inlines = [RevisionInline]
+    actions = ["stop"]
+
+    @admin.action(description="Stop selected deployments (their replicas stopped and cleaned)")
+    def stop(self, request, queryset):
+        for deployment in queryset:
+            services.deployment_update(
+                actor=Actor.of_user(request.user), deployment=deployment, state="stopped"
+            )
+        self.message_user(
+            request,
+            "Stopped: every replica is stopped (SIGTERM, then SIGKILL after the grace) and "
+            "its cards are released once its node has cleaned up.",
+            messages.SUCCESS,
+        )
 
     def get_queryset(self, request):
         return deployments_with_status(super().get_queryset(request))

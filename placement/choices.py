@@ -24,6 +24,16 @@ class DeploymentState(models.TextChoices):
     STOPPED = "stopped", "stopped"
 
 
+class RevisionState(models.TextChoices):
+    """A revision on its way (S2): serving or rolling out; replaced by a newer one; rolled
+    back (not Ready within its deadline); stopped with its deployment."""
+
+    LIVE = "live", "live"
+    RETIRED = "retired", "retired"
+    ROLLED_BACK = "rolled_back", "rolled_back"
+    STOPPED = "stopped", "stopped"
+
+
 class DeploymentStatus(models.TextChoices):
     """What a deployment reports (L2): computed from its revisions' nodes, never stored."""
 

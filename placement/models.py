@@ -7,7 +7,7 @@ from fleets.models import Fleet
 from nodes.models import Node
 from tuneplane.models import Project
 
-from .choices import Cleanup, DeploymentState, JobState, LifecycleKind, RunState
+from .choices import Cleanup, DeploymentState, JobState, LifecycleKind, RevisionState, RunState
 
 
 class StorageRecord(models.Model):
@@ -120,12 +120,17 @@ class Deployment(Workload):
     state = models.CharField(
         max_length=16, choices=DeploymentState.choices, default=DeploymentState.LIVE
     )
+    # Why it reads as it does beyond its replicas: a rollout rolled back, say (S2).
+    reason = models.CharField(max_length=300, blank=True)
 
 
 class Revision(models.Model):
-    """One version of a deployment, running on one node. Ready is not stored: it is whether
-    that node answers for serve (L2), so it can never disagree with the liveness sweep;
-    placement.selectors.revisions_with_ready computes it."""
+    """One version of a deployment. On a node Fleet it is what to serve — a command or
+    script, its env, the port it listens on and its readiness path — and ``replicas``
+    members the allocator places, each a long-running process the agent restarts and probes
+    (S1). Elsewhere it is a record on the node admission chose. Ready is never stored as a
+    whole: placement.selectors computes it from the node's liveness (L2) and, on a node
+    Fleet, from each replica's reported readiness."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="revisions")
     number = models.PositiveIntegerField()
@@ -133,6 +138,20 @@ class Revision(models.Model):
         Node, null=True, blank=True, on_delete=models.PROTECT, related_name="revisions"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    state = models.CharField(
+        max_length=16, choices=RevisionState.choices, default=RevisionState.LIVE
+    )
+    reason = models.CharField(max_length=300, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # What a replica runs (node Fleets): placement.runspec.checked_serve.
+    command = models.JSONField(default=list, blank=True)
+    script = models.TextField(blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    readiness_path = models.CharField(max_length=200, default="/health")
+    replicas = models.PositiveSmallIntegerField(default=1)
+    cpus = models.FloatField(null=True, blank=True)
+    memory_bytes = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["deployment_id", "number"]
@@ -191,9 +210,15 @@ class Attempt(models.Model):
 
 
 class Member(models.Model):
-    """One node's part of an attempt: a process there, holding specific cards (R1, R4)."""
+    """One node's part of an attempt — or one replica of a deployment's revision: a process
+    there, holding specific cards (R1, R4) until its node confirms its cleanup (R7)."""
 
-    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="members")
+    attempt = models.ForeignKey(
+        Attempt, null=True, blank=True, on_delete=models.CASCADE, related_name="members"
+    )
+    revision = models.ForeignKey(
+        Revision, null=True, blank=True, on_delete=models.CASCADE, related_name="members"
+    )
     rank = models.PositiveSmallIntegerField()
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="members")
     # The node's start command: the agent reports the member's state as that command's.
@@ -212,15 +237,33 @@ class Member(models.Model):
     cleanup_requested_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # A replica's (S1): the port it serves on, whether the agent's probe passes, how often
+    # the agent restarted it, and the probe's last error or why it restarts.
+    port = models.PositiveIntegerField(null=True, blank=True)
+    ready = models.BooleanField(default=False)
+    restarts = models.PositiveIntegerField(default=0)
+    detail = models.CharField(max_length=200, blank=True)
 
     class Meta:
-        ordering = ["attempt_id", "rank"]
+        ordering = ["attempt_id", "revision_id", "rank"]
         constraints = [
             models.UniqueConstraint(fields=["attempt", "rank"], name="one_member_per_rank"),
+            models.UniqueConstraint(fields=["revision", "rank"], name="one_replica_per_rank"),
+            models.CheckConstraint(
+                name="member_of_attempt_or_revision",
+                condition=models.Q(attempt__isnull=False, revision__isnull=True)
+                | models.Q(attempt__isnull=True, revision__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
+        if self.revision_id:
+            return f"replica {self.rank} of revision {self.revision_id} on {self.node_id}"
         return f"rank {self.rank} of {self.attempt} on {self.node_id}"
+
+    @property
+    def fleet_id(self) -> str:
+        return self.attempt.fleet_id if self.attempt_id else self.revision.deployment.fleet_id
 
 
 class CardHold(models.Model):

@@ -121,3 +121,55 @@ def require_runnable(run: dict) -> None:
             "command",
             "a job on a node Fleet runs a command (argv) or a script; give one of them.",
         )
+
+
+MAX_REPLICAS = 64
+READINESS_PATH = re.compile(r"/[!-~]{0,199}")
+SERVE_FIELDS = (
+    "command",
+    "script",
+    "env",
+    "cpus",
+    "memory_bytes",
+    "port",
+    "readiness_path",
+    "replicas",
+)
+
+
+def checked_serve(*, port=None, readiness_path="/health", replicas=1, **fields) -> dict:
+    """What a deployment's revision serves (S1), normalised; a ValidationFailed naming the
+    field otherwise. ``port`` is where the process listens (the agent passes it as PORT)
+    and where the agent's readiness probe asks ``readiness_path``."""
+    unknown = sorted(set(fields) - set(SERVE_FIELDS))
+    if unknown:
+        _refuse(unknown[0], "not a field of a deployment.")
+    run = _checked(**fields)
+    del run["max_attempts"], run["gang_deadline_seconds"]
+    if "PORT" in run["env"]:
+        _refuse("env.PORT", "set by the agent to the deployment's port (rule S1); not settable.")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
+    ):
+        _refuse("port", "a whole number from 1 to 65535: the port the process listens on.")
+    if not isinstance(readiness_path, str) or not READINESS_PATH.fullmatch(readiness_path):
+        _refuse(
+            "readiness_path",
+            "a path starting with /, at most 200 printable characters, no spaces.",
+        )
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        _refuse("replicas", f"a whole number from 1 to {MAX_REPLICAS}.")
+    if not 1 <= replicas <= MAX_REPLICAS:
+        _refuse("replicas", f"a whole number from 1 to {MAX_REPLICAS}.")
+    return {**run, "port": port, "readiness_path": readiness_path, "replicas": replicas}
+
+
+def require_servable(serve: dict) -> None:
+    """On a node Fleet the agents run the replicas: each needs what to run and its port."""
+    if not serve["command"] and not serve["script"]:
+        _refuse(
+            "command",
+            "a deployment on a node Fleet serves a command (argv) or a script; give one.",
+        )
+    if serve["port"] is None:
+        _refuse("port", "a deployment on a node Fleet names the port its process listens on.")

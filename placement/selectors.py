@@ -1,7 +1,20 @@
 """Shared reads of placement: who sees which workloads, and where an environment answers."""
 
 from django.conf import settings
-from django.db.models import Case, Exists, OuterRef, Prefetch, QuerySet, Value, When
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    F,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from fleets.choices import FleetDelivery, FleetState
@@ -11,7 +24,7 @@ from tuneplane.errors import PlacementRefused
 from tuneplane.models import Membership
 from tuneplane.permissions import is_admin
 
-from .choices import DeploymentState, DeploymentStatus, Refusal
+from .choices import DeploymentState, DeploymentStatus, Refusal, RevisionState, RunState
 from .models import (
     Attempt,
     Dataset,
@@ -38,6 +51,38 @@ REVISION_READY = Case(
     ),
     default=Value(True),
 )
+# S1: a replica is Ready when its node answers for serve (L2), its process runs and the
+# agent's readiness probe passes.
+REPLICA_READY = Q(state=RunState.RUNNING, ready=True, node__quiet_serve=False) & ~Q(
+    node__scheduling_state__in=(SchedulingState.GONE, SchedulingState.REMOVED)
+)
+NODE_DOWN = (SchedulingState.GONE, SchedulingState.REMOVED)
+
+
+def replica_ready(member: Member) -> bool:
+    """REPLICA_READY for a member in hand (its node loaded)."""
+    return (
+        member.state == RunState.RUNNING
+        and member.ready
+        and not member.node.quiet_serve
+        and member.node.scheduling_state not in NODE_DOWN
+    )
+
+
+def replica_not_ready(member: Member) -> str:
+    """Why a replica is not Ready, in an operator's words; "" when it is."""
+    node = member.node
+    if member.state != RunState.RUNNING:
+        return f"{member.state}" + (f": {member.reason}" if member.reason else "")
+    if node.scheduling_state in NODE_DOWN:
+        return f"node {node.scheduling_state}"
+    if node.quiet_serve:
+        return "node quiet for serve (L2)"
+    if member.reason == "restarting":
+        return f"process restarting ({member.restarts} restarts so far): {member.detail}"
+    if not member.ready:
+        return f"probe failing: {member.detail}" if member.detail else "waiting for its probe"
+    return ""
 
 
 def workloads_visible_to(user, model) -> QuerySet:
@@ -71,28 +116,57 @@ def workloads_shown_to(user, model) -> QuerySet:
         )
     if model is Deployment:
         records = deployments_with_status(records).prefetch_related(
-            Prefetch("revisions", queryset=revisions_with_ready())
+            Prefetch("revisions", queryset=revisions_with_ready()),
+            Prefetch(
+                "revisions__members",
+                queryset=Member.objects.select_related("node").order_by("rank"),
+            ),
         )
     return records
 
 
 def revisions_with_ready(revisions: QuerySet[Revision] | None = None) -> QuerySet[Revision]:
-    """Each revision with ``ready`` (L2), computed in the query: never stored, so it cannot
-    disagree with the liveness sweep, and never a query per revision."""
+    """Each revision with ``ready``, computed in the query: never stored, so it cannot
+    disagree with the liveness sweep, and never a query per revision. A revision a node
+    Fleet serves (it has a port) is Ready when all its replicas are (S1); a recorded one,
+    while its node answers for serve (L2)."""
     revisions = Revision.objects.all() if revisions is None else revisions
-    return revisions.select_related("node").annotate(ready=REVISION_READY)
+    return _with_ready(revisions.select_related("node"))
+
+
+def _with_ready(revisions: QuerySet[Revision]) -> QuerySet[Revision]:
+    ready_replicas = (
+        Member.objects.filter(REPLICA_READY, revision=OuterRef("pk"))
+        .values("revision")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return revisions.annotate(ready_replicas=Coalesce(Subquery(ready_replicas), 0)).annotate(
+        ready=Case(
+            When(
+                port__isnull=False,
+                then=Case(
+                    When(ready_replicas__gte=F("replicas"), then=Value(True)),
+                    default=Value(False),
+                ),
+            ),
+            default=REVISION_READY,
+            output_field=BooleanField(),
+        )
+    )
 
 
 def deployments_with_status(deployments: QuerySet[Deployment]) -> QuerySet[Deployment]:
-    """Each deployment with ``status`` (L2): ``stopped``; ``ready`` while it has revisions and
-    every one is Ready; else ``degraded``. The API, the admin list and its change page all
-    read it from here."""
-    revisions = Revision.objects.filter(deployment=OuterRef("pk"))
-    not_ready = revisions.alias(ready=REVISION_READY).filter(ready=False)
-    return deployments.annotate(
+    """Each deployment with ``status``: ``stopped``; ``ready`` while its current revision
+    (the newest live one) is Ready (L2, S1); else ``degraded``. The API, the admin list and
+    its change page all read it from here."""
+    current = _with_ready(
+        Revision.objects.filter(deployment=OuterRef("pk"), state=RevisionState.LIVE)
+    ).order_by("-number")
+    return deployments.alias(current_ready=Subquery(current.values("ready")[:1])).annotate(
         status=Case(
             When(state=DeploymentState.STOPPED, then=Value(DeploymentStatus.STOPPED)),
-            When(Exists(revisions) & ~Exists(not_ready), then=Value(DeploymentStatus.READY)),
+            When(current_ready=True, then=Value(DeploymentStatus.READY)),
             default=Value(DeploymentStatus.DEGRADED),
         )
     )

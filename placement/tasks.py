@@ -11,6 +11,7 @@ from .handover import (
 )
 from .services.allocator import ALLOCATE_TASK, allocate, allocate_all
 from .services.reconcile import members_reconcile
+from .services.serving import rollouts_settle
 
 
 @shared_task(name=HANDOVER_TASK, ignore_result=True)
@@ -41,3 +42,8 @@ def members_reconcile_task() -> dict:
 @shared_task(name=CANCEL_TASK, ignore_result=True)
 def cluster_job_cancel_task(job_id: int, kind: str = "trainingjob") -> None:
     cluster_job_cancel(job_id, kind)
+
+
+@shared_task(name="placement.rollouts_settle", ignore_result=True)
+def rollouts_settle_task() -> dict:
+    return rollouts_settle()

@@ -221,6 +221,8 @@ H100_DEVICES = [
     for index in range(8)
 ]
 H100_DEVICE_INVENTORY = {**H100_INVENTORY, "devices": H100_DEVICES}
+# What a deployment on a node Fleet serves (S1): a process, its port and readiness path.
+SERVE = {"command": ["python3", "-m", "http.server"], "port": 8000, "readiness_path": "/"}
 
 
 # --- The suite's own machinery: test settings, parallel workers, the e2e marker. ---

@@ -18,6 +18,7 @@ SCHEDULE = {
     "Cluster jobs' states": ("placement.cluster_jobs_track", "TUNEPLANE_CLUSTER_REFRESH_INTERVAL"),
     "Allocation pass": ("placement.allocate_all", "TUNEPLANE_ALLOCATION_INTERVAL"),
     "Members reconcile": ("placement.members_reconcile", "TUNEPLANE_SWEEP_INTERVAL"),
+    "Rollout deadlines": ("placement.rollouts_settle", "TUNEPLANE_SWEEP_INTERVAL"),
 }
 
 

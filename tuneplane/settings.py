@@ -284,6 +284,8 @@ TUNEPLANE_STOP_GRACE = env_seconds("TUNEPLANE_STOP_GRACE", 30)
 # timeout is the same). A gone node's members are given up this long after gone (R8).
 TUNEPLANE_GANG_DEADLINE = env_seconds("TUNEPLANE_GANG_DEADLINE", 600)
 TUNEPLANE_RECONCILE_DEADLINE = env_seconds("TUNEPLANE_RECONCILE_DEADLINE", 600)
+# A new revision not wholly Ready within this is rolled back (S2).
+TUNEPLANE_ROLLOUT_DEADLINE = env_seconds("TUNEPLANE_ROLLOUT_DEADLINE", 600)
 # The control stream: how often a node heartbeats, and how long a lease outlives silence.
 TUNEPLANE_HEARTBEAT_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_INTERVAL", 10)
 TUNEPLANE_LEASE_TTL = env_seconds("TUNEPLANE_LEASE_TTL", 30)

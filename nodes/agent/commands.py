@@ -14,65 +14,31 @@ process it no longer parents ended.
 
 import json
 import logging
-import re
 import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from . import members, state
+from . import members, replicas, state
+from .command import (  # noqa: F401 -- the names the agent's other modules import from here
+    CLEANUP,
+    COMMAND_ID,
+    FAILED,
+    RUNNING,
+    START,
+    STOP,
+    SUCCEEDED,
+    VANISHED,
+    WRAPPER,
+    Command,
+    _started,
+)
 
 logger = logging.getLogger("tuneplane-node")
 
-RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
-START, STOP, CLEANUP = "start", "stop", "cleanup"
-# The code a command gets when its process is gone and left no exit code behind.
-VANISHED = -1
-# "$0" is the exit file; the command's argv follows. The code is written atomically.
-WRAPPER = '"$@"; code=$?; echo "$code" > "$0.tmp" && mv "$0.tmp" "$0"'
-# A command id names files in the state dir: nothing that could climb out of it.
-COMMAND_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 
-
-@dataclass
-class Command:
-    command_id: str
-    kind: str
-    argv: list
-    state: str = RUNNING
-    exit_code: int | None = None
-    pid: int | None = None
-    started: str | None = None  # the process's start time in /proc, against pid reuse
-    # A member's (kind start): why it ended, whether what it left is gone, its confinement,
-    # the boot it started in, its cards, and a stop under way (grace, when asked, when killed).
-    reason: str = ""
-    cleaned: bool = False
-    confinement: str = ""
-    boot_id: str = ""
-    cards: list = field(default_factory=list)
-    stop_at: float | None = None
-    grace: float = members.DEFAULT_GRACE
-    killed_at: float | None = None
-    cleanup_wanted: bool = False
-
-    def reported(self) -> tuple:
-        """What the console is told: a change in any of it is reported."""
-        return (self.state, self.exit_code, self.reason, self.cleaned, self.confinement)
-
-    @property
-    def holds_cards(self) -> bool:
-        return self.kind == START and not self.cleaned
-
-
-def _started(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-class Commands:
+class Commands(replicas.ServingCommands):
     def __init__(
         self,
         directory: Path,
@@ -225,27 +191,35 @@ class Commands:
             logger.warning("member %s %s", command_id, refusal)
             self.save(command)
             return command
-        scratch = self.scratch / command_id
+        command.serve = replicas.spec_of(payload)
+        command.spec = payload if command.serve else None  # what a restart starts again
+        self.save(command)  # persisted before it starts (R4)
+        self._launch(command, payload)
+        return command
+
+    def _launch(self, command: Command, payload: dict) -> None:
+        scratch = self.scratch / command.command_id
         state.ensure_private_dir(scratch)
         argv = members.argv_of(payload, scratch)
         command.argv = argv[:1]
-        self.save(command)  # persisted before it starts (R4)
         command.confinement, procs = members.confine(
-            self.cgroup(command_id), payload.get("cpus"), payload.get("memory_bytes")
+            self.cgroup(command.command_id), payload.get("cpus"), payload.get("memory_bytes")
         )
         state.ensure_private_dir(self.logs)
         self._spawn(
             command,
             ["/bin/sh", "-c", members.WRAPPER, "sh"]
-            + [str(self._path(command_id, ".exit")), " ".join(procs), *argv],
-            self.logs / f"{command_id}.log",
+            + [str(self._path(command.command_id, ".exit")), " ".join(procs), *argv],
+            self.logs / f"{command.command_id}.log",
             cwd=scratch,
             env=members.member_env(payload, scratch, self.storage_root),
         )
+        command.launched_at, command.boot_id = time.time(), members.boot_id()
         self.save(command)
-        return command
 
     def _refresh_member(self, command: Command) -> Command:
+        if command.restart_at is not None:
+            return self._restart_due(command)
         child = self.children.get(command.command_id)
         if child is not None:
             child.poll()
@@ -269,6 +243,11 @@ class Commands:
             code, reason = VANISHED, "node_rebooted"  # R6: never running after a reboot
         else:
             code, reason = VANISHED, "vanished"
+        self.children.pop(command.command_id, None)
+        if replicas.restart_after_exit(command, code, reason, time.time()):
+            command.exit_code = code
+            self.save(command)
+            return command
         command.state = SUCCEEDED if code == 0 and reason == "exit" else FAILED
         command.exit_code, command.reason = code, reason
         self.children.pop(command.command_id, None)

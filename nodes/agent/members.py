@@ -223,6 +223,9 @@ def member_env(payload: dict, scratch: Path, storage_root: str | None = None) ->
     for key, value in (delivery.get("env") or {}).items():
         env[key] = str(Path(storage_root or "/", value)) if shared else str(value)
     env.update({key: str(value) for key, value in (payload.get("rendezvous") or {}).items()})
+    serve = payload.get("serve")
+    if isinstance(serve, dict) and isinstance(serve.get("port"), int):
+        env["PORT"] = str(serve["port"])  # a replica listens there (S1)
     return env
 
 

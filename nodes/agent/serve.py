@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 
-from . import __version__, enroll, inventory, orphans, state
+from . import __version__, enroll, inventory, orphans, replicas, state
 from .commands import CLEANUP, STOP, Command, Commands
 from .proto import control_pb2 as pb
 from .proto import control_pb2_grpc
@@ -32,6 +32,9 @@ def wire_state(command: Command) -> pb.CommandState:
         reason=command.reason,
         cleaned=command.cleaned,
         confinement=command.confinement,
+        ready=command.ready,
+        restarts=command.restarts,
+        detail=command.detail,
     )
 
 
@@ -118,6 +121,9 @@ class Agent:
             self.call.cancel()
 
     def run(self) -> int:
+        # Replicas are probed (and restarted) whether or not the console is reachable.
+        prober = replicas.Prober(self.commands)
+        threading.Thread(target=prober.run, args=(self.stopping,), daemon=True).start()
         attempt = 0
         while not self.stopping.is_set():
             connected = self._stream()

@@ -54,6 +54,9 @@ def command_state(
     reason: str = "",
     cleaned: bool = False,
     confinement: str = "",
+    ready: bool = False,
+    restarts: int = 0,
+    detail: str = "",
 ) -> pb.CommandState:
     """A command's durable state as the agent reports it (L5); a member's with why it ended,
     whether it is cleaned up (R7) and how it is confined (R5)."""
@@ -64,6 +67,9 @@ def command_state(
         reason=reason or "",
         cleaned=cleaned,
         confinement=confinement or "",
+        ready=ready,
+        restarts=restarts or 0,
+        detail=detail or "",
     )
 
 

@@ -21,10 +21,9 @@ from .. import bus
 from ..choices import ACTIVE_COMMAND_STATES, CommandKind, CommandState, SchedulingState
 from ..models import Node, NodeCommand, StrayCommand
 from .observers import command_changed
+from .payloads import member_payload, member_ref_payload, run_payload
 from .scheduling import node_drain_settle, node_observe_unkillable
 
-MAX_ARGV = 64
-MAX_ARG_CHARS = 4096
 # What a node may say of a command; "pending" and "lost" are the console's words.
 REPORTABLE = {CommandState.RUNNING, CommandState.SUCCEEDED, CommandState.FAILED}
 FINISHED = {CommandState.SUCCEEDED, CommandState.FAILED}
@@ -34,6 +33,8 @@ ENDED = {*FINISHED, CommandState.LOST}
 
 MAX_REASON = 32
 MAX_CONFINEMENT = 200
+MAX_DETAIL = 200
+MAX_RESTARTS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class Reported:
     reason: str = ""
     cleaned: bool = False
     confinement: str = ""
+    # A serving member's (S1): its probe passes, its restarts, the probe's error.
+    ready: bool = False
+    restarts: int = 0
+    detail: str = ""
 
     @classmethod
     def of(cls, command_id: str, state: str, exit_code: int, **member) -> "Reported":
@@ -63,56 +68,17 @@ class Reported:
             reason=message.reason[:MAX_REASON],
             cleaned=message.cleaned,
             confinement=message.confinement[:MAX_CONFINEMENT],
+            ready=message.ready,
+            restarts=min(message.restarts, MAX_RESTARTS),
+            detail=message.detail[:MAX_DETAIL],
         )
-
-
-def _run_payload(payload) -> dict:
-    if not isinstance(payload, dict) or set(payload) != {"argv"}:
-        raise ValidationFailed('payload of a run command must be {"argv": [...]}.', field="payload")
-    argv = payload["argv"]
-    if (
-        not isinstance(argv, list)
-        or not 1 <= len(argv) <= MAX_ARGV
-        or not all(isinstance(arg, str) and len(arg) <= MAX_ARG_CHARS for arg in argv)
-        or not argv[0]
-    ):
-        raise ValidationFailed(
-            f"payload.argv must be 1 to {MAX_ARGV} strings, the first naming the program.",
-            field="payload.argv",
-        )
-    return {"argv": argv}
-
-
-def _member_payload(payload) -> dict:
-    """What placement's allocator asks a node to run; placement validated the job's
-    fields for the user, this is the node-facing shape."""
-    if not isinstance(payload, dict) or not (payload.get("argv") or payload.get("script")):
-        raise ValidationFailed("payload of a start command names argv or script.", field="payload")
-    if payload.get("argv"):
-        _run_payload({"argv": payload["argv"]})
-    cards = payload.get("cards", [])
-    if not isinstance(cards, list) or not all(
-        isinstance(card, dict) and isinstance(card.get("index"), int) and card.get("uuid")
-        for card in cards
-    ):
-        raise ValidationFailed("payload.cards must be [{index, uuid}, ...].", field="payload.cards")
-    return payload
-
-
-def _member_ref_payload(payload) -> dict:
-    if not isinstance(payload, dict) or not isinstance(payload.get("member"), str):
-        raise ValidationFailed(
-            'payload of a stop or cleanup command is {"member": "<start command id>"}.',
-            field="payload.member",
-        )
-    return payload
 
 
 _PAYLOADS = {
-    CommandKind.RUN: _run_payload,
-    CommandKind.START: _member_payload,
-    CommandKind.STOP: _member_ref_payload,
-    CommandKind.CLEANUP: _member_ref_payload,
+    CommandKind.RUN: run_payload,
+    CommandKind.START: member_payload,
+    CommandKind.STOP: member_ref_payload,
+    CommandKind.CLEANUP: member_ref_payload,
 }
 
 
@@ -231,6 +197,8 @@ def _view(command: NodeCommand) -> dict:
             cleaned=command.cleaned_at is not None,
             confinement=command.confinement,
         )
+        if command.payload.get("serve"):
+            view.update(ready=command.ready, restarts=command.restarts, detail=command.detail)
     return view
 
 
@@ -244,6 +212,13 @@ def _apply(command: NodeCommand, reported: Reported, now: datetime) -> bool:
         if reported.reason and (command.state == reported.state or reported.state == "running"):
             command.reason = reported.reason
         command.confinement = reported.confinement or command.confinement
+        if command.state == CommandState.RUNNING and command.payload.get("serve"):
+            # A replica's reason comes and goes as it restarts (S1).
+            command.reason = reported.reason if reported.state == "running" else command.reason
+            command.ready, command.detail = reported.ready, reported.detail
+            command.restarts = max(command.restarts, reported.restarts)
+        elif command.state in ENDED:
+            command.ready = False
         if reported.cleaned and command.cleaned_at is None and command.state in ENDED:
             command.cleaned_at = now
     elif reported.reason and before["state"] != command.state:
@@ -253,7 +228,10 @@ def _apply(command: NodeCommand, reported: Reported, now: datetime) -> bool:
         return False
     command.updated_at = now
     command.save(
-        update_fields=["state", "exit_code", "reason", "confinement", "cleaned_at", "updated_at"]
+        update_fields=[
+            *("state", "exit_code", "reason", "confinement", "cleaned_at", "updated_at"),
+            *("ready", "restarts", "detail"),
+        ]
     )
     cleaned = after.get("cleaned") and not before.get("cleaned")
     audit_record(

@@ -1,10 +1,15 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
 from tuneplane.permissions import is_admin
 
-from ..choices import Cleanup, DeploymentState, DeploymentStatus, JobState, LifecycleKind, RunState
+from ..choices import (
+    Cleanup,
+    DeploymentStatus,
+    JobState,
+    RevisionState,
+    RunState,
+)
 from ..models import (
     Attempt,
     Dataset,
@@ -17,142 +22,8 @@ from ..models import (
     TrainingJob,
     Volume,
 )
-from ..selectors import delivery_of
-
-MAX_CARDS = 1024
-MAX_NODES = 256
-
-
-def _name():
-    return StrictCharField(max_length=200)
-
-
-def _names():
-    return serializers.ListField(
-        child=StrictCharField(max_length=63), required=False, default=list, max_length=64
-    )
-
-
-class CardsRequest(StrictSerializer):
-    project = StrictCharField(max_length=50)
-    name = _name()
-    series = StrictCharField(max_length=63, required=False, allow_blank=True, default="")
-    cards = serializers.IntegerField(min_value=1, max_value=MAX_CARDS, required=False, default=1)
-
-
-class JobRequest(CardsRequest):
-    """The run fields are checked by placement.runspec (the one place that knows them), so
-    the API, the admin and a script refuse the same input with the same words."""
-
-    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, required=False, default=1)
-    volumes = _names()
-    datasets = _names()
-    command = serializers.ListField(
-        child=StrictCharField(max_length=4096, allow_blank=True),
-        max_length=64,
-        required=False,
-        default=list,
-        help_text="On a node Fleet: the argv to run, or give `script`.",
-    )
-    script = StrictCharField(
-        max_length=100_000,
-        required=False,
-        allow_blank=True,
-        default="",
-        help_text="Run by /bin/bash on a node Fleet; what a cluster Fleet's manager runs "
-        "(a batch script for Slurm, an entrypoint for a RayJob).",
-    )
-    env = serializers.DictField(
-        child=StrictCharField(max_length=4096, allow_blank=True),
-        required=False,
-        default=dict,
-        help_text="Names to string values, for every member (not shown again).",
-    )
-    cpus = serializers.FloatField(
-        min_value=0.001,
-        max_value=1024,
-        required=False,
-        default=None,
-        allow_null=True,
-        help_text="CPUs each member is confined to (R5).",
-    )
-    memory_bytes = serializers.IntegerField(
-        min_value=1 << 20,
-        max_value=1 << 50,
-        required=False,
-        default=None,
-        allow_null=True,
-        help_text="Memory each member is confined to (R5); over it the member ends oom.",
-    )
-    max_attempts = serializers.IntegerField(
-        min_value=1,
-        max_value=10,
-        required=False,
-        default=3,
-        help_text="Attempts in all, retries included (R9).",
-    )
-    gang_deadline_seconds = serializers.IntegerField(
-        min_value=1,
-        max_value=86_400,
-        required=False,
-        default=None,
-        allow_null=True,
-        help_text="A gang's members must all run within this of allocation (R3); "
-        "TUNEPLANE_GANG_DEADLINE when not given.",
-    )
-
-    class Meta:
-        ref_name = "JobRequest"
-
-
-class TrainingJobRequest(JobRequest):
-    class Meta:
-        ref_name = "TrainingJobRequest"
-
-
-class LifecycleJobRequest(JobRequest):
-    kind = StrictChoiceField(choices=LifecycleKind.values)
-
-    class Meta:
-        ref_name = "LifecycleJobRequest"
-
-
-class DeploymentRequest(CardsRequest):
-    fleet = StrictCharField(max_length=63, required=False, allow_null=True, default=None)
-
-    class Meta:
-        ref_name = "DeploymentRequest"
-
-
-class DeploymentUpdateRequest(StrictSerializer):
-    state = StrictChoiceField(choices=DeploymentState.values, required=False)
-    fleet = StrictCharField(max_length=63, required=False)
-
-    class Meta:
-        ref_name = "DeploymentUpdateRequest"
-
-
-class PlaygroundRequest(CardsRequest):
-    class Meta:
-        ref_name = "PlaygroundRequest"
-
-
-class EnvironmentRequest(StrictSerializer):
-    project = StrictCharField(max_length=50)
-    name = _name()
-    manifest = serializers.JSONField()
-
-    class Meta:
-        ref_name = "EnvironmentRequest"
-
-
-class StorageRequest(StrictSerializer):
-    project = StrictCharField(max_length=50)
-    name = serializers.SlugField(max_length=63)
-    uri = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
-
-    class Meta:
-        ref_name = "StorageRequest"
+from ..selectors import delivery_of, replica_not_ready, replica_ready
+from ..services.payloads import host
 
 
 class WorkloadSerializer(serializers.ModelSerializer):
@@ -279,17 +150,82 @@ class LifecycleJobSerializer(JobSerializer):
         read_only_fields = fields
 
 
+class ReplicaSerializer(serializers.ModelSerializer):
+    """A revision's replica (S1): where it runs, whether it is Ready and, if not, why."""
+
+    node = serializers.CharField(source="node_id", read_only=True)
+    address = serializers.SerializerMethodField()
+    state = serializers.ChoiceField(choices=RunState.choices, read_only=True)
+    cleanup = serializers.ChoiceField(choices=Cleanup.choices, read_only=True)
+    cards = serializers.ListField(child=serializers.DictField(), read_only=True)
+    ready = serializers.SerializerMethodField()
+    not_ready_because = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Member
+        fields = [
+            "rank",
+            "node",
+            "address",
+            "cards",
+            "state",
+            "reason",
+            "ready",
+            "not_ready_because",
+            "restarts",
+            "exit_code",
+            "confinement",
+            "cleanup",
+            "started_at",
+            "ended_at",
+        ]
+        read_only_fields = fields
+
+    def get_address(self, member) -> str:
+        return f"{host(member.node.address)}:{member.port}"
+
+    def get_ready(self, member) -> bool:
+        return replica_ready(member)
+
+    def get_not_ready_because(self, member) -> str:
+        return replica_not_ready(member)
+
+
 class RevisionSerializer(serializers.ModelSerializer):
-    """A revision, and whether it is Ready: its node answers for serve (L2)."""
+    """A revision and whether it is Ready: on a node Fleet every replica is (S1); a recorded
+    revision while its node answers for serve (L2)."""
 
     # Read from placement.selectors.revisions_with_ready, as the admin reads it.
     node = serializers.CharField(source="node_id", allow_null=True, read_only=True)
     ready = serializers.BooleanField(read_only=True)
+    state = serializers.ChoiceField(choices=RevisionState.choices, read_only=True)
+    env = serializers.SerializerMethodField(help_text="The names only: values are not shown.")
+    members = ReplicaSerializer(many=True, read_only=True)
 
     class Meta:
         model = Revision
-        fields = ["number", "node", "ready"]
+        fields = [
+            "number",
+            "state",
+            "reason",
+            "node",
+            "ready",
+            "command",
+            "script",
+            "env",
+            "port",
+            "readiness_path",
+            "replicas",
+            "cpus",
+            "memory_bytes",
+            "created_at",
+            "ended_at",
+            "members",
+        ]
         read_only_fields = fields
+
+    def get_env(self, revision) -> list[str]:
+        return sorted(revision.env)
 
 
 class DeploymentSerializer(WorkloadSerializer):
@@ -298,14 +234,34 @@ class DeploymentSerializer(WorkloadSerializer):
     status = serializers.ChoiceField(
         choices=DeploymentStatus.choices,
         read_only=True,
-        help_text="L2: degraded while any revision's node is quiet for serve.",
+        help_text="ready while every replica of the current revision is Ready (S1; a "
+        "recorded revision: while its node answers for serve, L2); else degraded.",
     )
     revisions = RevisionSerializer(many=True, read_only=True)
+    addresses = serializers.SerializerMethodField(
+        help_text="host:port of each Ready replica of the live revisions: a client picks "
+        "among them (the console is not a load balancer)."
+    )
 
     class Meta(WorkloadSerializer.Meta):
         model = Deployment
-        fields = WorkloadSerializer.Meta.fields + ["state", "status", "revisions"]
+        fields = WorkloadSerializer.Meta.fields + [
+            "state",
+            "status",
+            "reason",
+            "addresses",
+            "revisions",
+        ]
         read_only_fields = fields
+
+    def get_addresses(self, deployment) -> list[str]:
+        return [
+            f"{host(member.node.address)}:{member.port}"
+            for revision in deployment.revisions.all()
+            if revision.state == RevisionState.LIVE
+            for member in revision.members.all()
+            if replica_ready(member)
+        ]
 
 
 class PlaygroundSessionSerializer(WorkloadSerializer):
@@ -332,19 +288,6 @@ class StorageSerializer(serializers.ModelSerializer):
 class DatasetSerializer(StorageSerializer):
     class Meta(StorageSerializer.Meta):
         model = Dataset
-
-
-class LogsQuery(StrictSerializer):
-    attempt = serializers.IntegerField(
-        min_value=1, required=False, default=None, help_text="The latest when not given."
-    )
-    rank = serializers.IntegerField(min_value=0, required=False, default=0)
-    tail_bytes = serializers.IntegerField(
-        min_value=1, max_value=1 << 20, required=False, default=65536
-    )
-
-    class Meta:
-        ref_name = "LogsQuery"
 
 
 class LogsSerializer(serializers.Serializer):

@@ -31,6 +31,11 @@ urlpatterns = [
         views.DeploymentDetailView.as_view(),
         name="deployment-detail",
     ),
+    path(
+        "deployments/<int:deployment_id>/revisions",
+        views.DeploymentRevisionsView.as_view(),
+        name="deployment-revisions",
+    ),
     path("playground-sessions", views.PlaygroundSessionsView.as_view(), name="playground-sessions"),
     path("environments", views.EnvironmentsView.as_view(), name="environments"),
     path(

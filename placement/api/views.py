@@ -22,7 +22,8 @@ from ..models import (
     Volume,
 )
 from ..selectors import environment_resolve, workloads_shown_to, workloads_visible_to
-from ..services import runs
+from ..services import runs, serving
+from . import requests as r
 from . import serializers as s
 from .schema import refusals
 
@@ -75,28 +76,28 @@ def documented(noun: str, request, response, *, refused=(404, 422)):
     )
 
 
-@documented("training job", s.TrainingJobRequest, s.TrainingJobSerializer)
+@documented("training job", r.TrainingJobRequest, s.TrainingJobSerializer)
 class TrainingJobsView(WorkloadListView):
     model = TrainingJob
-    serializer_class, request_serializer = s.TrainingJobSerializer, s.TrainingJobRequest
+    serializer_class, request_serializer = s.TrainingJobSerializer, r.TrainingJobRequest
 
     def submit(self, actor, data):
         return services.training_job_submit(actor=actor, **data)
 
 
-@documented("lifecycle job", s.LifecycleJobRequest, s.LifecycleJobSerializer)
+@documented("lifecycle job", r.LifecycleJobRequest, s.LifecycleJobSerializer)
 class LifecycleJobsView(WorkloadListView):
     model, serializer_class = LifecycleJob, s.LifecycleJobSerializer
-    request_serializer = s.LifecycleJobRequest
+    request_serializer = r.LifecycleJobRequest
 
     def submit(self, actor, data):
         return services.lifecycle_job_submit(actor=actor, **data)
 
 
-@documented("deployment", s.DeploymentRequest, s.DeploymentSerializer)
+@documented("deployment", r.DeploymentRequest, s.DeploymentSerializer)
 class DeploymentsView(WorkloadListView):
     model, serializer_class = Deployment, s.DeploymentSerializer
-    request_serializer = s.DeploymentRequest
+    request_serializer = r.DeploymentRequest
 
     def submit(self, actor, data):
         return services.deployment_submit(actor=actor, **data)
@@ -143,7 +144,7 @@ class JobLogsView(GenericAPIView):
         job = workloads_shown_to(request.user, self.model).filter(pk=job_id).first()
         if job is None:
             raise NotFound(f"{self.model._meta.verbose_name.capitalize()} {job_id} not found.")
-        incoming = s.LogsQuery(data=request.query_params)
+        incoming = r.LogsQuery(data=request.query_params)
         incoming.is_valid(raise_exception=True)
         query = incoming.validated_data
         member, output = runs.member_output(job=job, **query)
@@ -161,7 +162,7 @@ class JobLogsView(GenericAPIView):
 def _logs_documented(noun, view):
     return extend_schema(
         summary=f"The tail of a {noun} member's output, fetched from its node now",
-        parameters=[s.LogsQuery],
+        parameters=[r.LogsQuery],
         responses={200: s.LogsSerializer, **errors(400, 401, 404, 503)},
     )(view)
 
@@ -176,7 +177,7 @@ class LifecycleJobLogsView(JobLogsView):
     model = LifecycleJob
 
 
-class DeploymentDetailView(GenericAPIView):
+class DeploymentView(GenericAPIView):
     serializer_class = s.DeploymentSerializer
 
     def _deployment(self, request, deployment_id: int) -> Deployment:
@@ -185,6 +186,8 @@ class DeploymentDetailView(GenericAPIView):
             raise NotFound(f"Deployment {deployment_id} not found.")
         return found
 
+
+class DeploymentDetailView(DeploymentView):
     @extend_schema(
         summary="A deployment, with its revisions and whether each is Ready",
         responses={200: s.DeploymentSerializer, **errors(401, 404)},
@@ -198,12 +201,12 @@ class DeploymentDetailView(GenericAPIView):
 
     @extend_schema(
         summary="Stop a deployment; its Fleet never changes (P2)",
-        request=s.DeploymentUpdateRequest,
+        request=r.DeploymentUpdateRequest,
         responses={200: s.DeploymentSerializer, **errors(400, 401, 404)},
     )
     def patch(self, request, deployment_id: int):
         deployment = self._deployment(request, deployment_id)
-        incoming = s.DeploymentUpdateRequest(data=request.data)
+        incoming = r.DeploymentUpdateRequest(data=request.data)
         incoming.is_valid(raise_exception=True)
         services.deployment_update(
             actor=Actor.of_user(request.user), deployment=deployment, **incoming.validated_data
@@ -215,19 +218,41 @@ class DeploymentDetailView(GenericAPIView):
         )
 
 
-@documented("playground session", s.PlaygroundRequest, s.PlaygroundSessionSerializer)
+class DeploymentRevisionsView(DeploymentView):
+    @extend_schema(
+        summary="Roll out a new revision (S2): its replicas start beside the old ones; each "
+        "old one stops only when a new one is Ready; not Ready within the deadline: rolled back",
+        request=r.RevisionRequest,
+        responses={201: s.DeploymentSerializer, **errors(400, 401, 404, 409)},
+    )
+    def post(self, request, deployment_id: int):
+        deployment = self._deployment(request, deployment_id)
+        incoming = r.RevisionRequest(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        serving.revision_create(
+            actor=Actor.of_user(request.user), deployment=deployment, **incoming.validated_data
+        )
+        return Response(
+            s.DeploymentSerializer(
+                self._deployment(request, deployment_id), context=seen_by(request)
+            ).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+
+@documented("playground session", r.PlaygroundRequest, s.PlaygroundSessionSerializer)
 class PlaygroundSessionsView(WorkloadListView):
     model, serializer_class = PlaygroundSession, s.PlaygroundSessionSerializer
-    request_serializer = s.PlaygroundRequest
+    request_serializer = r.PlaygroundRequest
 
     def submit(self, actor, data):
         return services.playground_session_submit(actor=actor, **data)
 
 
-@documented("environment", s.EnvironmentRequest, s.EnvironmentSerializer)
+@documented("environment", r.EnvironmentRequest, s.EnvironmentSerializer)
 class EnvironmentsView(WorkloadListView):
     model, serializer_class = Environment, s.EnvironmentSerializer
-    request_serializer = s.EnvironmentRequest
+    request_serializer = r.EnvironmentRequest
 
     def submit(self, actor, data):
         return services.environment_submit(actor=actor, **data)
@@ -259,15 +284,15 @@ class EnvironmentResolveView(GenericAPIView):
         )
 
 
-@documented("volume", s.StorageRequest, s.StorageSerializer, refused=(404,))
+@documented("volume", r.StorageRequest, s.StorageSerializer, refused=(404,))
 class VolumesView(WorkloadListView):
-    model, serializer_class, request_serializer = Volume, s.StorageSerializer, s.StorageRequest
+    model, serializer_class, request_serializer = Volume, s.StorageSerializer, r.StorageRequest
 
     def submit(self, actor, data):
         return services.storage_create(Volume, actor=actor, **data)
 
 
-@documented("dataset", s.StorageRequest, s.DatasetSerializer, refused=(404,))
+@documented("dataset", r.StorageRequest, s.DatasetSerializer, refused=(404,))
 class DatasetsView(VolumesView):
     model, serializer_class = Dataset, s.DatasetSerializer
 

@@ -27,8 +27,9 @@ from ..models import (
     TrainingJob,
     Volume,
 )
-from ..runspec import checked_run, require_runnable
+from ..runspec import checked_run, checked_serve, require_runnable, require_servable
 from .allocator import allocate_on_commit
+from .serving import revisions_stop
 
 
 def project_for(user, slug: str) -> Project:
@@ -206,9 +207,13 @@ def deployment_submit(
     fleet: str | None = None,
     series: str = "",
     cards: int = 1,
+    **serve,
 ) -> Deployment:
-    """P2: the named Fleet, or the only visible serving one; its first revision on the node
-    that fits best."""
+    """P2: the named Fleet, or the only visible serving one. On a node Fleet its first
+    revision serves ``serve`` (placement.runspec.checked_serve: a command or script, env,
+    port, readiness path, replicas, cpus, memory) and the allocator places each replica
+    with its cards (S1); elsewhere the revision is recorded on the node that fits best."""
+    serve = checked_serve(**serve)
     project = project_for(actor.user, project)
     admitted = admit_deployment(project, fleet, Need(FleetCapability.SERVE, series, cards))
     with transaction.atomic():
@@ -220,17 +225,26 @@ def deployment_submit(
             name=name,
             series=series,
             cards=cards,
+            check=lambda fleet: require_servable(serve) if fleet.kind == FleetKind.NODE else None,
+            extra_after={"replicas": serve["replicas"], "port": serve["port"]},
         )
+        on_node = deployment.fleet.kind == FleetKind.NODE
         Revision.objects.create(
-            deployment=deployment, number=1, node_id=admitted.nodes[0] if admitted.nodes else None
+            deployment=deployment,
+            number=1,
+            node_id=admitted.nodes[0] if admitted.nodes and not on_node else None,
+            **serve,
         )
+        if on_node:
+            allocate_on_commit(deployment.fleet_id)
     return deployment
 
 
 def deployment_update(
     *, actor: Actor, deployment: Deployment, state: str | None = None, fleet: str | None = None
 ) -> Deployment:
-    """A deployment never changes Fleet (P2); it may be stopped."""
+    """A deployment never changes Fleet (P2); it may be stopped: on a node Fleet every
+    replica is then stopped and cleaned up, and its cards released after the cleanup."""
     if fleet is not None and fleet != deployment.fleet_id:
         raise ValidationFailed(
             "fleet: a deployment never changes Fleet; create a new "
@@ -245,6 +259,11 @@ def deployment_update(
     with transaction.atomic():
         deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
         if state is not None and state != deployment.state:
+            if state == DeploymentState.LIVE:
+                raise ValidationFailed(
+                    "state: a stopped deployment stays stopped; submit a new one.",
+                    field="state",
+                )
             before = {"state": deployment.state}
             deployment.state = state
             deployment.save(update_fields=["state"])
@@ -255,6 +274,7 @@ def deployment_update(
                 before=before,
                 after={"state": state},
             )
+            revisions_stop(deployment=deployment, actor=actor)
     return deployment
 
 

@@ -24,25 +24,23 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit.services import Actor, audit_record_each
-from fleets.choices import FleetDelivery, FleetKind, FleetState
+from audit.services import audit_record_each
+from fleets.choices import FleetKind, FleetState
 from fleets.models import Fleet
 from nodes.choices import CommandKind
 from nodes.models import CardAlias
 from nodes.selectors import nodes_placeable
 from nodes.services.commands import node_commands_create_many
 
-from ..choices import Cleanup, JobState
-from ..models import Attempt, CardHold, LifecycleJob, Member, TrainingJob
+from ..choices import Cleanup, DeploymentState, JobState, RevisionState
+from ..models import Attempt, CardHold, LifecycleJob, Member, Revision, TrainingJob
+from .payloads import MASTER_PORT_BASE, host, job_payload
+from .replica_wants import ALLOCATOR, ReplicaWant, member_view, replicas_wanted, write_replicas
 
 logger = logging.getLogger("tuneplane.allocator")
 
 ALLOCATE_TASK = "placement.allocate"
-ALLOCATOR = Actor.system("allocator")
 JOB_MODELS = (TrainingJob, LifecycleJob)
-# A gang's rank 0 listens here (torchrun's default), offset by the attempt so that two gangs
-# whose rank 0 share a node do not collide.
-MASTER_PORT_BASE = 29500
 
 
 @dataclass
@@ -55,6 +53,7 @@ class Capacity:
     cpus: float | None
     memory: int | None
     devices_by_series: dict[str, int] = field(default_factory=dict)
+    ports: set[int] = field(default_factory=set)  # replicas' ports in use here (S1)
 
     def free_of(self, series: str) -> list[dict]:
         return self.free.get(series, [])
@@ -64,6 +63,7 @@ class Capacity:
             len(self.free_of(job.series)) >= job.cards
             and (not job.cpus or self.cpus is None or self.cpus >= job.cpus)
             and (not job.memory_bytes or self.memory is None or self.memory >= job.memory_bytes)
+            and getattr(job, "port", None) not in self.ports
         )
 
     def could_fit(self, job) -> bool:
@@ -80,6 +80,8 @@ class Capacity:
             self.cpus -= job.cpus
         if job.memory_bytes and self.memory is not None:
             self.memory -= job.memory_bytes
+        if getattr(job, "port", None):
+            self.ports.add(job.port)
         return [{"index": device["index"], "uuid": device["uuid"]} for device in taken]
 
 
@@ -94,10 +96,13 @@ def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
         CardAlias.objects.filter(series__isnull=False).values_list("name", "series__slug")
     )
     in_use: dict[str, list] = {}
-    for node_id, cards, cpus, memory in Member.objects.filter(
+    ports: dict[str, set[int]] = {}
+    for node_id, cards, cpus, memory, port in Member.objects.filter(
         node_id__in=[node_id for node_id, _, _ in nodes], cleanup=Cleanup.PENDING
-    ).values_list("node_id", "cards", "cpus", "memory_bytes"):
+    ).values_list("node_id", "cards", "cpus", "memory_bytes", "port"):
         in_use.setdefault(node_id, []).append((cards, cpus, memory))
+        if port:
+            ports.setdefault(node_id, set()).add(port)
     capacities = {}
     for node_id, address, inventory in nodes:
         held = {card["index"] for cards, _, _ in in_use.get(node_id, []) for card in cards}
@@ -117,7 +122,9 @@ def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
         for _, used_cpus, used_memory in in_use.get(node_id, []):
             cpus = cpus - (used_cpus or 0) if cpus is not None else None
             memory = memory - (used_memory or 0) if memory is not None else None
-        capacities[node_id] = Capacity(node_id, address, free, cpus, memory, totals)
+        capacities[node_id] = Capacity(
+            node_id, address, free, cpus, memory, totals, ports.get(node_id, set())
+        )
     return capacities
 
 
@@ -137,7 +144,9 @@ def _queue(fleet: Fleet) -> list:
         .prefetch_related("volumes", "datasets")
         .order_by("created_at", "id")
     ]
-    return sorted(jobs, key=lambda job: (job.created_at, job._meta.model_name, job.pk))
+    for job in jobs:
+        job.sort_key = (job._meta.model_name, job.pk)
+    return jobs
 
 
 def _pick(job, capacities: dict[str, Capacity], reserved: set[str]) -> list[Capacity] | None:
@@ -163,48 +172,6 @@ def _reserve(job, capacities: dict[str, Capacity], reserved: set[str]) -> None:
     reserved.update(capacity.node_id for capacity in closest[: job.nodes])
 
 
-def _host(address: str) -> str:
-    if address.startswith("["):
-        return address[1:].split("]", 1)[0]
-    return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
-
-
-def _delivery(job) -> dict:
-    """R4: where the job's volumes and datasets are — paths under the node's storage root
-    (shared-mount) or the URIs a node pulls from (object-pull)."""
-    shared = job.fleet.delivery == FleetDelivery.SHARED_MOUNT
-    env = {}
-    for kind, records in (("VOLUME", job.volumes.all()), ("DATASET", job.datasets.all())):
-        for record in records:
-            name = f"TUNEPLANE_{kind}_{record.name.upper().replace('-', '_')}"
-            env[name] = (
-                f"{job.project.slug}/{kind.lower()}s/{record.name}" if shared else record.uri
-            )
-    return {"mode": job.fleet.delivery, "env": env}
-
-
-def _payload(job, attempt_number: int, rank: int, cards, rendezvous) -> dict:
-    payload = {
-        "env": job.env,
-        "cards": cards,
-        "cpus": job.cpus,
-        "memory_bytes": job.memory_bytes,
-        "grace_seconds": settings.TUNEPLANE_STOP_GRACE,
-        "labels": {
-            "TUNEPLANE_JOB": f"{job._meta.model_name}-{job.pk}",
-            "TUNEPLANE_ATTEMPT": attempt_number,
-            "TUNEPLANE_RANK": rank,
-        },
-        "delivery": _delivery(job),
-        "rendezvous": rendezvous(rank) if rendezvous else {},
-    }
-    if job.command:
-        payload["argv"] = job.command
-    else:
-        payload["script"] = job.script
-    return payload
-
-
 def _next_numbers(jobs) -> dict:
     numbers = {}
     for model in JOB_MODELS:
@@ -225,7 +192,9 @@ def allocate(*, fleet_id: str) -> dict:
         fleet = Fleet.objects.select_for_update().filter(pk=fleet_id).first()
         if fleet is None or fleet.kind != FleetKind.NODE or fleet.state != FleetState.ACTIVE:
             return {"allocated": 0, "waiting": 0}
-        queue = _queue(fleet)
+        queue = sorted(
+            _queue(fleet) + replicas_wanted(fleet), key=lambda w: (w.created_at, w.sort_key)
+        )
         if not queue:
             return {"allocated": 0, "waiting": 0}
         capacities = _capacities(fleet, now)
@@ -241,8 +210,12 @@ def allocate(*, fleet_id: str) -> dict:
                     _reserve(job, capacities, reserved)
                 continue
             decided.append((job, [(c, c.take(job)) for c in chosen]))
-        if decided:
-            _write(fleet, decided, now)
+        replicas = [(want, placed) for want, placed in decided if isinstance(want, ReplicaWant)]
+        jobs = [(job, placed) for job, placed in decided if not isinstance(job, ReplicaWant)]
+        if jobs:
+            _write(fleet, jobs, now)
+        if replicas:
+            write_replicas(replicas)
     waiting = len(queue) - len(decided)
     if decided:
         logger.info("fleet %s: %d job(s) allocated, %d waiting", fleet_id, len(decided), waiting)
@@ -268,7 +241,7 @@ def _write(fleet: Fleet, decided, now) -> None:
     for (job, placed), attempt in zip(decided, attempts, strict=True):
         rendezvous = None
         if job.nodes > 1:
-            master = _host(placed[0][0].address)
+            master = host(placed[0][0].address)
             port = MASTER_PORT_BASE + attempt.pk % 10000
 
             def rendezvous(rank, master=master, port=port, job=job):
@@ -282,7 +255,7 @@ def _write(fleet: Fleet, decided, now) -> None:
                 }
 
         for rank, (capacity, cards) in enumerate(placed):
-            payload = _payload(job, attempt.number, rank, cards, rendezvous)
+            payload = job_payload(job, attempt.number, rank, cards, rendezvous)
             commands.append((capacity.node_id, CommandKind.START, payload))
     created = iter(node_commands_create_many(actor=ALLOCATOR, commands=commands))
     members = []
@@ -320,7 +293,7 @@ def _write(fleet: Fleet, decided, now) -> None:
     audit_record_each(
         actor=ALLOCATOR,
         target_type="placement.member",
-        events=[("member.created", m.pk, None, _member_view(m)) for m in members],
+        events=[("member.created", m.pk, None, member_view(m)) for m in members],
     )
     for model in JOB_MODELS:
         audit_record_each(
@@ -347,17 +320,6 @@ def _attempt_view(attempt: Attempt) -> dict:
     }
 
 
-def _member_view(member: Member) -> dict:
-    return {
-        "attempt": member.attempt_id,
-        "rank": member.rank,
-        "node": member.node_id,
-        "cards": member.cards,
-        "state": member.state,
-        "command": member.command_id,
-    }
-
-
 def allocate_on_commit(fleet_id: str) -> None:
     """Something changed for a node Fleet (a job admitted, cards released): a pass soon, in
     a worker. The beat's pass over every Fleet is the safety net."""
@@ -365,8 +327,17 @@ def allocate_on_commit(fleet_id: str) -> None:
 
 
 def allocate_all() -> dict:
-    """The beat's safety net: a pass for every node Fleet with queued jobs."""
-    fleet_ids = set()
+    """The beat's safety net: a pass for every node Fleet with queued jobs or replicas of
+    live revisions to place."""
+    fleet_ids = set(
+        Revision.objects.filter(
+            state=RevisionState.LIVE,
+            port__isnull=False,
+            deployment__state=DeploymentState.LIVE,
+            deployment__fleet__kind=FleetKind.NODE,
+            deployment__fleet__state=FleetState.ACTIVE,
+        ).values_list("deployment__fleet_id", flat=True)
+    )
     for model in JOB_MODELS:
         fleet_ids.update(
             model.objects.filter(

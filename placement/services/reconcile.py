@@ -1,10 +1,11 @@
 """Members whose node went away, and gangs that never came together (R3, R8, R9).
 
-A lost stream changes nothing about running work (L5). When the liveness sweep declares a
-node ``gone``, its live members become ``unknown``; a node back before the reconcile
-deadline (TUNEPLANE_RECONCILE_DEADLINE after gone) that still runs them has them
-``running`` again — no retry, no kill — and one that reports them finished or does not
-know them has that recorded (nodes.services.commands reconciles its Hello). Past the
+A lost stream changes nothing about running work (L5). A deployment's replicas are never
+given up here: a deployment never moves by itself (S3; placement.services.serving). When the
+liveness sweep declares a node ``gone``, its live members become ``unknown``; a node back
+before the reconcile deadline (TUNEPLANE_RECONCILE_DEADLINE after gone) that still runs them
+has them ``running`` again — no retry, no kill — and one that reports them finished or does
+not know them has that recorded (nodes.services.commands reconciles its Hello). Past the
 deadline the console gives up: the member is ``lost``, its attempt too, and the job gets
 another attempt while it has attempts left. Whatever of a given-up attempt still runs when
 its node returns is stopped and cleaned up by the cleanup sent when it was given up.
@@ -68,6 +69,7 @@ def members_reconcile(*, now=None) -> dict[str, int]:
         (
             "unknown",
             Member.objects.filter(
+                attempt__isnull=False,
                 state__in=(RunState.STARTING, RunState.RUNNING),
                 node__scheduling_state=SchedulingState.GONE,
             ),
@@ -77,7 +79,7 @@ def members_reconcile(*, now=None) -> dict[str, int]:
         (
             "running_again",
             Member.objects.filter(
-                state=RunState.UNKNOWN, command__state=CommandState.RUNNING
+                attempt__isnull=False, state=RunState.UNKNOWN, command__state=CommandState.RUNNING
             ).exclude(node__scheduling_state=SchedulingState.GONE),
             RunState.RUNNING,
             "",
@@ -100,6 +102,7 @@ def members_reconcile(*, now=None) -> dict[str, int]:
                 _attempt_settle(attempt_id, locked=locked)
                 done[counted] += 1
     past = Member.objects.filter(
+        attempt__isnull=False,
         state=RunState.UNKNOWN,
         node__scheduling_state=SchedulingState.GONE,
         node__last_seen_at__lt=_gone_since_cutoff(now),

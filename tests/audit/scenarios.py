@@ -16,7 +16,7 @@ from nodes.services import clusters as node_clusters
 from nodes.services import commands, control, join, scheduling
 from placement import handover as placement_clusters
 from placement import services as placement
-from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
+from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr
 from tests.nodes.kube_replay import KubeReplay
 from tuneplane import services as tuneplane
 from tuneplane.celery import app as celery_app
@@ -267,7 +267,7 @@ def submitted(submit, **fields):
 def deployment_update(w):
     w.placeable()
     deployment = placement.deployment_submit(
-        actor=Actor.of_user(w.member), project="ml", name="chat"
+        actor=Actor.of_user(w.member), project="ml", name="chat", **SERVE
     )
     return lambda: placement.deployment_update(
         actor=Actor.of_user(w.admin), deployment=deployment, state="stopped"

@@ -23,7 +23,7 @@ from placement import services as placement
 from placement.models import Dataset, Volume
 
 from . import node_scenarios as nodes
-from . import run_scenarios
+from . import run_scenarios, serving_scenarios
 from .scenarios import (
     CHANGED,
     CREATED,
@@ -39,7 +39,6 @@ from .scenarios import (
     cluster_jobs_track,
     created,
     deleted,
-    deployment_update,
     fleet_create,
     fleet_delete,
     fleet_delete_with_removed_nodes,
@@ -73,6 +72,8 @@ WRITING_MODULES = (
     "placement.services.allocator",
     "placement.services.runs",
     "placement.services.reconcile",
+    "placement.services.replica_wants",
+    "placement.services.serving",
     "placement.handover",
 )
 # What a module that records audit events says: the audit services, or the table itself.
@@ -295,12 +296,6 @@ SCENARIOS = {
         submitted(placement.lifecycle_job_submit, name="evals", kind="eval", script="true"),
         (created("lifecyclejob.admitted"),),
     ),
-    "placement.services.deployment_submit": Scenario(
-        submitted(placement.deployment_submit, name="chat"), (created("deployment.admitted"),)
-    ),
-    "placement.services.deployment_update": Scenario(
-        deployment_update, (changed("deployment.state_changed"),)
-    ),
     "placement.services.playground_session_submit": Scenario(
         submitted(placement.playground_session_submit, name="try"),
         (created("playgroundsession.admitted"),),
@@ -334,6 +329,8 @@ SCENARIOS = {
 
 
 SCENARIOS.update(run_scenarios.SCENARIOS)
+SCENARIOS.update(serving_scenarios.SCENARIOS)
+READS |= serving_scenarios.READS
 
 
 def function_of(scenario_name: str) -> str:

@@ -1,7 +1,8 @@
 """Liveness for real: beat schedules, a worker sweeps, a gateway holds a real agent's stream.
 
 The agent is SIGKILLed and the node is watched through the API as it goes quiet for
-serve (L2), then gone on the train threshold (L4) — thresholds shortened to seconds.
+serve (L2), then gone on the train threshold (L4) — thresholds shortened to seconds. A
+deployment degrading while its node is quiet is tests/e2e/test_deployments.py (S3).
 """
 
 import signal
@@ -123,42 +124,6 @@ def test_a_killed_agent_goes_quiet_for_serve_then_gone(
             timeout=60,
         )
         assert gone["liveness"] == {"train": "quiet", "serve": "quiet"}
-
-
-def test_L2_a_deployment_degrades_while_its_node_is_quiet_and_is_ready_again(
-    require_redis, tmp_path, console_pki, settings, make_fleet, mint, member_api, project
-):
-    settings.TUNEPLANE_SWEEP_INTERVAL = 1
-    fleet = make_fleet("serve-lab", kind="node", capabilities=["train", "serve"])
-    node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
-    agents = []
-    try:
-        with sweeping_console(tmp_path, console_pki, require_redis) as target:
-            agents.append(serve(env, target, tmp_path))
-
-            def admitted():
-                response = member_api.post(
-                    "/api/deployments", {"project": "ml", "name": "chat", "cards": 1}
-                )
-                return response.json() if response.status_code == 201 else None
-
-            deployment = wait_until(admitted, what="the deployment admitted")
-            assert deployment["revisions"][0]["node"] == node.id
-
-            def status():
-                return member_api.get(f"/api/deployments/{deployment['id']}").json()["status"]
-
-            assert status() == "ready"
-            agents[-1].send_signal(signal.SIGKILL)
-            agents[-1].wait(10)
-            wait_until(lambda: status() == "degraded", what="degraded")
-            agents.append(serve(env, target, tmp_path))
-            wait_until(lambda: status() == "ready", what="ready again")
-    finally:
-        for agent in agents:
-            if agent.returncode is None:
-                agent.send_signal(signal.SIGTERM)
-                agent.wait(20)
 
 
 def test_grace_a_console_outage_is_not_a_fleet_outage(

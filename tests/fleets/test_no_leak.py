@@ -20,7 +20,7 @@ from nodes.models import JoinToken
 from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
 from placement import services as placement
-from tests.conftest import H100_INVENTORY, make_csr
+from tests.conftest import H100_INVENTORY, SERVE, make_csr
 from tuneplane.models import Project
 
 HIDDEN, MISSING = "hidden-lab", "absent-lab"  # the same length and shape
@@ -120,7 +120,12 @@ def make_hidden(make_fleet, add_node, mint, admin_user):
         )
         return (
             placement.deployment_submit(
-                actor=Actor.of_user(admin_user), project="secret", name="d", fleet=HIDDEN, cards=1
+                actor=Actor.of_user(admin_user),
+                project="secret",
+                name="d",
+                fleet=HIDDEN,
+                cards=1,
+                **SERVE,
             ),
             placement.environment_submit(
                 actor=Actor.of_user(admin_user),
@@ -317,7 +322,9 @@ def test_F8_another_projects_deployment_and_environment_read_as_missing_ones(
     hidden, callers, member_api
 ):
     deployment, environment = hidden
-    own = member_api.post("/api/deployments", {"project": "ml", "name": "mine", "cards": 1})
+    own = member_api.post(
+        "/api/deployments", {"project": "ml", "name": "mine", "cards": 1, **SERVE}
+    )
     assert own.status_code == 201, own.content
     differences = []
     requests = [

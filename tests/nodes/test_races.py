@@ -18,7 +18,7 @@ from nodes.services.join import JoinRefused, JoinResult, node_join
 from nodes.services.scheduling import node_cordon, node_drain, node_remove, node_uncordon
 from placement.models import Deployment
 from placement.services import deployment_submit
-from tests.conftest import H100_INVENTORY, make_csr
+from tests.conftest import H100_INVENTORY, SERVE, make_csr
 from tests.fleets.test_concurrency import race
 from tuneplane.errors import ApplicationError
 
@@ -119,7 +119,7 @@ def test_F7_a_fleet_deleted_while_a_deployment_is_admitted_never_leaves_one_with
             lambda i: fleet_delete(actor=OPS, fleet=fleet)
             if i == 0
             else deployment_submit(
-                actor=Actor.of_user(member), project="ml", name="chat", fleet=fleet.id
+                actor=Actor.of_user(member), project="ml", name="chat", fleet=fleet.id, **SERVE
             ),
             count=2,
         )

@@ -17,7 +17,7 @@ from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
 from nodes.services.scheduling import node_cordon
 from placement.models import Deployment, TrainingJob
-from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
+from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr
 from tuneplane.errors import PlacementRefused
 
 A100_INVENTORY = {**H100_INVENTORY, "cards": [{"name": "NVIDIA A100-SXM4-80GB", "count": 4}]}
@@ -56,6 +56,8 @@ def fleet(make_fleet, placeable):
 
 def runs(path: str) -> dict:
     """A job on a node Fleet says what it runs (DESIGN §7)."""
+    if path == "deployments":
+        return SERVE
     return {"command": ["true"]} if path.endswith("-jobs") else {}
 
 
@@ -112,7 +114,8 @@ def test_P2_one_serving_fleet_is_chosen_for_them(fleet, member_api, project):
     fleet("serve-a", ["serve"])
     fleet("trains", ["train"])
     body = submit(member_api, "deployments", cards=1).json()
-    assert body["fleet"] == "serve-a" and body["status"] == "ready"
+    # Not Ready before its replica runs and passes its probe (S1: tests/placement/test_serving)
+    assert body["fleet"] == "serve-a" and body["status"] == "degraded"
 
 
 def test_P2_with_more_than_one_an_unnamed_deployment_is_refused(fleet, member_api, project):
@@ -384,17 +387,6 @@ def test_F7_a_fleet_with_a_live_deployment_cannot_be_deleted(fleet, admin_api, m
     assert response.status_code == 409
     assert "1 live deployment" in response.json()["error"]["message"]
     assert Fleet.objects.filter(pk="serve-a").exists()
-
-
-def test_L2_a_deployment_is_degraded_while_its_node_is_quiet_for_serve(fleet, member_api, project):
-    fleet("serve-a", ["serve"])
-    made = submit(member_api, "deployments", cards=1).json()
-    node = Node.objects.get(pk=made["revisions"][0]["node"])
-    Node.objects.filter(pk=node.pk).update(quiet_serve=True)
-    body = member_api.get(f"/api/deployments/{made['id']}").json()
-    assert body["status"] == "degraded" and body["revisions"][0]["ready"] is False
-    Node.objects.filter(pk=node.pk).update(quiet_serve=False)
-    assert member_api.get(f"/api/deployments/{made['id']}").json()["status"] == "ready"
 
 
 def test_a_project_the_submitter_is_not_in_reads_as_missing(fleet, outsider_api, project):

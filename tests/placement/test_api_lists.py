@@ -16,17 +16,18 @@ from fleets.choices import FleetCapability
 from nodes.choices import CommandKind, SchedulingState
 from nodes.models import HardwareSeries, Node
 from nodes.services import hardware
-from nodes.services.commands import node_command_create
+from nodes.services.commands import Reported, node_command_create, node_command_report
 from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
 from nodes.services.scheduling import node_cordon, node_drain
 from placement import services
 from placement.choices import DeploymentState, LifecycleKind
-from placement.models import Dataset, Deployment, Revision, Volume
+from placement.models import Dataset, Deployment, Member, Revision, Volume
 from placement.selectors import deployments_with_status, revisions_with_ready
+from placement.services import serving
 from placement.services.allocator import allocate
 from tests.api_contract import ListContract, list_paths
-from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM, make_csr
+from tests.conftest import H100_DEVICE_INVENTORY, SERVE, SYSTEM, make_csr
 from tests.fleets import test_api as fleet_api_tests  # its TestFleetContract lists Fleets
 
 EVERY_CAPABILITY = list(FleetCapability)
@@ -178,10 +179,17 @@ class TestDeploymentList(WorkloadListContract):
     list_path = "/api/deployments"
 
     def make_listed(self, n):
+        """Two replicas placed, and a second revision rolling out: listed with both."""
         deployment = services.deployment_submit(
-            actor=self.actor, project="ml", name=f"serve-{n}", fleet="lab"
+            actor=self.actor,
+            project="ml",
+            name=f"serve-{n}",
+            fleet="lab",
+            **{**SERVE, "port": 8000 + 2 * n, "replicas": 2},
         )
-        Revision.objects.create(deployment=deployment, number=2, node=self.nodes[1])
+        assert allocate(fleet_id=self.fleet.id)["allocated"] == 2
+        serving.revision_create(actor=self.actor, deployment=deployment, port=8001 + 2 * n)
+        assert allocate(fleet_id=self.fleet.id)["allocated"] == 2
 
 
 class TestPlaygroundSessionList(WorkloadListContract):
@@ -243,14 +251,18 @@ def _admin_status(client, deployment_id) -> tuple[str, list[str]]:
     return status, ready
 
 
-def test_L2_api_and_admin_read_status_and_ready_from_one_selector(
+def test_L2_S1_api_and_admin_read_status_and_ready_from_one_selector(
     lab, member, member_api, admin_user, client
 ):
     deployment = services.deployment_submit(
-        actor=Actor.of_user(member), project="ml", name="serve", fleet="lab"
+        actor=Actor.of_user(member), project="ml", name="serve", fleet="lab", **SERVE, replicas=2
     )
-    second = next(node for node in lab[1] if node.pk != deployment.revisions.get().node_id)
-    Revision.objects.create(deployment=deployment, number=2, node=second)
+    allocate(fleet_id="lab")
+    first, second = Member.objects.filter(revision__deployment=deployment).order_by("rank")
+    for replica in (first, second):
+        node_command_report(
+            node_id=replica.node_id, reported=Reported(replica.command_id, "running", ready=True)
+        )
     client.force_login(admin_user)
 
     def api():
@@ -259,27 +271,26 @@ def test_L2_api_and_admin_read_status_and_ready_from_one_selector(
         assert [item["status"] for item in listed] == [body["status"]]
         return body["status"], [revision["ready"] for revision in body["revisions"]]
 
-    assert api() == ("ready", [True, True])
-    assert _admin_status(client, deployment.pk) == ("ready", ["True", "True"])
-    Node.objects.filter(pk=second.pk).update(quiet_serve=True)
-    assert api() == ("degraded", [True, False])
-    assert _admin_status(client, deployment.pk) == ("degraded", ["True", "False"])
-    Node.objects.filter(pk=second.pk).update(
+    assert api() == ("ready", [True])
+    assert _admin_status(client, deployment.pk) == ("ready", ["True"])
+    Node.objects.filter(pk=second.node_id).update(quiet_serve=True)
+    assert api() == ("degraded", [False])
+    assert _admin_status(client, deployment.pk) == ("degraded", ["False"])
+    Node.objects.filter(pk=second.node_id).update(
         quiet_serve=False, scheduling_state=SchedulingState.GONE
     )
-    assert api() == ("degraded", [True, False])
-    Node.objects.filter(pk=second.pk).update(scheduling_state=SchedulingState.SCHEDULABLE)
-    assert api() == ("ready", [True, True])
-    assert _admin_status(client, deployment.pk) == ("ready", ["True", "True"])
+    assert api() == ("degraded", [False])
+    Node.objects.filter(pk=second.node_id).update(scheduling_state=SchedulingState.SCHEDULABLE)
+    assert api() == ("ready", [True])
+    assert _admin_status(client, deployment.pk) == ("ready", ["True"])
     Deployment.objects.filter(pk=deployment.pk).update(state=DeploymentState.STOPPED)
     assert api()[0] == "stopped" and _admin_status(client, deployment.pk)[0] == "stopped"
 
 
 def test_L2_a_deployment_without_a_ready_revision_is_degraded(lab, member):
     actor = Actor.of_user(member)
-    unplaced = services.deployment_submit(actor=actor, project="ml", name="a", fleet="lab")
-    Revision.objects.filter(deployment=unplaced).update(node=None)
-    empty = services.deployment_submit(actor=actor, project="ml", name="b", fleet="lab")
+    unplaced = services.deployment_submit(actor=actor, project="ml", name="a", fleet="lab", **SERVE)
+    empty = services.deployment_submit(actor=actor, project="ml", name="b", fleet="lab", **SERVE)
     Revision.objects.filter(deployment=empty).delete()
     shown = deployments_with_status(Deployment.objects.all())
     assert {d.name: d.status for d in shown} == {"a": "degraded", "b": "degraded"}
@@ -298,9 +309,9 @@ def test_admin_deployment_list_shows_status_in_queries_flat_in_rows(
         assert page.count('<td class="field-status">') == expected_rows
         return len(queries)
 
-    services.deployment_submit(actor=actor, project="ml", name="d0", fleet="lab")
+    services.deployment_submit(actor=actor, project="ml", name="d0", fleet="lab", **SERVE)
     read(1)
     one = read(1)
     for n in range(1, 4):
-        services.deployment_submit(actor=actor, project="ml", name=f"d{n}", fleet="lab")
+        services.deployment_submit(actor=actor, project="ml", name=f"d{n}", fleet="lab", **SERVE)
     assert read(4) == one

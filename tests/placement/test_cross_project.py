@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from nodes.services.control import node_report_inventory, session_open
 from nodes.services.join import node_join
 from placement.models import Deployment, Environment, LifecycleJob, PlaygroundSession, TrainingJob
-from tests.conftest import H100_INVENTORY, Api, make_csr
+from tests.conftest import H100_INVENTORY, SERVE, Api, make_csr
 from tuneplane.models import Membership, Project
 
 EVERY_KIND = ["train", "eval", "serve", "env"]
@@ -25,7 +25,7 @@ AUTOMATIC = {
     "playground-sessions": ({"cards": 1}, PlaygroundSession),
 }
 NAMED = {
-    "deployments": (lambda fleet_id: {"fleet": fleet_id, "cards": 1}, Deployment),
+    "deployments": (lambda fleet_id: {"fleet": fleet_id, "cards": 1, **SERVE}, Deployment),
     "environments": (lambda fleet_id: {"manifest": {"fleet": fleet_id}}, Environment),
 }
 

@@ -1,0 +1,218 @@
+"""What the workload endpoints accept: shapes only. The run and serve fields are checked by
+placement.runspec (the one place that knows them), so the API, the admin and a script refuse
+the same input with the same words."""
+
+from rest_framework import serializers
+
+from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
+
+from ..choices import DeploymentState, LifecycleKind
+
+MAX_CARDS = 1024
+MAX_NODES = 256
+
+
+def _name():
+    return StrictCharField(max_length=200)
+
+
+def _names():
+    return serializers.ListField(
+        child=StrictCharField(max_length=63), required=False, default=list, max_length=64
+    )
+
+
+class CardsRequest(StrictSerializer):
+    project = StrictCharField(max_length=50)
+    name = _name()
+    series = StrictCharField(max_length=63, required=False, allow_blank=True, default="")
+    cards = serializers.IntegerField(min_value=1, max_value=MAX_CARDS, required=False, default=1)
+
+
+class JobRequest(CardsRequest):
+    """The run fields are checked by placement.runspec (the one place that knows them), so
+    the API, the admin and a script refuse the same input with the same words."""
+
+    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, required=False, default=1)
+    volumes = _names()
+    datasets = _names()
+    command = serializers.ListField(
+        child=StrictCharField(max_length=4096, allow_blank=True),
+        max_length=64,
+        required=False,
+        default=list,
+        help_text="On a node Fleet: the argv to run, or give `script`.",
+    )
+    script = StrictCharField(
+        max_length=100_000,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Run by /bin/bash on a node Fleet; what a cluster Fleet's manager runs "
+        "(a batch script for Slurm, an entrypoint for a RayJob).",
+    )
+    env = serializers.DictField(
+        child=StrictCharField(max_length=4096, allow_blank=True),
+        required=False,
+        default=dict,
+        help_text="Names to string values, for every member (not shown again).",
+    )
+    cpus = serializers.FloatField(
+        min_value=0.001,
+        max_value=1024,
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="CPUs each member is confined to (R5).",
+    )
+    memory_bytes = serializers.IntegerField(
+        min_value=1 << 20,
+        max_value=1 << 50,
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="Memory each member is confined to (R5); over it the member ends oom.",
+    )
+    max_attempts = serializers.IntegerField(
+        min_value=1,
+        max_value=10,
+        required=False,
+        default=3,
+        help_text="Attempts in all, retries included (R9).",
+    )
+    gang_deadline_seconds = serializers.IntegerField(
+        min_value=1,
+        max_value=86_400,
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="A gang's members must all run within this of allocation (R3); "
+        "TUNEPLANE_GANG_DEADLINE when not given.",
+    )
+
+    class Meta:
+        ref_name = "JobRequest"
+
+
+class TrainingJobRequest(JobRequest):
+    class Meta:
+        ref_name = "TrainingJobRequest"
+
+
+class LifecycleJobRequest(JobRequest):
+    kind = StrictChoiceField(choices=LifecycleKind.values)
+
+    class Meta:
+        ref_name = "LifecycleJobRequest"
+
+
+def _serve_fields(defaults: bool) -> dict:
+    """What a revision serves on a node Fleet (S1). Checked by placement.runspec: these only
+    say the shapes. Without defaults (a new revision), what is not given is inherited."""
+
+    def given(default):
+        return {"default": default} if defaults else {}
+
+    return {
+        "command": serializers.ListField(
+            child=StrictCharField(max_length=4096, allow_blank=True),
+            max_length=64,
+            required=False,
+            help_text="The argv each replica runs; or give `script`.",
+            **given(list),
+        ),
+        "script": StrictCharField(
+            max_length=100_000,
+            required=False,
+            allow_blank=True,
+            help_text="Run by /bin/bash.",
+            **given(""),
+        ),
+        "env": serializers.DictField(
+            child=StrictCharField(max_length=4096, allow_blank=True),
+            required=False,
+            help_text="Names to string values (not shown again). PORT is the agent's.",
+            **given(dict),
+        ),
+        "port": serializers.IntegerField(
+            min_value=1,
+            max_value=65535,
+            required=False,
+            allow_null=True,
+            help_text="The port the process listens on; the agent passes it as PORT and probes it.",
+            **given(None),
+        ),
+        "readiness_path": StrictCharField(
+            max_length=200,
+            required=False,
+            help_text="HTTP GET 127.0.0.1:port+path every 5 s, 2 s timeout; 3 failures: "
+            "not Ready (S1).",
+            **given("/health"),
+        ),
+        "replicas": serializers.IntegerField(min_value=1, max_value=64, required=False, **given(1)),
+        "cpus": serializers.FloatField(
+            min_value=0.001, max_value=1024, required=False, allow_null=True, **given(None)
+        ),
+        "memory_bytes": serializers.IntegerField(
+            min_value=1 << 20, max_value=1 << 50, required=False, allow_null=True, **given(None)
+        ),
+    }
+
+
+def _request(name: str, base, **fields):
+    meta = type("Meta", (), {"ref_name": name})
+    return type(name, (base,), {"__module__": __name__, "Meta": meta, **fields})
+
+
+DeploymentRequest = _request(
+    "DeploymentRequest",
+    CardsRequest,
+    fleet=StrictCharField(max_length=63, required=False, allow_null=True, default=None),
+    **_serve_fields(defaults=True),
+)
+# A new revision (S2): what it does not say is as the current revision has it.
+RevisionRequest = _request("RevisionRequest", StrictSerializer, **_serve_fields(defaults=False))
+
+
+class DeploymentUpdateRequest(StrictSerializer):
+    state = StrictChoiceField(choices=DeploymentState.values, required=False)
+    fleet = StrictCharField(max_length=63, required=False)
+
+    class Meta:
+        ref_name = "DeploymentUpdateRequest"
+
+
+class PlaygroundRequest(CardsRequest):
+    class Meta:
+        ref_name = "PlaygroundRequest"
+
+
+class EnvironmentRequest(StrictSerializer):
+    project = StrictCharField(max_length=50)
+    name = _name()
+    manifest = serializers.JSONField()
+
+    class Meta:
+        ref_name = "EnvironmentRequest"
+
+
+class StorageRequest(StrictSerializer):
+    project = StrictCharField(max_length=50)
+    name = serializers.SlugField(max_length=63)
+    uri = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+
+    class Meta:
+        ref_name = "StorageRequest"
+
+
+class LogsQuery(StrictSerializer):
+    attempt = serializers.IntegerField(
+        min_value=1, required=False, default=None, help_text="The latest when not given."
+    )
+    rank = serializers.IntegerField(min_value=0, required=False, default=0)
+    tail_bytes = serializers.IntegerField(
+        min_value=1, max_value=1 << 20, required=False, default=65536
+    )
+
+    class Meta:
+        ref_name = "LogsQuery"

@@ -1,0 +1,76 @@
+"""What a start command asks a node to run (R4, S1): a job member's or a replica's payload."""
+
+from django.conf import settings
+
+from fleets.choices import FleetDelivery
+
+# A gang's rank 0 listens here (torchrun's default), offset by the attempt so that two gangs
+# whose rank 0 share a node do not collide.
+MASTER_PORT_BASE = 29500
+
+
+def host(address: str) -> str:
+    if address.startswith("["):
+        return address[1:].split("]", 1)[0]
+    return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+
+
+def delivery(job) -> dict:
+    """R4: where the job's volumes and datasets are — paths under the node's storage root
+    (shared-mount) or the URIs a node pulls from (object-pull)."""
+    shared = job.fleet.delivery == FleetDelivery.SHARED_MOUNT
+    env = {}
+    for kind, records in (("VOLUME", job.volumes.all()), ("DATASET", job.datasets.all())):
+        for record in records:
+            name = f"TUNEPLANE_{kind}_{record.name.upper().replace('-', '_')}"
+            env[name] = (
+                f"{job.project.slug}/{kind.lower()}s/{record.name}" if shared else record.uri
+            )
+    return {"mode": job.fleet.delivery, "env": env}
+
+
+def job_payload(job, attempt_number: int, rank: int, cards, rendezvous) -> dict:
+    payload = {
+        "env": job.env,
+        "cards": cards,
+        "cpus": job.cpus,
+        "memory_bytes": job.memory_bytes,
+        "grace_seconds": settings.TUNEPLANE_STOP_GRACE,
+        "labels": {
+            "TUNEPLANE_JOB": f"{job._meta.model_name}-{job.pk}",
+            "TUNEPLANE_ATTEMPT": attempt_number,
+            "TUNEPLANE_RANK": rank,
+        },
+        "delivery": delivery(job),
+        "rendezvous": rendezvous(rank) if rendezvous else {},
+    }
+    if job.command:
+        payload["argv"] = job.command
+    else:
+        payload["script"] = job.script
+    return payload
+
+
+def replica_payload(revision, rank: int, cards) -> dict:
+    """A replica: what its revision serves, on its port, probed at its readiness path (S1)."""
+    deployment = revision.deployment
+    payload = {
+        "env": revision.env,
+        "cards": cards,
+        "cpus": revision.cpus,
+        "memory_bytes": revision.memory_bytes,
+        "grace_seconds": settings.TUNEPLANE_STOP_GRACE,
+        "labels": {
+            "TUNEPLANE_DEPLOYMENT": deployment.pk,
+            "TUNEPLANE_REVISION": revision.number,
+            "TUNEPLANE_REPLICA": rank,
+        },
+        "delivery": {"mode": deployment.fleet.delivery, "env": {}},
+        "rendezvous": {},
+        "serve": {"port": revision.port, "readiness_path": revision.readiness_path},
+    }
+    if revision.command:
+        payload["argv"] = revision.command
+    else:
+        payload["script"] = revision.script
+    return payload

@@ -1,0 +1,252 @@
+"""Deployments on node Fleets: replicas as their nodes report them, rollouts, stops (S1–S3).
+
+A revision's replicas are members with a revision instead of an attempt. The allocator
+places each with its cards and port; the agent starts it, restarts it whenever its process
+exits and probes its readiness (S1); its node reports only what changes — running, ready or
+not with the probe's error, restarts — so nothing is written while nothing changes. A
+replica ends only when the console stops it: a deployment never moves by itself (S3).
+
+A new revision's replicas start beside the old ones; an old replica is stopped only when a
+new one is Ready, so a rollout never drops below the Ready count it had; a new revision not
+wholly Ready within TUNEPLANE_ROLLOUT_DEADLINE is rolled back — its replicas stopped and
+cleaned, the old revision untouched — and the deployment says why (S2).
+
+Every writer here locks in one order: the deployment, its revisions, their members (after
+a node command, which a report has locked first).
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from audit.services import Actor, audit_record
+from nodes.choices import CommandKind, CommandState
+from nodes.models import NodeCommand
+from tuneplane.errors import Conflict
+
+from ..choices import RUN_LIVE, Cleanup, DeploymentState, RevisionState, RunState
+from ..models import CardHold, Deployment, Member, Revision
+from ..runspec import checked_serve, require_servable
+from ..selectors import replica_ready
+from .allocator import allocate_on_commit
+from .runs import ENDED_AS, _send
+
+SERVING = Actor.system("serving")
+
+
+def locked_deployment(deployment_id: int):
+    """The deployment, its revisions by number and their members, locked in that order."""
+    deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
+    revisions = list(deployment.revisions.select_for_update().order_by("number"))
+    members = list(
+        Member.objects.select_for_update()
+        .filter(revision__deployment=deployment)
+        .order_by("revision_id", "rank")
+    )
+    return deployment, revisions, members
+
+
+def replica_command_observed(command: NodeCommand, before: dict) -> None:
+    """A node's report moved one of its commands: if it is a replica's start, the replica
+    follows, then its deployment (registered with nodes by placement.apps)."""
+    if command.kind != CommandKind.START:
+        return
+    deployment_id = (
+        Member.objects.filter(command=command, revision__isnull=False)
+        .values_list("revision__deployment_id", flat=True)
+        .first()
+    )
+    if deployment_id is None:
+        return
+    deployment, revisions, members = locked_deployment(deployment_id)
+    member = next(m for m in members if m.command_id == command.pk)
+    _replica_moved(member, command)
+    _settle(deployment, revisions, members, timezone.now())
+
+
+def _replica_moved(member: Member, command: NodeCommand) -> None:
+    now = timezone.now()
+    before = {"state": member.state, "reason": member.reason, "ready": member.ready}
+    if member.state in RUN_LIVE:
+        if command.state == CommandState.RUNNING:
+            member.state, member.started_at = RunState.RUNNING, member.started_at or now
+            member.reason, member.ready = command.reason, command.ready
+            member.restarts, member.detail = command.restarts, command.detail
+        elif command.state in ENDED_AS:
+            lost = command.state == CommandState.LOST
+            member.state = (
+                RunState.CANCELLED
+                if member.stop_requested_at is not None and not lost
+                else RunState.ABANDONED
+                if lost and command.reason == "abandoned"
+                else RunState.LOST
+                if lost
+                else RunState.FAILED
+            )
+            member.reason = "stopped" if member.state == RunState.CANCELLED else command.reason
+            member.ready, member.exit_code, member.ended_at = False, command.exit_code, now
+    member.confinement = command.confinement or member.confinement
+    member.save()
+    after = {"state": member.state, "reason": member.reason, "ready": member.ready}
+    if after != before:
+        action = f"replica.{member.state}" if member.state != before["state"] else "replica."
+        if action == "replica.":
+            action += "ready" if member.ready else "not_ready"
+        audit_record(actor=SERVING, action=action, target=member, before=before, after=after)
+    if command.cleaned_at is not None and member.cleanup != Cleanup.CLEANED:
+        member.cleanup = Cleanup.CLEANED
+        member.save(update_fields=["cleanup"])
+        CardHold.objects.filter(member=member).delete()
+        audit_record(
+            actor=SERVING,
+            action="member.cleaned",
+            target=member,
+            before={"cleanup": Cleanup.PENDING},
+            after={"cleanup": Cleanup.CLEANED, "cards_released": member.cards},
+        )
+        allocate_on_commit(member.revision.deployment.fleet_id)
+
+
+def _settle(deployment: Deployment, revisions, members, now) -> None:
+    """What follows from the replicas now: ended ones cleaned up, a rollout's progress (S2)."""
+    ended = [m for m in members if m.state not in RUN_LIVE]
+    _send(CommandKind.CLEANUP, ended, now)
+    live = [r for r in revisions if r.state == RevisionState.LIVE]
+    if len(live) < 2:
+        return
+    newest, older = live[-1], live[:-1]
+    of = {r.pk: [m for m in members if m.revision_id == r.pk] for r in revisions}
+    ready_new = sum(1 for m in of[newest.pk] if replica_ready(m))
+    if ready_new >= newest.replicas:
+        for revision in older:  # the new revision serves in full: the old ones go
+            _revision_end(revision, RevisionState.RETIRED, f"replaced by {newest.number}", now)
+            _send(CommandKind.STOP, _live(of[revision.pk]), now, grace_seconds=_grace())
+        return
+    old = [m for r in older for m in of[r.pk]]
+    stopped = sum(1 for m in old if m.stop_requested_at is not None)
+    # An old replica per new Ready one, the not-Ready first: never below the Ready count.
+    candidates = sorted(
+        (m for m in _live(old) if m.stop_requested_at is None), key=lambda m: replica_ready(m)
+    )
+    _send(CommandKind.STOP, candidates[: max(0, ready_new - stopped)], now, grace_seconds=_grace())
+
+
+def _live(members) -> list[Member]:
+    return [m for m in members if m.state in RUN_LIVE]
+
+
+def _grace() -> int:
+    return settings.TUNEPLANE_STOP_GRACE
+
+
+def _revision_end(revision: Revision, state: str, reason: str, now) -> None:
+    before = {"state": revision.state, "reason": revision.reason}
+    revision.state, revision.reason, revision.ended_at = state, reason[:300], now
+    revision.save(update_fields=["state", "reason", "ended_at"])
+    audit_record(
+        actor=SERVING,
+        action=f"revision.{state}",
+        target=revision,
+        before=before,
+        after={"state": state, "reason": revision.reason},
+    )
+
+
+def revisions_stop(*, deployment: Deployment, actor: Actor) -> None:
+    """A stopped deployment: every revision stopped, every replica stopped and cleaned up;
+    its cards are released after the cleanup (R7). Call inside a transaction."""
+    now = timezone.now()
+    deployment, revisions, members = locked_deployment(deployment.pk)
+    for revision in revisions:
+        if revision.state == RevisionState.LIVE:
+            _revision_end(revision, RevisionState.STOPPED, f"deployment stopped by {actor}", now)
+    _send(CommandKind.STOP, _live(members), now, grace_seconds=_grace())
+    _send(CommandKind.CLEANUP, [m for m in members if m.state not in RUN_LIVE], now)
+
+
+def revision_create(*, actor: Actor, deployment: Deployment, **serve) -> Revision:
+    """S2: a new revision of a live deployment on a node Fleet; what it does not say is as
+    the current revision has it. Its replicas start beside the old ones."""
+    with transaction.atomic():
+        deployment, revisions, _ = locked_deployment(deployment.pk)
+        if deployment.state != DeploymentState.LIVE:
+            raise Conflict("The deployment is stopped; submit a new one.", code="stopped")
+        current = next((r for r in reversed(revisions) if r.state == RevisionState.LIVE), None)
+        base = current or revisions[-1]
+        inherited = {
+            name: getattr(base, name)
+            for name in ("command", "script", "env", "cpus", "memory_bytes", "port")
+            + ("readiness_path", "replicas")
+        }
+        if "command" in serve or "script" in serve:
+            inherited.update(command=[], script="")
+        fields = checked_serve(**{**inherited, **serve})
+        require_servable(fields)
+        revision = Revision.objects.create(
+            deployment=deployment, number=revisions[-1].number + 1, **fields
+        )
+        audit_record(
+            actor=actor,
+            action="revision.created",
+            target=revision,
+            after={
+                "number": revision.number,
+                "replicas": revision.replicas,
+                "env": sorted(fields["env"]),
+            },
+        )
+        allocate_on_commit(deployment.fleet_id)
+    return revision
+
+
+def rollouts_settle(*, now=None) -> dict[str, int]:
+    """The beat's pass: a new revision not wholly Ready within its deadline is rolled back —
+    its replicas stopped and cleaned, the old revision untouched — and the deployment says
+    why (S2). Each deployment in a transaction of its own."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.TUNEPLANE_ROLLOUT_DEADLINE)
+    late = (
+        Deployment.objects.filter(state=DeploymentState.LIVE)
+        .annotate(live=Count("revisions", filter=Q(revisions__state=RevisionState.LIVE)))
+        .filter(live__gt=1)
+        .values_list("pk", flat=True)
+    )
+    rolled_back = 0
+    for deployment_id in list(late):
+        with transaction.atomic():
+            deployment, revisions, members = locked_deployment(deployment_id)
+            live = [r for r in revisions if r.state == RevisionState.LIVE]
+            newest = live[-1] if len(live) > 1 else None
+            if newest is None or newest.created_at >= cutoff:
+                continue
+            mine = [m for m in members if m.revision_id == newest.pk]
+            ready = sum(1 for m in mine if replica_ready(m))
+            why = _not_ready_reason(mine)
+            reason = (
+                f"revision {newest.number} rolled back: {ready} of {newest.replicas} replicas "
+                f"Ready within {settings.TUNEPLANE_ROLLOUT_DEADLINE}s{why} (rule S2)"
+            )
+            _revision_end(newest, RevisionState.ROLLED_BACK, reason, now)
+            _send(CommandKind.STOP, _live(mine), now, grace_seconds=_grace())
+            before = {"reason": deployment.reason}
+            deployment.reason = reason[:300]
+            deployment.save(update_fields=["reason"])
+            audit_record(
+                actor=SERVING,
+                action="deployment.rolled_back",
+                target=deployment,
+                before=before,
+                after={"reason": deployment.reason, "revision": newest.number},
+            )
+            rolled_back += 1
+    return {"rolled_back": rolled_back}
+
+
+def _not_ready_reason(members) -> str:
+    for member in members:
+        if not replica_ready(member) and (member.detail or member.reason):
+            return f"; replica {member.rank}: {member.detail or member.reason}"
+    return "" if members else "; no replica could be placed"

@@ -1,0 +1,107 @@
+"""A1 for deployments on node Fleets (DESIGN §7, S1–S3): a replica placed and reported, a new
+revision, a rollout's deadline, a stop. Merged into SCENARIOS by test_audit_completeness."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from audit.services import Actor
+from nodes.models import NodeCommand
+from nodes.services import control
+from placement import services as placement
+from placement.models import Deployment, Member, Revision
+from placement.services import allocator, replica_wants, serving
+from tests.conftest import H100_DEVICE_INVENTORY, SERVE
+
+from .scenarios import Scenario, changed, created, deployment_update, submitted
+
+
+def _deployment(w) -> Deployment:
+    """A member's deployment on a node Fleet with one placeable node of 8 cards by UUID."""
+    placeable = w.placeable()
+    control.node_report_inventory(node_id=placeable.id, inventory=H100_DEVICE_INVENTORY)
+    return placement.deployment_submit(
+        actor=Actor.of_user(w.member), project="ml", name="chat", **SERVE
+    )
+
+
+def _placed(w) -> Member:
+    deployment = _deployment(w)
+    allocator.allocate(fleet_id=deployment.fleet_id)
+    return Member.objects.get(revision__deployment=deployment)
+
+
+def write_replicas(w):
+    fleet = _deployment(w).fleet
+
+    def call():
+        want = replica_wants.replicas_wanted(fleet)[0]
+        capacity = next(iter(allocator._capacities(fleet, timezone.now()).values()))
+        replica_wants.write_replicas([(want, [(capacity, capacity.take(want))])])
+
+    return call
+
+
+def replica_running(w):
+    """The node reports the replica's start command running and its probe passing."""
+    member = _placed(w)
+    NodeCommand.objects.filter(pk=member.command_id).update(state="running", ready=True)
+    command = NodeCommand.objects.get(pk=member.command_id)
+    return lambda: serving.replica_command_observed(command, {"state": "pending"})
+
+
+def revisions_stop(w):
+    member = _placed(w)
+    deployment = member.revision.deployment
+    return lambda: serving.revisions_stop(deployment=deployment, actor=Actor.of_user(w.admin))
+
+
+def revision_create(w):
+    deployment = _deployment(w)
+    return lambda: serving.revision_create(
+        actor=Actor.of_user(w.member), deployment=deployment, env={"MODEL": "b"}
+    )
+
+
+def rollout_late(w):
+    """A second revision that never became Ready, past its deadline."""
+    deployment = _deployment(w)
+    serving.revision_create(actor=Actor.of_user(w.member), deployment=deployment, port=8001)
+    Revision.objects.filter(deployment=deployment).update(
+        created_at=timezone.now() - timedelta(hours=1)
+    )
+    return serving.rollouts_settle
+
+
+SCENARIOS = {
+    "placement.services.deployment_submit": Scenario(
+        submitted(placement.deployment_submit, name="chat", **SERVE),
+        (created("deployment.admitted"),),
+    ),
+    # Stopped: its revisions too (a replica placed would get a stop command).
+    "placement.services.deployment_update": Scenario(
+        deployment_update, (changed("deployment.state_changed"), changed("revision.stopped"))
+    ),
+    "placement.services.replica_wants.write_replicas": Scenario(
+        write_replicas, (created("replica.created"), created("node_command.created"))
+    ),
+    "placement.services.serving.replica_command_observed": Scenario(
+        replica_running, (changed("replica.running"),)
+    ),
+    # Its revision stopped, and a stop command for its replica.
+    "placement.services.serving.revisions_stop": Scenario(
+        revisions_stop, (changed("revision.stopped"), created("node_command.created"))
+    ),
+    "placement.services.serving.revision_create": Scenario(
+        revision_create, (created("revision.created"),)
+    ),
+    "placement.services.serving.rollouts_settle": Scenario(
+        rollout_late, (changed("revision.rolled_back"), changed("deployment.rolled_back"))
+    ),
+}
+
+READS = {
+    "placement.services.serving.locked_deployment",  # row locks, in the one order
+    "placement.services.replica_wants.replicas_wanted",  # row locks and reads
+    "placement.services.replica_wants.member_view",  # a snapshot for an event
+}

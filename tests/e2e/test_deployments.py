@@ -1,0 +1,198 @@
+"""Deployments run for real on a node Fleet (DESIGN §7, S1–S3): submitted through the API,
+placed by a real Celery worker, started by the real agent over a real gateway as a real HTTP
+server, probed by the agent, restarted when killed, rolled out, stopped and cleaned up — the
+console's beat sweeping liveness meanwhile. Cards come from a fake inventory (no GPU here);
+processes, ports, signals and cgroups are real."""
+
+import json
+import os
+import signal
+import urllib.request
+
+import pytest
+
+from nodes.models import ControlSession, Node
+from placement.models import CardHold, Member
+from tests.conftest import H100_DEVICE_INVENTORY
+from tests.nodes.test_replicas import SERVER, free_port
+
+from .agents import lay_out_a_joined_node, serve, wait_until
+from .test_liveness import ROOMY, sweeping_console
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+ROLLOUT = {**ROOMY, "TUNEPLANE_ROLLOUT_DEADLINE": "12", "TUNEPLANE_STOP_GRACE": "3"}
+
+
+@pytest.fixture
+def serving_node(require_redis, tmp_path, console_pki, make_fleet, mint, settings):
+    """A node Fleet's node with a live agent, a gateway, a worker and beat sweeping."""
+    settings.TUNEPLANE_SWEEP_INTERVAL = 1
+    fleet = make_fleet("serve-lab", kind="node", capabilities=["train", "serve"])
+    node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
+    Node.objects.filter(pk=node.pk).update(address="127.0.0.1:9")
+    agents = []
+    with sweeping_console(tmp_path, console_pki, require_redis, ROLLOUT) as target:
+
+        def start_agent():
+            agents.append(serve(env, target, tmp_path, inventory=H100_DEVICE_INVENTORY))
+            wait_until(
+                lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()
+                and Node.objects.get(pk=node.pk).inventory.get("devices"),
+                what="the node connected with its devices",
+            )
+            return agents[-1]
+
+        start_agent()
+        try:
+            yield node, start_agent, agents
+        finally:
+            for agent in agents:
+                if agent.returncode is None:
+                    agent.send_signal(signal.SIGTERM)
+                    agent.wait(20)
+            for member in Member.objects.filter(node=node):  # nothing left listening
+                pid = answers(member.port) and answers(member.port)["pid"]
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
+
+
+def answers(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=3) as response:
+            return json.loads(response.read())
+    except OSError:
+        return None
+
+
+def shown(api, deployment_id):
+    return api.get(f"/api/deployments/{deployment_id}").json()
+
+
+def deploy(api, port, **body):
+    response = api.post(
+        "/api/deployments",
+        {
+            "project": "ml",
+            "name": "chat",
+            "cards": 1,
+            "command": ["python3", "-c", SERVER],
+            "port": port,
+            "readiness_path": "/health",
+            **body,
+        },
+    )
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def status_is(api, deployment_id, status):
+    body = shown(api, deployment_id)
+    return body if body["status"] == status else None
+
+
+def test_S1_a_replica_serves_is_ready_at_its_address_restarted_when_killed_then_stopped(
+    serving_node, member_api
+):
+    node, _, _ = serving_node
+    port = free_port()
+    made = deploy(member_api, port, env={"MODEL": "a"})
+    ready = wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready")
+    assert ready["addresses"] == [f"127.0.0.1:{port}"]
+    [replica] = ready["revisions"][0]["members"]
+    assert (replica["ready"], replica["restarts"], replica["not_ready_because"]) == (True, 0, "")
+    served = answers(port)  # the address answers: the replica's own process, its card
+    assert served["env"]["PORT"] == str(port) and served["env"]["MODEL"] == "a"
+    assert served["env"]["CUDA_VISIBLE_DEVICES"] == str(replica["cards"][0]["index"])
+
+    os.kill(served["pid"], signal.SIGKILL)
+    degraded = wait_until(lambda: status_is(member_api, made["id"], "degraded"), 30, "degraded")
+    assert degraded["addresses"] == []
+    wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready again")
+    [again] = shown(member_api, made["id"])["revisions"][0]["members"]
+    assert again["restarts"] == 1 and answers(port)["pid"] != served["pid"]
+
+    stopped = member_api.patch(f"/api/deployments/{made['id']}", {"state": "stopped"})
+    assert stopped.status_code == 200 and stopped.json()["status"] == "stopped"
+    wait_until(
+        lambda: shown(member_api, made["id"])["revisions"][0]["members"][0]["cleanup"] == "cleaned",
+        60,
+        "the replica cleaned up",
+    )
+    assert answers(port) is None and not CardHold.objects.filter(node=node).exists()
+
+
+def test_S1_a_failing_probe_degrades_the_deployment_with_the_probes_error(serving_node, member_api):
+    made = deploy(member_api, free_port(), env={"HEALTH_STATUS": "503"})
+
+    def probed():
+        body = shown(member_api, made["id"])
+        members = body["revisions"][0]["members"]
+        return body if members and "HTTP 503" in members[0]["not_ready_because"] else None
+
+    body = wait_until(probed, 60, "the probe's error shown")
+    assert body["status"] == "degraded"
+    assert body["revisions"][0]["members"][0]["not_ready_because"] == (
+        "probe failing: HTTP 503 from /health"
+    )
+
+
+def test_S2_a_good_revision_replaces_the_old_a_bad_one_is_rolled_back(serving_node, member_api):
+    old_port, new_port, bad_port = free_port(), free_port(), free_port()
+    made = deploy(member_api, old_port, env={"MODEL": "a"})
+    wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready")
+    old_pid = answers(old_port)["pid"]
+
+    response = member_api.post(
+        f"/api/deployments/{made['id']}/revisions", {"port": new_port, "env": {"MODEL": "b"}}
+    )
+    assert response.status_code == 201, response.content
+
+    def replaced():
+        body = shown(member_api, made["id"])
+        states = [revision["state"] for revision in body["revisions"]]
+        return body if states == ["retired", "live"] and body["status"] == "ready" else None
+
+    body = wait_until(replaced, 60, "revision 2 serving, revision 1 retired")
+    assert body["addresses"] == [f"127.0.0.1:{new_port}"]
+    assert answers(new_port)["env"]["MODEL"] == "b"
+    wait_until(lambda: answers(old_port) is None, 30, "the old replica stopped")
+    assert old_pid != answers(new_port)["pid"]
+
+    response = member_api.post(
+        f"/api/deployments/{made['id']}/revisions",
+        {"port": bad_port, "env": {"MODEL": "c", "HEALTH_STATUS": "500"}},
+    )
+    assert response.status_code == 201, response.content
+
+    def rolled_back():
+        body = shown(member_api, made["id"])
+        return body if body["revisions"][-1]["state"] == "rolled_back" else None
+
+    body = wait_until(rolled_back, 60, "revision 3 rolled back")
+    assert "revision 3 rolled back: 0 of 1 replicas Ready within 12s" in body["reason"]
+    assert "HTTP 500" in body["reason"]
+    # The serving revision was never touched: Ready throughout, its process the same.
+    assert body["status"] == "ready" and body["addresses"] == [f"127.0.0.1:{new_port}"]
+    assert answers(new_port)["env"]["MODEL"] == "b"
+    wait_until(lambda: answers(bad_port) is None, 30, "the rolled-back replica stopped")
+
+
+def test_S3_L2_an_agent_quiet_past_serve_degrades_the_deployment_and_nothing_is_restarted(
+    serving_node, member_api
+):
+    _, start_agent, agents = serving_node
+    port = free_port()
+    made = deploy(member_api, port)
+    wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready")
+    pid = answers(port)["pid"]
+    agents[-1].send_signal(signal.SIGKILL)
+    agents[-1].wait(10)
+    body = wait_until(lambda: status_is(member_api, made["id"], "degraded"), 30, "degraded")
+    [replica] = body["revisions"][0]["members"]
+    assert replica["not_ready_because"] == "node quiet for serve (L2)"
+    assert answers(port)["pid"] == pid  # the replica serves on: nothing stopped, nothing moved
+    start_agent()
+    wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready again")
+    [replica] = shown(member_api, made["id"])["revisions"][0]["members"]
+    assert replica["restarts"] == 0 and answers(port)["pid"] == pid

@@ -12,6 +12,7 @@ from .models import (
     Dataset,
     Deployment,
     Environment,
+    Episode,
     LifecycleJob,
     Member,
     PlaygroundSession,
@@ -20,7 +21,7 @@ from .models import (
     Volume,
 )
 from .selectors import deployments_with_status, replica_not_ready, revisions_with_ready
-from .services import runs
+from .services import runs, sessions
 from .services.payloads import host
 
 
@@ -41,10 +42,6 @@ class WorkloadAdmin(ReadOnlyAdmin):
     list_filter = ["fleet", "project"]
     search_fields = ["name"]
     list_select_related = ["project", "fleet", "created_by"]
-
-
-admin.site.register(PlaygroundSession, WorkloadAdmin)
-admin.site.register(Environment, WorkloadAdmin)
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -205,3 +202,61 @@ class StorageAdmin(ReadOnlyAdmin):
     list_display = ["name", "project", "uri", "created_at"]
     list_filter = ["project"]
     search_fields = ["name"]
+
+
+class EpisodeInline(ReadOnlyInline):
+    """An environment's episodes, newest first (S5): state, exit, node, times."""
+
+    model = Episode
+    fields = ["number", "state", "reason", "exit_code", "cards", "timeout_seconds", "node"]
+    fields += ["created_at", "started_at", "ended_at"]
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("members").order_by("-number")
+
+    @admin.display(description="Node")
+    def node(self, episode) -> str:
+        members = list(episode.members.all())
+        return members[-1].node_id if members else "—"
+
+
+@admin.register(Environment)
+class EnvironmentAdmin(WorkloadAdmin):
+    inlines = [EpisodeInline]
+
+
+@admin.register(PlaygroundSession)
+class PlaygroundSessionAdmin(WorkloadAdmin):
+    """A session with its served process (S4); End goes through the service."""
+
+    list_display = WorkloadAdmin.list_display[:4] + ["state", "ends_at", "created_at"]
+    list_filter = ["state", *WorkloadAdmin.list_filter]
+    readonly_fields = ["process"]
+    actions = ["end"]
+
+    @admin.display(description="Process")
+    def process(self, session) -> str:
+        return format_html_join(
+            "",
+            "<div>on {} ({}:{}): {} · restarts {} · cleanup {}</div>",
+            (
+                (
+                    m.node_id,
+                    host(m.node.address),
+                    m.port,
+                    replica_not_ready(m) or "Ready",
+                    m.restarts,
+                    m.cleanup,
+                )
+                for m in session.members.select_related("node")
+            ),
+        ) or format_html("<span>{}</span>", "—")
+
+    @admin.action(description="End selected sessions now (stopped, then cleaned up)")
+    def end(self, request, queryset):
+        for session in queryset:
+            try:
+                sessions.session_end(actor=Actor.of_user(request.user), session=session)
+            except ApplicationError as error:
+                self.message_user(request, f"{session}: {error.message}", messages.WARNING)

@@ -18,12 +18,16 @@ class PlacementConfig(AppConfig):
         )
         from .fleet_page import fleet_work_section
         from .services import live_deployments_blocking_deletion, workload_records_blocking_deletion
+        from .services.episodes import episode_command_observed
         from .services.runs import member_command_observed
         from .services.serving import replica_command_observed
+        from .services.sessions import session_command_observed
 
         register_deletion_blocker(live_deployments_blocking_deletion)
         register_deletion_blocker(workload_records_blocking_deletion)
         # nodes carries the agents' reports; placement follows its members in them.
         register_command_observer(member_command_observed)
         register_command_observer(replica_command_observed)
+        register_command_observer(session_command_observed)
+        register_command_observer(episode_command_observed)
         register_fleet_page_section(fleet_work_section)

@@ -86,3 +86,23 @@ RUN_LIVE = (RunState.STARTING, RunState.RUNNING, RunState.UNKNOWN)
 class Cleanup(models.TextChoices):
     PENDING = "pending", "pending"
     CLEANED = "cleaned", "cleaned"
+
+
+class EpisodeState(models.TextChoices):
+    """An episode (S5): queued until placed; ends by its exit or its own timeout."""
+
+    QUEUED = "queued", "queued"
+    STARTING = "starting", "starting"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    TIMED_OUT = "timed_out", "timed_out"
+    CANCELLED = "cancelled", "cancelled"
+
+
+EPISODE_ENDED = (
+    EpisodeState.SUCCEEDED,
+    EpisodeState.FAILED,
+    EpisodeState.TIMED_OUT,
+    EpisodeState.CANCELLED,
+)

@@ -1,5 +1,8 @@
 """Workload records. Every admitted one keeps the Fleet it was admitted against (PROTECT)."""
 
+import functools
+import operator
+
 from django.conf import settings
 from django.db import models
 
@@ -7,7 +10,15 @@ from fleets.models import Fleet
 from nodes.models import Node
 from tuneplane.models import Project
 
-from .choices import Cleanup, DeploymentState, JobState, LifecycleKind, RevisionState, RunState
+from .choices import (
+    Cleanup,
+    DeploymentState,
+    EpisodeState,
+    JobState,
+    LifecycleKind,
+    RevisionState,
+    RunState,
+)
 
 
 class StorageRecord(models.Model):
@@ -116,6 +127,21 @@ class LifecycleJob(Job):
     datasets = models.ManyToManyField(Dataset, blank=True, related_name="+")
 
 
+class ServeSpec(models.Model):
+    """What a served member runs (S1): a replica's revision, a playground session."""
+
+    command = models.JSONField(default=list, blank=True)
+    script = models.TextField(blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    readiness_path = models.CharField(max_length=200, default="/health")
+    cpus = models.FloatField(null=True, blank=True)
+    memory_bytes = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
 class Deployment(Workload):
     state = models.CharField(
         max_length=16, choices=DeploymentState.choices, default=DeploymentState.LIVE
@@ -124,7 +150,7 @@ class Deployment(Workload):
     reason = models.CharField(max_length=300, blank=True)
 
 
-class Revision(models.Model):
+class Revision(ServeSpec, models.Model):
     """One version of a deployment. On a node Fleet it is what to serve — a command or
     script, its env, the port it listens on and its readiness path — and ``replicas``
     members the allocator places, each a long-running process the agent restarts and probes
@@ -143,15 +169,8 @@ class Revision(models.Model):
     )
     reason = models.CharField(max_length=300, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
-    # What a replica runs (node Fleets): placement.runspec.checked_serve.
-    command = models.JSONField(default=list, blank=True)
-    script = models.TextField(blank=True)
-    env = models.JSONField(default=dict, blank=True)
-    port = models.PositiveIntegerField(null=True, blank=True)
-    readiness_path = models.CharField(max_length=200, default="/health")
+    # What each replica runs (ServeSpec, node Fleets: placement.runspec.checked_serve).
     replicas = models.PositiveSmallIntegerField(default=1)
-    cpus = models.FloatField(null=True, blank=True)
-    memory_bytes = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["deployment_id", "number"]
@@ -160,12 +179,57 @@ class Revision(models.Model):
         ]
 
 
-class PlaygroundSession(Workload):
-    pass
+class PlaygroundSession(ServeSpec, Workload):
+    """On a node Fleet, one served member like a replica, for a lifetime: at ``ends_at`` it
+    is stopped and cleaned (S4); ended early on request."""
+
+    state = models.CharField(
+        max_length=16, choices=DeploymentState.choices, default=DeploymentState.LIVE
+    )
+    reason = models.CharField(max_length=200, blank=True)
+    ends_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta(Workload.Meta):
+        pass
 
 
 class Environment(Workload):
     manifest = models.JSONField(default=dict)
+
+
+class Episode(models.Model):
+    """One run in an environment (S5): a member on a node of its Fleet answering for env
+    now, with its own timeout; quiet for env never fails it (S6)."""
+
+    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="episodes")
+    number = models.PositiveIntegerField()
+    command = models.JSONField(default=list, blank=True)
+    script = models.TextField(blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    cards = models.PositiveIntegerField(default=0)
+    cpus = models.FloatField(null=True, blank=True)
+    memory_bytes = models.BigIntegerField(null=True, blank=True)
+    timeout_seconds = models.PositiveIntegerField()
+    state = models.CharField(
+        max_length=16, choices=EpisodeState.choices, default=EpisodeState.QUEUED
+    )
+    reason = models.CharField(max_length=64, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["environment_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["environment", "number"], name="one_episode_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"episode {self.number} of {self.environment}"
 
 
 class Attempt(models.Model):
@@ -209,6 +273,14 @@ class Attempt(models.Model):
         return "training_job" if issubclass(model, TrainingJob) else "lifecycle_job"
 
 
+OWNERS = ("attempt", "revision", "session", "episode")
+# A member is of exactly one attempt, revision, playground session or episode.
+_ONE_OWNER = functools.reduce(
+    operator.or_,
+    (models.Q(**{f"{owner}__isnull": owner != mine for owner in OWNERS}) for mine in OWNERS),
+)
+
+
 class Member(models.Model):
     """One node's part of an attempt — or one replica of a deployment's revision: a process
     there, holding specific cards (R1, R4) until its node confirms its cleanup (R7)."""
@@ -218,6 +290,12 @@ class Member(models.Model):
     )
     revision = models.ForeignKey(
         Revision, null=True, blank=True, on_delete=models.CASCADE, related_name="members"
+    )
+    session = models.ForeignKey(
+        PlaygroundSession, null=True, blank=True, on_delete=models.CASCADE, related_name="members"
+    )
+    episode = models.ForeignKey(
+        Episode, null=True, blank=True, on_delete=models.CASCADE, related_name="members"
     )
     rank = models.PositiveSmallIntegerField()
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="members")
@@ -249,11 +327,7 @@ class Member(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["attempt", "rank"], name="one_member_per_rank"),
             models.UniqueConstraint(fields=["revision", "rank"], name="one_replica_per_rank"),
-            models.CheckConstraint(
-                name="member_of_attempt_or_revision",
-                condition=models.Q(attempt__isnull=False, revision__isnull=True)
-                | models.Q(attempt__isnull=True, revision__isnull=False),
-            ),
+            models.CheckConstraint(name="member_of_one_owner", condition=_ONE_OWNER),
         ]
 
     def __str__(self) -> str:
@@ -263,7 +337,13 @@ class Member(models.Model):
 
     @property
     def fleet_id(self) -> str:
-        return self.attempt.fleet_id if self.attempt_id else self.revision.deployment.fleet_id
+        if self.attempt_id:
+            return self.attempt.fleet_id
+        if self.revision_id:
+            return self.revision.deployment.fleet_id
+        if self.session_id:
+            return self.session.fleet_id
+        return self.episode.environment.fleet_id
 
 
 class CardHold(models.Model):

@@ -173,3 +173,44 @@ def require_servable(serve: dict) -> None:
         )
     if serve["port"] is None:
         _refuse("port", "a deployment on a node Fleet names the port its process listens on.")
+
+
+def checked_session(*, ttl_seconds=None, max_ttl: int, **fields) -> dict:
+    """A playground session on a node Fleet (S4): what it serves, as a replica, and its
+    lifetime, at most ``max_ttl`` (TUNEPLANE_PLAYGROUND_MAX_TTL)."""
+    if "replicas" in fields:
+        _refuse("replicas", "a playground session is one served process.")
+    serve = checked_serve(**fields)
+    del serve["replicas"]
+    ttl = 3600 if ttl_seconds is None else ttl_seconds
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= max_ttl:
+        _refuse("ttl_seconds", f"whole seconds from 1 to {max_ttl} (the session's lifetime).")
+    return {**serve, "ttl_seconds": ttl}
+
+
+EPISODE_FIELDS = ("command", "script", "env", "cpus", "memory_bytes", "cards", "timeout_seconds")
+
+
+def checked_episode(*, manifest: dict, max_timeout: int, **fields) -> dict:
+    """An episode (S5): its command or script (else the environment manifest's), env, cards,
+    cpus, memory and its own timeout, at most ``max_timeout``."""
+    unknown = sorted(set(fields) - set(EPISODE_FIELDS))
+    if unknown:
+        _refuse(unknown[0], "not a field of an episode.")
+    cards = fields.pop("cards", 0)
+    timeout = fields.pop("timeout_seconds", None)
+    if not fields.get("command") and not fields.get("script"):
+        default = manifest.get("command") if isinstance(manifest, dict) else None
+        if isinstance(default, list) and default:
+            fields["command"] = default
+        elif isinstance(default, str) and default:
+            fields["script"] = default
+    run = _checked(**fields)
+    del run["max_attempts"], run["gang_deadline_seconds"]
+    require_runnable(run)
+    if isinstance(cards, bool) or not isinstance(cards, int) or not 0 <= cards <= 64:
+        _refuse("cards", "a whole number of cards from 0 to 64.")
+    timeout = 600 if timeout is None else timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= max_timeout:
+        _refuse("timeout_seconds", f"whole seconds from 1 to {max_timeout} (rule S5).")
+    return {**run, "cards": cards, "timeout_seconds": timeout}

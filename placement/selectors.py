@@ -32,6 +32,7 @@ from .models import (
     Environment,
     LifecycleJob,
     Member,
+    PlaygroundSession,
     Revision,
     TrainingJob,
     Volume,
@@ -113,6 +114,10 @@ def workloads_shown_to(user, model) -> QuerySet:
                     Prefetch("members", queryset=Member.objects.order_by("rank"))
                 ),
             ),
+        )
+    if model is PlaygroundSession:
+        records = records.prefetch_related(
+            Prefetch("members", queryset=Member.objects.select_related("node").order_by("pk"))
         )
     if model is Deployment:
         records = deployments_with_status(records).prefetch_related(

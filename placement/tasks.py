@@ -10,8 +10,10 @@ from .handover import (
     cluster_jobs_track,
 )
 from .services.allocator import ALLOCATE_TASK, allocate, allocate_all
+from .services.episodes import episodes_time_out
 from .services.reconcile import members_reconcile
 from .services.serving import rollouts_settle
+from .services.sessions import sessions_expire
 
 
 @shared_task(name=HANDOVER_TASK, ignore_result=True)
@@ -47,3 +49,13 @@ def cluster_job_cancel_task(job_id: int, kind: str = "trainingjob") -> None:
 @shared_task(name="placement.rollouts_settle", ignore_result=True)
 def rollouts_settle_task() -> dict:
     return rollouts_settle()
+
+
+@shared_task(name="placement.sessions_expire", ignore_result=True)
+def sessions_expire_task() -> dict:
+    return sessions_expire()
+
+
+@shared_task(name="placement.episodes_time_out", ignore_result=True)
+def episodes_time_out_task() -> dict:
+    return episodes_time_out()

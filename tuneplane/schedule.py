@@ -19,6 +19,8 @@ SCHEDULE = {
     "Allocation pass": ("placement.allocate_all", "TUNEPLANE_ALLOCATION_INTERVAL"),
     "Members reconcile": ("placement.members_reconcile", "TUNEPLANE_SWEEP_INTERVAL"),
     "Rollout deadlines": ("placement.rollouts_settle", "TUNEPLANE_SWEEP_INTERVAL"),
+    "Playground lifetimes": ("placement.sessions_expire", "TUNEPLANE_SWEEP_INTERVAL"),
+    "Episode timeouts": ("placement.episodes_time_out", "TUNEPLANE_SWEEP_INTERVAL"),
 }
 
 

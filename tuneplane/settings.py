@@ -286,6 +286,9 @@ TUNEPLANE_GANG_DEADLINE = env_seconds("TUNEPLANE_GANG_DEADLINE", 600)
 TUNEPLANE_RECONCILE_DEADLINE = env_seconds("TUNEPLANE_RECONCILE_DEADLINE", 600)
 # A new revision not wholly Ready within this is rolled back (S2).
 TUNEPLANE_ROLLOUT_DEADLINE = env_seconds("TUNEPLANE_ROLLOUT_DEADLINE", 600)
+# A playground session's lifetime is at most this (S4); an episode's timeout at most this (S5).
+TUNEPLANE_PLAYGROUND_MAX_TTL = env_seconds("TUNEPLANE_PLAYGROUND_MAX_TTL", 86_400)
+TUNEPLANE_EPISODE_MAX_TIMEOUT = env_seconds("TUNEPLANE_EPISODE_MAX_TIMEOUT", 86_400)
 # The control stream: how often a node heartbeats, and how long a lease outlives silence.
 TUNEPLANE_HEARTBEAT_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_INTERVAL", 10)
 TUNEPLANE_LEASE_TTL = env_seconds("TUNEPLANE_LEASE_TTL", 30)

@@ -182,9 +182,62 @@ class DeploymentUpdateRequest(StrictSerializer):
         ref_name = "DeploymentUpdateRequest"
 
 
-class PlaygroundRequest(CardsRequest):
+_session_fields = {k: v for k, v in _serve_fields(defaults=True).items() if k != "replicas"}
+PlaygroundRequest = _request(
+    "PlaygroundRequest",
+    CardsRequest,
+    ttl_seconds=serializers.IntegerField(
+        min_value=1,
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="On a node Fleet: the session's lifetime (default 3600 s, at most "
+        "TUNEPLANE_PLAYGROUND_MAX_TTL); then it is stopped and cleaned (S4).",
+    ),
+    **_session_fields,
+)
+
+
+class EpisodeRequest(StrictSerializer):
+    """S5: what the episode runs (else the manifest's command), with its own timeout."""
+
+    command = serializers.ListField(
+        child=StrictCharField(max_length=4096, allow_blank=True),
+        max_length=64,
+        required=False,
+        default=list,
+    )
+    script = StrictCharField(max_length=100_000, required=False, allow_blank=True, default="")
+    env = serializers.DictField(
+        child=StrictCharField(max_length=4096, allow_blank=True), required=False, default=dict
+    )
+    cards = serializers.IntegerField(min_value=0, max_value=64, required=False, default=0)
+    cpus = serializers.FloatField(
+        min_value=0.001, max_value=1024, required=False, default=None, allow_null=True
+    )
+    memory_bytes = serializers.IntegerField(
+        min_value=1 << 20, max_value=1 << 50, required=False, default=None, allow_null=True
+    )
+    timeout_seconds = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="Default 600; at most TUNEPLANE_EPISODE_MAX_TIMEOUT. At it the episode "
+        "is stopped and ends timed_out (S5).",
+    )
+
     class Meta:
-        ref_name = "PlaygroundRequest"
+        ref_name = "EpisodeRequest"
+
+
+class TailQuery(StrictSerializer):
+    tail_bytes = serializers.IntegerField(
+        min_value=1, max_value=1 << 20, required=False, default=65536
+    )
+
+    class Meta:
+        ref_name = "TailQuery"
 
 
 class EnvironmentRequest(StrictSerializer):

@@ -1,3 +1,4 @@
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -5,7 +6,9 @@ from tuneplane.permissions import is_admin
 
 from ..choices import (
     Cleanup,
+    DeploymentState,
     DeploymentStatus,
+    EpisodeState,
     JobState,
     RevisionState,
     RunState,
@@ -15,6 +18,7 @@ from ..models import (
     Dataset,
     Deployment,
     Environment,
+    Episode,
     LifecycleJob,
     Member,
     PlaygroundSession,
@@ -265,8 +269,72 @@ class DeploymentSerializer(WorkloadSerializer):
 
 
 class PlaygroundSessionSerializer(WorkloadSerializer):
+    """On a node Fleet: its served process (S4), Ready as a replica is (S1), its address
+    once Ready, and when its lifetime ends."""
+
+    state = serializers.ChoiceField(choices=DeploymentState.choices, read_only=True)
+    members = ReplicaSerializer(many=True, read_only=True)
+    address = serializers.SerializerMethodField(help_text="host:port once Ready, else null.")
+
     class Meta(WorkloadSerializer.Meta):
         model = PlaygroundSession
+        fields = WorkloadSerializer.Meta.fields + [
+            "state",
+            "reason",
+            "ends_at",
+            "port",
+            "readiness_path",
+            "address",
+            "members",
+        ]
+        read_only_fields = fields
+
+    def get_address(self, session) -> str | None:
+        ready = [m for m in session.members.all() if replica_ready(m)]
+        return f"{host(ready[0].node.address)}:{ready[0].port}" if ready else None
+
+
+class EpisodeSerializer(serializers.ModelSerializer):
+    """An episode (S5): its state, exit code, duration and where it ran."""
+
+    environment = serializers.IntegerField(source="environment_id", read_only=True)
+    state = serializers.ChoiceField(choices=EpisodeState.choices, read_only=True)
+    env = serializers.SerializerMethodField(help_text="The names only: values are not shown.")
+    node = serializers.SerializerMethodField()
+    duration_seconds = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Episode
+        fields = [
+            "environment",
+            "number",
+            "state",
+            "reason",
+            "exit_code",
+            "command",
+            "script",
+            "env",
+            "cards",
+            "timeout_seconds",
+            "node",
+            "created_at",
+            "started_at",
+            "ended_at",
+            "duration_seconds",
+        ]
+        read_only_fields = fields
+
+    def get_env(self, episode) -> list[str]:
+        return sorted(episode.env)
+
+    def get_node(self, episode) -> str | None:
+        members = list(episode.members.all())
+        return members[-1].node_id if members else None
+
+    def get_duration_seconds(self, episode) -> float | None:
+        if episode.started_at is None:
+            return None
+        return ((episode.ended_at or timezone.now()) - episode.started_at).total_seconds()
 
 
 class EnvironmentSerializer(WorkloadSerializer):

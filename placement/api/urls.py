@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import serving_views, views
 
 urlpatterns = [
     path("training-jobs", views.TrainingJobsView.as_view(), name="training-jobs"),
@@ -37,6 +37,26 @@ urlpatterns = [
         name="deployment-revisions",
     ),
     path("playground-sessions", views.PlaygroundSessionsView.as_view(), name="playground-sessions"),
+    path(
+        "playground-sessions/<int:session_id>",
+        serving_views.PlaygroundSessionDetailView.as_view(),
+        name="playground-session-detail",
+    ),
+    path(
+        "environments/<int:environment_id>/episodes",
+        serving_views.EpisodesView.as_view(),
+        name="episodes",
+    ),
+    path(
+        "environments/<int:environment_id>/episodes/<int:number>",
+        serving_views.EpisodeDetailView.as_view(),
+        name="episode-detail",
+    ),
+    path(
+        "environments/<int:environment_id>/episodes/<int:number>/logs",
+        serving_views.EpisodeLogsView.as_view(),
+        name="episode-logs",
+    ),
     path("environments", views.EnvironmentsView.as_view(), name="environments"),
     path(
         "environments/<int:environment_id>/resolve",

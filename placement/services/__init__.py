@@ -5,6 +5,7 @@ admission either sees the record (and refuses, F7) or wins before it (and the
 admission answers not found) — never a record pointing at a deleted Fleet.
 """
 
+from django.conf import settings
 from django.db import transaction
 
 from audit.services import Actor, audit_record
@@ -27,9 +28,16 @@ from ..models import (
     TrainingJob,
     Volume,
 )
-from ..runspec import checked_run, checked_serve, require_runnable, require_servable
+from ..runspec import (
+    checked_run,
+    checked_serve,
+    checked_session,
+    require_runnable,
+    require_servable,
+)
 from .allocator import allocate_on_commit
 from .serving import revisions_stop
+from .sessions import session_ends_at
 
 
 def project_for(user, slug: str) -> Project:
@@ -279,16 +287,20 @@ def deployment_update(
 
 
 def playground_session_submit(
-    *, actor: Actor, project: str, name: str, series: str = "", cards: int = 1
+    *, actor: Actor, project: str, name: str, series: str = "", cards: int = 1, **serve
 ) -> PlaygroundSession:
-    """P4: among serving Fleets of kind node or kubernetes — never a slurm one."""
+    """P4: among serving Fleets of kind node or kubernetes — never a slurm one. On a node
+    Fleet it serves ``serve`` (placement.runspec.checked_session) for ``ttl_seconds``: the
+    allocator places it like a replica, and at its end it is stopped and cleaned (S4)."""
+    serve = checked_session(max_ttl=settings.TUNEPLANE_PLAYGROUND_MAX_TTL, **serve)
+    ttl = serve.pop("ttl_seconds")
     project = project_for(actor.user, project)
     admitted = admit_automatically(
         project,
         Need(FleetCapability.SERVE, series, cards, kinds=(FleetKind.NODE, FleetKind.KUBERNETES)),
     )
     with transaction.atomic():
-        return _record(
+        session = _record(
             PlaygroundSession,
             actor=actor,
             project=project,
@@ -296,7 +308,14 @@ def playground_session_submit(
             name=name,
             series=series,
             cards=cards,
+            check=lambda fleet: require_servable(serve) if fleet.kind == FleetKind.NODE else None,
+            extra_after={"port": serve["port"], "ttl_seconds": ttl},
+            ends_at=session_ends_at(ttl),
+            **serve,
         )
+        if session.fleet.kind == FleetKind.NODE:
+            allocate_on_commit(session.fleet_id)
+        return session
 
 
 def environment_submit(*, actor: Actor, project: str, name: str, manifest) -> Environment:

@@ -32,10 +32,19 @@ from nodes.models import CardAlias
 from nodes.selectors import nodes_placeable
 from nodes.services.commands import node_commands_create_many
 
-from ..choices import Cleanup, DeploymentState, JobState, RevisionState
-from ..models import Attempt, CardHold, LifecycleJob, Member, Revision, TrainingJob
+from ..choices import Cleanup, DeploymentState, EpisodeState, JobState, RevisionState
+from ..models import (
+    Attempt,
+    CardHold,
+    Episode,
+    LifecycleJob,
+    Member,
+    PlaygroundSession,
+    Revision,
+    TrainingJob,
+)
 from .payloads import MASTER_PORT_BASE, host, job_payload
-from .replica_wants import ALLOCATOR, ReplicaWant, member_view, replicas_wanted, write_replicas
+from .wants import ALLOCATOR, Want, member_view, wanted, write_wants
 
 logger = logging.getLogger("tuneplane.allocator")
 
@@ -53,7 +62,8 @@ class Capacity:
     cpus: float | None
     memory: int | None
     devices_by_series: dict[str, int] = field(default_factory=dict)
-    ports: set[int] = field(default_factory=set)  # replicas' ports in use here (S1)
+    ports: set[int] = field(default_factory=set)  # served members' ports in use here (S1)
+    quiet: frozenset = frozenset()  # its capabilities quiet now ("quiet_train", …)
 
     def free_of(self, series: str) -> list[dict]:
         return self.free.get(series, [])
@@ -64,6 +74,8 @@ class Capacity:
             and (not job.cpus or self.cpus is None or self.cpus >= job.cpus)
             and (not job.memory_bytes or self.memory is None or self.memory >= job.memory_bytes)
             and getattr(job, "port", None) not in self.ports
+            # A job needs a node not quiet for train; a replica for serve; an episode for env.
+            and getattr(job, "quiet", "quiet_train") not in self.quiet
         )
 
     def could_fit(self, job) -> bool:
@@ -87,24 +99,31 @@ class Capacity:
 
 def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
     """Placeable nodes with their free devices and budgets: three queries."""
-    nodes = list(
-        nodes_placeable([fleet.id], now)
-        .filter(quiet_train=False)
-        .values_list("id", "address", "inventory")
-    )
+    quiet_flags = ("quiet_train", "quiet_serve", "quiet_env")
+    nodes = [
+        (
+            node_id,
+            address,
+            inventory,
+            frozenset(f for f, q in zip(quiet_flags, quiet, strict=True) if q),
+        )
+        for node_id, address, inventory, *quiet in nodes_placeable([fleet.id], now).values_list(
+            "id", "address", "inventory", *quiet_flags
+        )
+    ]
     series_of = dict(
         CardAlias.objects.filter(series__isnull=False).values_list("name", "series__slug")
     )
     in_use: dict[str, list] = {}
     ports: dict[str, set[int]] = {}
     for node_id, cards, cpus, memory, port in Member.objects.filter(
-        node_id__in=[node_id for node_id, _, _ in nodes], cleanup=Cleanup.PENDING
+        node_id__in=[node_id for node_id, *_ in nodes], cleanup=Cleanup.PENDING
     ).values_list("node_id", "cards", "cpus", "memory_bytes", "port"):
         in_use.setdefault(node_id, []).append((cards, cpus, memory))
         if port:
             ports.setdefault(node_id, set()).add(port)
     capacities = {}
-    for node_id, address, inventory in nodes:
+    for node_id, address, inventory, quiet in nodes:
         held = {card["index"] for cards, _, _ in in_use.get(node_id, []) for card in cards}
         free: dict[str, list[dict]] = {"": []}
         totals: dict[str, int] = {"": 0}
@@ -123,7 +142,7 @@ def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
             cpus = cpus - (used_cpus or 0) if cpus is not None else None
             memory = memory - (used_memory or 0) if memory is not None else None
         capacities[node_id] = Capacity(
-            node_id, address, free, cpus, memory, totals, ports.get(node_id, set())
+            node_id, address, free, cpus, memory, totals, ports.get(node_id, set()), quiet
         )
     return capacities
 
@@ -192,9 +211,7 @@ def allocate(*, fleet_id: str) -> dict:
         fleet = Fleet.objects.select_for_update().filter(pk=fleet_id).first()
         if fleet is None or fleet.kind != FleetKind.NODE or fleet.state != FleetState.ACTIVE:
             return {"allocated": 0, "waiting": 0}
-        queue = sorted(
-            _queue(fleet) + replicas_wanted(fleet), key=lambda w: (w.created_at, w.sort_key)
-        )
+        queue = sorted(_queue(fleet) + wanted(fleet), key=lambda w: (w.created_at, w.sort_key))
         if not queue:
             return {"allocated": 0, "waiting": 0}
         capacities = _capacities(fleet, now)
@@ -210,12 +227,12 @@ def allocate(*, fleet_id: str) -> dict:
                     _reserve(job, capacities, reserved)
                 continue
             decided.append((job, [(c, c.take(job)) for c in chosen]))
-        replicas = [(want, placed) for want, placed in decided if isinstance(want, ReplicaWant)]
-        jobs = [(job, placed) for job, placed in decided if not isinstance(job, ReplicaWant)]
+        wants = [(want, placed) for want, placed in decided if isinstance(want, Want)]
+        jobs = [(job, placed) for job, placed in decided if not isinstance(job, Want)]
         if jobs:
             _write(fleet, jobs, now)
-        if replicas:
-            write_replicas(replicas)
+        if wants:
+            write_wants(wants)
     waiting = len(queue) - len(decided)
     if decided:
         logger.info("fleet %s: %d job(s) allocated, %d waiting", fleet_id, len(decided), waiting)
@@ -344,5 +361,13 @@ def allocate_all() -> dict:
                 state=JobState.QUEUED, fleet__kind=FleetKind.NODE, fleet__state=FleetState.ACTIVE
             ).values_list("fleet_id", flat=True)
         )
+    fleet_ids.update(
+        PlaygroundSession.objects.filter(
+            state=DeploymentState.LIVE, port__isnull=False, members__isnull=True
+        ).values_list("fleet_id", flat=True),
+        Episode.objects.filter(state=EpisodeState.QUEUED).values_list(
+            "environment__fleet_id", flat=True
+        ),
+    )
     done = {fleet_id: allocate(fleet_id=fleet_id) for fleet_id in sorted(fleet_ids)}
     return {"fleets": len(done), "allocated": sum(d["allocated"] for d in done.values())}

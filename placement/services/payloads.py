@@ -51,26 +51,47 @@ def job_payload(job, attempt_number: int, rank: int, cards, rendezvous) -> dict:
     return payload
 
 
+def _run(spec, cards, fleet, labels: dict) -> dict:
+    payload = {
+        "env": spec.env,
+        "cards": cards,
+        "cpus": spec.cpus,
+        "memory_bytes": spec.memory_bytes,
+        "grace_seconds": settings.TUNEPLANE_STOP_GRACE,
+        "labels": labels,
+        "delivery": {"mode": fleet.delivery, "env": {}},
+        "rendezvous": {},
+    }
+    if spec.command:
+        payload["argv"] = spec.command
+    else:
+        payload["script"] = spec.script
+    return payload
+
+
+def _served(spec) -> dict:
+    return {"serve": {"port": spec.port, "readiness_path": spec.readiness_path}}
+
+
 def replica_payload(revision, rank: int, cards) -> dict:
     """A replica: what its revision serves, on its port, probed at its readiness path (S1)."""
     deployment = revision.deployment
-    payload = {
-        "env": revision.env,
-        "cards": cards,
-        "cpus": revision.cpus,
-        "memory_bytes": revision.memory_bytes,
-        "grace_seconds": settings.TUNEPLANE_STOP_GRACE,
-        "labels": {
-            "TUNEPLANE_DEPLOYMENT": deployment.pk,
-            "TUNEPLANE_REVISION": revision.number,
-            "TUNEPLANE_REPLICA": rank,
-        },
-        "delivery": {"mode": deployment.fleet.delivery, "env": {}},
-        "rendezvous": {},
-        "serve": {"port": revision.port, "readiness_path": revision.readiness_path},
+    labels = {
+        "TUNEPLANE_DEPLOYMENT": deployment.pk,
+        "TUNEPLANE_REVISION": revision.number,
+        "TUNEPLANE_REPLICA": rank,
     }
-    if revision.command:
-        payload["argv"] = revision.command
-    else:
-        payload["script"] = revision.script
-    return payload
+    return {**_run(revision, cards, deployment.fleet, labels), **_served(revision)}
+
+
+def session_payload(session, cards) -> dict:
+    """A playground session's process: served like a replica (S4)."""
+    labels = {"TUNEPLANE_PLAYGROUND_SESSION": session.pk}
+    return {**_run(session, cards, session.fleet, labels), **_served(session)}
+
+
+def episode_payload(episode, cards) -> dict:
+    """An episode's process: run once, never restarted (S5)."""
+    environment = episode.environment
+    labels = {"TUNEPLANE_ENVIRONMENT": environment.pk, "TUNEPLANE_EPISODE": episode.number}
+    return _run(episode, cards, environment.fleet, labels)

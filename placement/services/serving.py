@@ -67,7 +67,8 @@ def replica_command_observed(command: NodeCommand, before: dict) -> None:
     _settle(deployment, revisions, members, timezone.now())
 
 
-def _replica_moved(member: Member, command: NodeCommand) -> None:
+def _replica_moved(member: Member, command: NodeCommand, kind: str = "replica") -> None:
+    """A served member as its start command now says (S1); audited as ``kind``."""
     now = timezone.now()
     before = {"state": member.state, "reason": member.reason, "ready": member.ready}
     if member.state in RUN_LIVE:
@@ -92,9 +93,9 @@ def _replica_moved(member: Member, command: NodeCommand) -> None:
     member.save()
     after = {"state": member.state, "reason": member.reason, "ready": member.ready}
     if after != before:
-        action = f"replica.{member.state}" if member.state != before["state"] else "replica."
-        if action == "replica.":
-            action += "ready" if member.ready else "not_ready"
+        action = f"{kind}.{member.state}"
+        if member.state == before["state"]:
+            action = f"{kind}.ready" if member.ready else f"{kind}.not_ready"
         audit_record(actor=SERVING, action=action, target=member, before=before, after=after)
     if command.cleaned_at is not None and member.cleanup != Cleanup.CLEANED:
         member.cleanup = Cleanup.CLEANED
@@ -107,7 +108,7 @@ def _replica_moved(member: Member, command: NodeCommand) -> None:
             before={"cleanup": Cleanup.PENDING},
             after={"cleanup": Cleanup.CLEANED, "cards_released": member.cards},
         )
-        allocate_on_commit(member.revision.deployment.fleet_id)
+        allocate_on_commit(member.fleet_id)
 
 
 def _settle(deployment: Deployment, revisions, members, now) -> None:

@@ -10,7 +10,7 @@ from nodes.models import NodeCommand
 from nodes.services import control
 from placement import services as placement
 from placement.models import Deployment, Member, Revision
-from placement.services import allocator, replica_wants, serving
+from placement.services import allocator, episodes, serving, sessions, wants
 from tests.conftest import H100_DEVICE_INVENTORY, SERVE
 
 from .scenarios import Scenario, changed, created, deployment_update, submitted
@@ -31,15 +31,81 @@ def _placed(w) -> Member:
     return Member.objects.get(revision__deployment=deployment)
 
 
-def write_replicas(w):
+def write_wants(w):
     fleet = _deployment(w).fleet
 
     def call():
-        want = replica_wants.replicas_wanted(fleet)[0]
+        want = wants.wanted(fleet)[0]
         capacity = next(iter(allocator._capacities(fleet, timezone.now()).values()))
-        replica_wants.write_replicas([(want, [(capacity, capacity.take(want))])])
+        wants.write_wants([(want, [(capacity, capacity.take(want))])])
 
     return call
+
+
+def _session(w):
+    placeable = w.placeable()
+    control.node_report_inventory(node_id=placeable.id, inventory=H100_DEVICE_INVENTORY)
+    return placement.playground_session_submit(
+        actor=Actor.of_user(w.member), project="ml", name="try", **SERVE
+    )
+
+
+def session_placed(w):
+    """The session's process placed, and its node reports it running and probed Ready."""
+    session = _session(w)
+    allocator.allocate(fleet_id=session.fleet_id)
+    member = Member.objects.get(session=session)
+    NodeCommand.objects.filter(pk=member.command_id).update(state="running", ready=True)
+    command = NodeCommand.objects.get(pk=member.command_id)
+    return lambda: sessions.session_command_observed(command, {"state": "pending"})
+
+
+def session_end(w):
+    session = _session(w)
+    return lambda: sessions.session_end(actor=Actor.of_user(w.member), session=session)
+
+
+def session_past_ttl(w):
+    _session(w)
+    later = timezone.now() + timedelta(days=2)
+    return lambda: sessions.sessions_expire(now=later)
+
+
+def _environment(w):
+    placeable = w.placeable()
+    control.node_report_inventory(node_id=placeable.id, inventory=H100_DEVICE_INVENTORY)
+    return placement.environment_submit(
+        actor=Actor.of_user(w.member), project="ml", name="env", manifest={"fleet": w.fleet().id}
+    )
+
+
+def episode_start(w):
+    environment = _environment(w)
+    return lambda: episodes.episode_start(
+        actor=Actor.of_user(w.member), environment=environment, command=["true"]
+    )
+
+
+def _episode_placed(w) -> Member:
+    environment = _environment(w)
+    episode = episodes.episode_start(
+        actor=Actor.of_user(w.member), environment=environment, command=["sleep", "60"]
+    )
+    allocator.allocate(fleet_id=environment.fleet_id)
+    return Member.objects.get(episode=episode)
+
+
+def episode_running(w):
+    member = _episode_placed(w)
+    NodeCommand.objects.filter(pk=member.command_id).update(state="running")
+    command = NodeCommand.objects.get(pk=member.command_id)
+    return lambda: episodes.episode_command_observed(command, {"state": "pending"})
+
+
+def episode_late(w):
+    _episode_placed(w)
+    later = timezone.now() + timedelta(days=2)
+    return lambda: episodes.episodes_time_out(now=later)
 
 
 def replica_running(w):
@@ -74,6 +140,10 @@ def rollout_late(w):
 
 
 SCENARIOS = {
+    "placement.services.playground_session_submit": Scenario(
+        submitted(placement.playground_session_submit, name="try", **SERVE),
+        (created("playgroundsession.admitted"),),
+    ),
     "placement.services.deployment_submit": Scenario(
         submitted(placement.deployment_submit, name="chat", **SERVE),
         (created("deployment.admitted"),),
@@ -82,8 +152,28 @@ SCENARIOS = {
     "placement.services.deployment_update": Scenario(
         deployment_update, (changed("deployment.state_changed"), changed("revision.stopped"))
     ),
-    "placement.services.replica_wants.write_replicas": Scenario(
-        write_replicas, (created("replica.created"), created("node_command.created"))
+    "placement.services.wants.write_wants": Scenario(
+        write_wants, (created("replica.created"), created("node_command.created"))
+    ),
+    "placement.services.sessions.session_command_observed": Scenario(
+        session_placed, (changed("session_member.running"),)
+    ),
+    "placement.services.sessions.session_end": Scenario(
+        session_end, (changed("playgroundsession.ended"),)
+    ),
+    "placement.services.sessions.sessions_expire": Scenario(
+        session_past_ttl, (changed("playgroundsession.ended"),)
+    ),
+    "placement.services.episodes.episode_start": Scenario(
+        episode_start, (created("episode.queued"),)
+    ),
+    # Its member runs, then the episode.
+    "placement.services.episodes.episode_command_observed": Scenario(
+        episode_running, (changed("episode_member.running"), changed("episode.running"))
+    ),
+    # Timed out at once, and a stop for its process.
+    "placement.services.episodes.episodes_time_out": Scenario(
+        episode_late, (changed("episode.timed_out"), created("node_command.created"))
     ),
     "placement.services.serving.replica_command_observed": Scenario(
         replica_running, (changed("replica.running"),)
@@ -102,6 +192,8 @@ SCENARIOS = {
 
 READS = {
     "placement.services.serving.locked_deployment",  # row locks, in the one order
-    "placement.services.replica_wants.replicas_wanted",  # row locks and reads
-    "placement.services.replica_wants.member_view",  # a snapshot for an event
+    "placement.services.wants.wanted",  # row locks and reads
+    "placement.services.wants.member_view",  # a snapshot for an event
+    "placement.services.sessions.session_ends_at",  # a pure computation
+    "placement.services.episodes.episode_output",  # reads a log tail from its node
 }

@@ -72,8 +72,10 @@ WRITING_MODULES = (
     "placement.services.allocator",
     "placement.services.runs",
     "placement.services.reconcile",
-    "placement.services.replica_wants",
+    "placement.services.wants",
     "placement.services.serving",
+    "placement.services.sessions",
+    "placement.services.episodes",
     "placement.handover",
 )
 # What a module that records audit events says: the audit services, or the table itself.
@@ -295,10 +297,6 @@ SCENARIOS = {
     "placement.services.lifecycle_job_submit": Scenario(
         submitted(placement.lifecycle_job_submit, name="evals", kind="eval", script="true"),
         (created("lifecyclejob.admitted"),),
-    ),
-    "placement.services.playground_session_submit": Scenario(
-        submitted(placement.playground_session_submit, name="try"),
-        (created("playgroundsession.admitted"),),
     ),
     "placement.services.environment_submit": Scenario(
         submitted(placement.environment_submit, name="nb", manifest={"fleet": "gpu-lab"}),

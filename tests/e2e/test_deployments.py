@@ -28,7 +28,7 @@ ROLLOUT = {**ROOMY, "TUNEPLANE_ROLLOUT_DEADLINE": "12", "TUNEPLANE_STOP_GRACE": 
 def serving_node(require_redis, tmp_path, console_pki, make_fleet, mint, settings):
     """A node Fleet's node with a live agent, a gateway, a worker and beat sweeping."""
     settings.TUNEPLANE_SWEEP_INTERVAL = 1
-    fleet = make_fleet("serve-lab", kind="node", capabilities=["train", "serve"])
+    fleet = make_fleet("serve-lab", kind="node", capabilities=["train", "serve", "env"])
     node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
     Node.objects.filter(pk=node.pk).update(address="127.0.0.1:9")
     agents = []
@@ -51,7 +51,7 @@ def serving_node(require_redis, tmp_path, console_pki, make_fleet, mint, setting
                 if agent.returncode is None:
                     agent.send_signal(signal.SIGTERM)
                     agent.wait(20)
-            for member in Member.objects.filter(node=node):  # nothing left listening
+            for member in Member.objects.filter(node=node, port__isnull=False):  # none listening
                 pid = answers(member.port) and answers(member.port)["pid"]
                 if pid:
                     os.kill(pid, signal.SIGKILL)

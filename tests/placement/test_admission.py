@@ -56,7 +56,7 @@ def fleet(make_fleet, placeable):
 
 def runs(path: str) -> dict:
     """A job on a node Fleet says what it runs (DESIGN §7)."""
-    if path == "deployments":
+    if path in ("deployments", "playground-sessions"):
         return SERVE
     return {"command": ["true"]} if path.endswith("-jobs") else {}
 

@@ -24,7 +24,7 @@ from placement import services
 from placement.choices import DeploymentState, LifecycleKind
 from placement.models import Dataset, Deployment, Member, Revision, Volume
 from placement.selectors import deployments_with_status, revisions_with_ready
-from placement.services import serving
+from placement.services import episodes, serving
 from placement.services.allocator import allocate
 from tests.api_contract import ListContract, list_paths
 from tests.conftest import H100_DEVICE_INVENTORY, SERVE, SYSTEM, make_csr
@@ -196,7 +196,10 @@ class TestPlaygroundSessionList(WorkloadListContract):
     list_path = "/api/playground-sessions"
 
     def make_listed(self, n):
-        services.playground_session_submit(actor=self.actor, project="ml", name=f"play-{n}")
+        services.playground_session_submit(
+            actor=self.actor, project="ml", name=f"play-{n}", **{**SERVE, "port": 9000 + n}
+        )
+        assert allocate(fleet_id=self.fleet.id)["allocated"] == 1  # listed with its process
 
 
 class TestEnvironmentList(WorkloadListContract):
@@ -206,6 +209,21 @@ class TestEnvironmentList(WorkloadListContract):
         services.environment_submit(
             actor=self.actor, project="ml", name=f"env-{n}", manifest={"fleet": "lab"}
         )
+
+
+class TestEpisodeList(WorkloadListContract):
+    list_path = "/api/environments/{environment_id}/episodes"
+
+    def list_url(self):
+        return self.list_path.format(environment_id=self.environment.pk)
+
+    def make_listed(self, n):
+        if n == 0:
+            self.environment = services.environment_submit(
+                actor=self.actor, project="ml", name="env", manifest={"fleet": "lab"}
+            )
+        episodes.episode_start(actor=self.actor, environment=self.environment, command=["true"])
+        assert allocate(fleet_id=self.fleet.id)["allocated"] == 1  # listed with its node
 
 
 class TestVolumeList(WorkloadListContract):

@@ -22,7 +22,7 @@ AUTOMATIC = {
         {"kind": "eval", "series": "h100", "cards": 1, "command": ["true"]},
         LifecycleJob,
     ),
-    "playground-sessions": ({"cards": 1}, PlaygroundSession),
+    "playground-sessions": ({"cards": 1, **SERVE}, PlaygroundSession),
 }
 NAMED = {
     "deployments": (lambda fleet_id: {"fleet": fleet_id, "cards": 1, **SERVE}, Deployment),

@@ -1,0 +1,139 @@
+"""Playground sessions ended early, and an environment's episodes (S4, S5): thin views over
+placement.services.sessions and .episodes."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.generics import GenericAPIView
+from rest_framework.response import Response
+
+from audit.services import Actor
+from tuneplane.api.schema import errors
+from tuneplane.errors import NotFound
+
+from ..models import Environment, Episode, Member, PlaygroundSession
+from ..selectors import workloads_shown_to, workloads_visible_to
+from ..services import episodes, sessions
+from . import requests as r
+from . import serializers as s
+from .views import seen_by
+
+
+class PlaygroundSessionDetailView(GenericAPIView):
+    serializer_class = s.PlaygroundSessionSerializer
+
+    def _session(self, request, session_id: int) -> PlaygroundSession:
+        found = workloads_shown_to(request.user, PlaygroundSession).filter(pk=session_id).first()
+        if found is None:
+            raise NotFound(f"Playground session {session_id} not found.")
+        return found
+
+    def _shown(self, request, session_id: int) -> Response:
+        session = self._session(request, session_id)
+        return Response(s.PlaygroundSessionSerializer(session, context=seen_by(request)).data)
+
+    @extend_schema(
+        summary="A playground session: its process, Ready, its address once Ready",
+        responses={200: s.PlaygroundSessionSerializer, **errors(401, 404)},
+    )
+    def get(self, request, session_id: int):
+        return self._shown(request, session_id)
+
+    @extend_schema(
+        summary="End a playground session now (S4): stopped, then cleaned up",
+        responses={200: s.PlaygroundSessionSerializer, **errors(401, 404, 409)},
+    )
+    def delete(self, request, session_id: int):
+        sessions.session_end(
+            actor=Actor.of_user(request.user), session=self._session(request, session_id)
+        )
+        return self._shown(request, session_id)
+
+
+def _environment(request, environment_id: int) -> Environment:
+    found = workloads_visible_to(request.user, Environment).filter(pk=environment_id).first()
+    if found is None:
+        raise NotFound(f"Environment {environment_id} not found.")
+    return found
+
+
+def _episodes(environment):
+    return environment.episodes.prefetch_related("members").order_by("-number")
+
+
+class EpisodesView(GenericAPIView):
+    serializer_class = s.EpisodeSerializer
+
+    @extend_schema(
+        summary="An environment's episodes, newest first",
+        responses={200: s.EpisodeSerializer(many=True), **errors(401, 404)},
+    )
+    def get(self, request, environment_id: int):
+        page = self.paginate_queryset(_episodes(_environment(request, environment_id)))
+        return self.get_paginated_response(s.EpisodeSerializer(page, many=True).data)
+
+    @extend_schema(
+        summary="Start an episode (S5): on a node of the environment's Fleet answering for "
+        "env now, ended by its exit or its own timeout",
+        request=r.EpisodeRequest,
+        responses={201: s.EpisodeSerializer, **errors(400, 401, 404, 409)},
+    )
+    def post(self, request, environment_id: int):
+        environment = _environment(request, environment_id)
+        incoming = r.EpisodeRequest(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        episode = episodes.episode_start(
+            actor=Actor.of_user(request.user), environment=environment, **incoming.validated_data
+        )
+        shown = _episodes(environment).get(pk=episode.pk)
+        return Response(s.EpisodeSerializer(shown).data, status=status.HTTP_201_CREATED)
+
+
+def _episode(request, environment_id: int, number: int) -> Episode:
+    found = _episodes(_environment(request, environment_id)).filter(number=number).first()
+    if found is None:
+        raise NotFound(f"Episode {number} of environment {environment_id} not found.")
+    return found
+
+
+class EpisodeDetailView(GenericAPIView):
+    serializer_class = s.EpisodeSerializer
+
+    @extend_schema(
+        summary="An episode: state, exit code, duration",
+        responses={200: s.EpisodeSerializer, **errors(401, 404)},
+    )
+    def get(self, request, environment_id: int, number: int):
+        return Response(s.EpisodeSerializer(_episode(request, environment_id, number)).data)
+
+
+class EpisodeLogsSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    node = serializers.CharField()
+    tail_bytes = serializers.IntegerField()
+    output = serializers.CharField(help_text="UTF-8; undecodable bytes replaced.")
+
+
+class EpisodeLogsView(GenericAPIView):
+    serializer_class = EpisodeLogsSerializer
+
+    @extend_schema(
+        summary="The tail of an episode's output, fetched from its node now",
+        parameters=[r.TailQuery],
+        responses={200: EpisodeLogsSerializer, **errors(400, 401, 404, 503)},
+    )
+    def get(self, request, environment_id: int, number: int):
+        episode = _episode(request, environment_id, number)
+        incoming = r.TailQuery(data=request.query_params)
+        incoming.is_valid(raise_exception=True)
+        tail_bytes = incoming.validated_data["tail_bytes"]
+        member, output = episodes.episode_output(episode=episode, tail_bytes=tail_bytes)
+        return Response(_logs(episode, member, tail_bytes, output))
+
+
+def _logs(episode: Episode, member: Member, tail_bytes: int, output: bytes) -> dict:
+    return {
+        "number": episode.number,
+        "node": member.node_id,
+        "tail_bytes": tail_bytes,
+        "output": output.decode("utf-8", errors="replace"),
+    }

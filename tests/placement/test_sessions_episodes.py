@@ -1,0 +1,178 @@
+"""Playground sessions (S4) and episodes (S5, S6) on node Fleets, in process on the real
+database: placement, their nodes' reports, lifetimes and timeouts, bad input. The same with a
+real agent running real processes is tests/e2e/test_sessions_episodes.py."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from audit.services import Actor
+from nodes.choices import CommandKind
+from nodes.models import Node, NodeCommand
+from placement import services
+from placement.models import CardHold, Episode, Member, PlaygroundSession
+from placement.services import episodes, sessions
+from placement.services.allocator import allocate
+from tests.conftest import SERVE
+
+from .test_allocator import gpu_node  # noqa: F401 -- a fixture
+from .test_serving import report, stops_for
+
+
+@pytest.fixture
+def lab(make_fleet, gpu_node):  # noqa: F811
+    """A node Fleet that serves and runs environments, with two placeable nodes."""
+    fleet = make_fleet("gpu-lab", kind="node", capabilities=["train", "serve", "env"])
+    return fleet, [gpu_node(fleet, address=f"10.0.0.{n}:1") for n in (1, 2)]
+
+
+@pytest.fixture
+def environment(lab, member):
+    return services.environment_submit(
+        actor=Actor.of_user(member), project="ml", name="env", manifest={"fleet": "gpu-lab"}
+    )
+
+
+def play(member, **fields) -> PlaygroundSession:
+    return services.playground_session_submit(
+        actor=Actor.of_user(member), project="ml", name="try", **{**SERVE, **fields}
+    )
+
+
+def test_S4_a_session_is_placed_served_like_a_replica_and_shows_its_address_once_ready(
+    lab, member, member_api
+):
+    session = play(member, ttl_seconds=600)
+    assert timedelta(seconds=590) < session.ends_at - timezone.now() <= timedelta(seconds=600)
+    assert allocate(fleet_id="gpu-lab")["allocated"] == 1
+    [process] = Member.objects.filter(session=session).select_related("node")
+    assert NodeCommand.objects.get(pk=process.command_id).payload["serve"]["port"] == 8000
+    shown = member_api.get(f"/api/playground-sessions/{session.pk}").json()
+    assert (shown["state"], shown["address"]) == ("live", None)
+    report(process, ready=True)
+    shown = member_api.get(f"/api/playground-sessions/{session.pk}").json()
+    host = process.node.address.split(":")[0]
+    assert shown["address"] == f"{host}:8000" and shown["members"][0]["ready"] is True
+
+
+def test_S4_at_its_lifetime_a_session_is_stopped_then_cleaned_and_its_cards_released(lab, member):
+    session = play(member, ttl_seconds=60)
+    allocate(fleet_id="gpu-lab")
+    [process] = Member.objects.filter(session=session)
+    report(process, ready=True)
+    assert sessions.sessions_expire()["ended"] == 0  # not yet
+    assert sessions.sessions_expire(now=timezone.now() + timedelta(seconds=61))["ended"] == 1
+    session.refresh_from_db()
+    assert (session.state, stops_for(process)) == ("stopped", 1)
+    assert "lifetime" in session.reason
+    report(process, "failed", exit_code=-15, reason="stopped", cleaned=True)
+    process.refresh_from_db()
+    assert (process.state, process.cleanup) == ("cancelled", "cleaned")
+    assert not CardHold.objects.filter(member=process).exists()
+
+
+def test_S4_delete_ends_a_session_early_and_a_second_delete_is_a_conflict(lab, member, member_api):
+    session = play(member)
+    allocate(fleet_id="gpu-lab")
+    [process] = Member.objects.filter(session=session)
+    response = member_api.delete(f"/api/playground-sessions/{session.pk}")
+    assert response.status_code == 200 and response.json()["state"] == "stopped"
+    assert stops_for(process) == 1
+    assert member_api.delete(f"/api/playground-sessions/{session.pk}").status_code == 409
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"ttl_seconds": 0}, "ttl_seconds"),
+        ({"ttl_seconds": 10**9}, "ttl_seconds"),
+        ({"port": None}, "port"),
+        ({"replicas": 2}, "replicas"),
+        ({"command": [], "script": ""}, "command"),
+    ],
+)
+def test_S4_bad_session_input_is_a_400_naming_the_field_and_writes_nothing(
+    lab, member_api, body, field
+):
+    response = member_api.post(
+        "/api/playground-sessions", {"project": "ml", "name": "p", **SERVE, **body}
+    )
+    assert response.status_code == 400 and field in response.content.decode(), response.content
+    assert not PlaygroundSession.objects.exists()
+
+
+def test_S5_an_episode_runs_on_a_node_answering_for_env_and_ends_by_its_exit(
+    lab, member, member_api, environment
+):
+    nodes = lab[1]
+    Node.objects.filter(pk=nodes[0].pk).update(quiet_env=True)  # not a candidate now (L3)
+    path = f"/api/environments/{environment.pk}/episodes"
+    response = member_api.post(path, {"command": ["python3", "run.py"], "cards": 1})
+    assert response.status_code == 201, response.content
+    assert response.json()["state"] == "queued"
+    allocate(fleet_id="gpu-lab")
+    [process] = Member.objects.filter(episode__number=1)
+    assert process.node_id == nodes[1].pk and len(process.cards) == 1
+    report(process)
+    assert member_api.get(f"{path}/1").json()["state"] == "running"
+    report(process, "failed", exit_code=3, reason="exit")
+    shown = member_api.get(f"{path}/1").json()
+    assert (shown["state"], shown["exit_code"], shown["node"]) == ("failed", 3, nodes[1].pk)
+    assert shown["duration_seconds"] >= 0
+    assert NodeCommand.objects.filter(kind=CommandKind.CLEANUP).count() == 1
+
+
+def test_S5_an_episode_without_a_command_runs_the_manifests(lab, member):
+    environment = services.environment_submit(
+        actor=Actor.of_user(member),
+        project="ml",
+        name="env",
+        manifest={"fleet": "gpu-lab", "command": ["python3", "env.py"]},
+    )
+    episode = episodes.episode_start(actor=Actor.of_user(member), environment=environment)
+    assert episode.command == ["python3", "env.py"] and episode.timeout_seconds == 600
+
+
+def test_S5_S6_an_episode_ends_by_its_own_timeout_never_by_its_nodes_silence(
+    lab, member, environment
+):
+    episode = episodes.episode_start(
+        actor=Actor.of_user(member),
+        environment=environment,
+        command=["sleep", "1000"],
+        timeout_seconds=30,
+    )
+    allocate(fleet_id="gpu-lab")
+    [process] = Member.objects.filter(episode=episode)
+    report(process)
+    Node.objects.filter(pk=process.node_id).update(quiet_env=True)  # S6: quiet for env
+    assert episodes.episodes_time_out()["timed_out"] == 0
+    episode.refresh_from_db()
+    assert episode.state == "running"  # the silence fails nothing
+    later = timezone.now() + timedelta(seconds=31)
+    assert episodes.episodes_time_out(now=later)["timed_out"] == 1
+    episode.refresh_from_db()
+    assert (episode.state, stops_for(process)) == ("timed_out", 1)
+    report(process, "failed", exit_code=-15, reason="stopped")  # how it ends changes nothing
+    episode.refresh_from_db()
+    assert episode.state == "timed_out" and episode.exit_code is None
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "command"),  # neither given nor in the manifest
+        ({"command": ["true"], "timeout_seconds": 0}, "timeout_seconds"),
+        ({"command": ["true"], "timeout_seconds": 10**9}, "timeout_seconds"),
+        ({"command": ["true"], "cards": -1}, "cards"),
+        ({"command": ["true"], "env": {"A": 1}}, "env.A"),
+        ({"command": ["true"], "bogus": 1}, "bogus"),
+    ],
+)
+def test_S5_bad_episode_input_is_a_400_naming_the_field_and_writes_nothing(
+    lab, member_api, environment, body, field
+):
+    response = member_api.post(f"/api/environments/{environment.pk}/episodes", body)
+    assert response.status_code == 400 and field in response.content.decode(), response.content
+    assert not Episode.objects.exists()

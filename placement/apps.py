@@ -9,7 +9,7 @@ class PlacementConfig(AppConfig):
     verbose_name = "Placement"
 
     def ready(self):
-        from fleets.deletion import register_deletion_blocker
+        from fleets.deletion import register_deletion_blocker, register_deletion_release
         from fleets.page import register_fleet_page_section
         from nodes.services.observers import register_command_observer
 
@@ -20,11 +20,12 @@ class PlacementConfig(AppConfig):
         from .services import live_deployments_blocking_deletion, workload_records_blocking_deletion
         from .services.episodes import episode_command_observed
         from .services.runs import member_command_observed
-        from .services.serving import replica_command_observed
+        from .services.serving import replica_command_observed, stopped_deployments_release
         from .services.sessions import session_command_observed
 
         register_deletion_blocker(live_deployments_blocking_deletion)
         register_deletion_blocker(workload_records_blocking_deletion)
+        register_deletion_release(stopped_deployments_release)
         # nodes carries the agents' reports; placement follows its members in them.
         register_command_observer(member_command_observed)
         register_command_observer(replica_command_observed)

@@ -17,7 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 logger = logging.getLogger("tuneplane-node")
 
 PROBE_INTERVAL = 5.0
+# Until a replica is first Ready its probe runs every second (as a startup probe): a replica
+# is Ready about a second after it listens, not up to an interval later.
+STARTUP_INTERVAL = 1.0
 PROBE_TIMEOUT = 2.0
+TICK = 0.5
 FAILURES_TO_UNREADY = 3
 RESTART_FIRST = 1.0
 RESTART_MAX = 60.0
@@ -83,9 +87,12 @@ class Prober:
     """Probes every running replica of ``commands`` on its own schedule, in a thread of its
     own that outlives any one stream (a replica is probed while the console is away too)."""
 
-    def __init__(self, commands, *, interval: float = PROBE_INTERVAL):
+    def __init__(
+        self, commands, *, interval: float = PROBE_INTERVAL, startup: float = STARTUP_INTERVAL
+    ):
         self.commands = commands
-        self.interval = interval
+        self.interval, self.startup = interval, startup
+        self.launches: dict[str, float | None] = {}  # the launch each replica was Ready in
         self.due: dict[str, float] = {}
         self.failures: dict[str, int] = {}
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="probe")
@@ -93,7 +100,7 @@ class Prober:
         self.lock = threading.Lock()
 
     def run(self, stopping: threading.Event) -> None:
-        while not stopping.wait(1.0):
+        while not stopping.wait(TICK):
             try:
                 self.tick(time.monotonic())
             except Exception:  # a probe pass never takes the agent down
@@ -106,15 +113,18 @@ class Prober:
                 if member_id in self.pending or now < self.due.get(member_id, 0.0):
                     continue
                 self.pending.add(member_id)
-                self.due[member_id] = now + self.interval
-            self.pool.submit(self._probe, member_id, command.serve)
+                started = self.launches.get(member_id) == command.launched_at
+                self.due[member_id] = now + (self.interval if started else self.startup)
+            self.pool.submit(self._probe, member_id, command.serve, command.launched_at)
 
-    def _probe(self, member_id: str, serve: dict) -> None:
+    def _probe(self, member_id: str, serve: dict, launched_at: float | None) -> None:
         try:
             error = probe(serve["port"], serve["readiness_path"])
             with self.lock:
                 failures = 0 if not error else self.failures.get(member_id, 0) + 1
                 self.failures[member_id] = failures
+                if not error:
+                    self.launches[member_id] = launched_at
             self.commands.probed(member_id, error, failures >= FAILURES_TO_UNREADY)
         finally:
             with self.lock:

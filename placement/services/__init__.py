@@ -16,7 +16,7 @@ from tuneplane.models import Membership, Project
 from tuneplane.permissions import is_admin
 
 from ..admission import Admitted, Need, admit_automatically, admit_deployment, admit_named
-from ..choices import LIFECYCLE_CAPABILITY, DeploymentState, LifecycleKind, Refusal
+from ..choices import LIFECYCLE_CAPABILITY, Cleanup, DeploymentState, LifecycleKind, Refusal
 from ..handover import handover_on_commit
 from ..models import (
     Dataset,
@@ -378,6 +378,13 @@ def workload_records_blocking_deletion(fleet) -> list[str]:
         (model._meta.verbose_name_plural, model.objects.filter(fleet=fleet).count())
         for model in (TrainingJob, LifecycleJob, PlaygroundSession, Environment)
     ]
-    stopped = Deployment.objects.filter(fleet=fleet, state=DeploymentState.STOPPED).count()
-    counted.append(("stopped deployments", stopped))
+    # A stopped deployment is let go of with the Fleet (serving.stopped_deployments_release)
+    # once its node has cleaned up every replica it ran.
+    cleaning = (
+        Deployment.objects.filter(fleet=fleet, state=DeploymentState.STOPPED)
+        .filter(revisions__members__cleanup=Cleanup.PENDING)
+        .distinct()
+        .count()
+    )
+    counted.append(("stopped deployments still cleaning up", cleaning))
     return [f"{count} {name} recorded against it" for name, count in counted if count]

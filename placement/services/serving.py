@@ -251,3 +251,23 @@ def _not_ready_reason(members) -> str:
         if not replica_ready(member) and (member.detail or member.reason):
             return f"; replica {member.rank}: {member.detail or member.reason}"
     return "" if members else "; no replica could be placed"
+
+
+def stopped_deployments_release(*, actor: Actor, fleet) -> dict:
+    """F7: a Fleet being deleted lets go of its stopped deployments, every replica of which
+    its node has cleaned up (the blocker keeps the others): each deleted, with its
+    revisions and replicas, and audited. Called inside the deletion's transaction."""
+    stopped = Deployment.objects.filter(fleet=fleet, state=DeploymentState.STOPPED).exclude(
+        revisions__members__cleanup=Cleanup.PENDING
+    )
+    deleted = []
+    for deployment in stopped.select_for_update(of=("self",)).order_by("pk"):
+        audit_record(
+            actor=actor,
+            action="deployment.deleted",
+            target=deployment,
+            before={"name": deployment.name, "state": deployment.state, "fleet": fleet.id},
+        )
+        deleted.append(deployment.pk)
+        deployment.delete()
+    return {"deployments_deleted": deleted} if deleted else {}

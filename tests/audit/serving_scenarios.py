@@ -13,7 +13,7 @@ from placement.models import Deployment, Member, Revision
 from placement.services import allocator, episodes, serving, sessions, wants
 from tests.conftest import H100_DEVICE_INVENTORY, SERVE
 
-from .scenarios import Scenario, changed, created, deployment_update, submitted
+from .scenarios import Scenario, changed, created, deleted, deployment_update, submitted
 
 
 def _deployment(w) -> Deployment:
@@ -29,6 +29,17 @@ def _placed(w) -> Member:
     deployment = _deployment(w)
     allocator.allocate(fleet_id=deployment.fleet_id)
     return Member.objects.get(revision__deployment=deployment)
+
+
+def release_stopped(w):
+    """A stopped deployment none of whose replicas was ever placed: nothing left to clean."""
+    deployment = _deployment(w)
+    placement.deployment_update(
+        actor=Actor.of_user(w.admin), deployment=deployment, state="stopped"
+    )
+    return lambda: serving.stopped_deployments_release(
+        actor=Actor.of_user(w.admin), fleet=deployment.fleet
+    )
 
 
 def write_wants(w):
@@ -151,6 +162,9 @@ SCENARIOS = {
     # Stopped: its revisions too (a replica placed would get a stop command).
     "placement.services.deployment_update": Scenario(
         deployment_update, (changed("deployment.state_changed"), changed("revision.stopped"))
+    ),
+    "placement.services.serving.stopped_deployments_release": Scenario(
+        release_stopped, (deleted("deployment.deleted"),)
     ),
     "placement.services.wants.write_wants": Scenario(
         write_wants, (created("replica.created"), created("node_command.created"))

@@ -139,7 +139,7 @@ def test_S1_readiness_one_success_ready_three_failures_not_ready(node):  # noqa:
     port = free_port()
     start(node, "r-probe", [CARDS[0]], **serve_payload(port, HEALTH_STATUS="503"))
     until("serving", lambda: answers(port))
-    prober = replicas.Prober(node, interval=0.0)
+    prober = replicas.Prober(node, interval=0.0, startup=0.0)
     prober.tick(time.monotonic())
     failing = until("probed", lambda: (m := member(node, "r-probe")).detail and m)
     assert (failing.ready, failing.detail) == (False, "HTTP 503 from /health")
@@ -170,7 +170,7 @@ def test_S1_the_prober_counts_failures_in_a_row_before_a_ready_replica_goes_unre
     port = free_port()
     start(node, "r-count", [CARDS[0]], **serve_payload(port))
     until("serving", lambda: answers(port))
-    prober = replicas.Prober(node, interval=0.0)
+    prober = replicas.Prober(node, interval=0.0, startup=0.0)
 
     def probe_once():
         prober.tick(time.monotonic())
@@ -195,3 +195,19 @@ def members_pids(node, member_id):  # noqa: F811
     from nodes.agent import members
 
     return members.cgroup_pids(node.cgroup(member_id))
+
+
+def test_S1_a_replica_is_probed_every_second_until_first_ready_then_every_interval(
+    node,  # noqa: F811
+):
+    port = free_port()
+    start(node, "r-startup", [CARDS[0]], **serve_payload(port))
+    until("serving", lambda: answers(port))
+    prober = replicas.Prober(node, interval=5.0, startup=1.0)
+    now = time.monotonic()
+    prober.tick(now)  # not Ready yet: the next probe a second on
+    until("probed", lambda: not prober.pending)
+    assert prober.due["r-startup"] == now + 1.0 and member(node, "r-startup").ready
+    prober.tick(now + 1.0)  # Ready in this launch: the next one an interval on
+    until("probed", lambda: not prober.pending)
+    assert prober.due["r-startup"] == now + 6.0

@@ -10,16 +10,19 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from audit.services import Actor
+from fleets.services import fleet_delete
 from nodes.choices import CommandKind, SchedulingState
 from nodes.models import Node, NodeCommand
 from nodes.services.commands import Reported, node_command_report
+from nodes.services.scheduling import node_drain, node_remove
 from placement import services
 from placement.models import CardHold, Deployment, Member, Revision
 from placement.selectors import deployments_with_status, replica_not_ready
 from placement.services import serving
 from placement.services.allocator import allocate
 from placement.services.reconcile import members_reconcile
-from tests.conftest import SERVE
+from tests.conftest import SERVE, SYSTEM
+from tuneplane.errors import Conflict
 
 from .test_allocator import gpu_node  # noqa: F401 -- a fixture
 
@@ -188,7 +191,7 @@ def test_S2_a_revision_not_ready_by_its_deadline_is_rolled_back_and_the_old_unto
     assert serving.rollouts_settle(now=later)["rolled_back"] == 0  # once
 
 
-def test_S1_R7_a_stopped_deployments_replicas_are_stopped_cleaned_and_release_their_cards(
+def test_S1_R7_F7_a_stopped_deployments_replicas_are_stopped_cleaned_and_release_their_cards(
     lab, member, admin_user
 ):
     deployment = deploy(member, replicas=2)
@@ -206,6 +209,17 @@ def test_S1_R7_a_stopped_deployments_replicas_are_stopped_cleaned_and_release_th
     report(first, "failed", exit_code=-15, reason="stopped", cleaned=True)
     assert not CardHold.objects.filter(member=first).exists()
     assert allocate(fleet_id="gpu-lab")["allocated"] == 0  # a stopped deployment is not placed
+    # F7: once every replica is cleaned and the nodes are gone, the Fleet may be deleted.
+    for node in lab[1]:
+        node_drain(actor=SYSTEM, node=node, reason="retiring the lab")
+    with pytest.raises(Conflict, match="1 stopped deployments still cleaning up"):
+        fleet_delete(actor=SYSTEM, fleet=lab[0])
+    report(second, "failed", exit_code=-15, reason="stopped", cleaned=True)
+    for node in lab[1]:
+        node_remove(actor=SYSTEM, node=Node.objects.get(pk=node.pk))
+    fleet_delete(actor=SYSTEM, fleet=lab[0])
+    assert not Deployment.objects.exists()
+    assert AuditEvent.objects.filter(action="deployment.deleted").count() == 1
 
 
 @pytest.mark.parametrize(

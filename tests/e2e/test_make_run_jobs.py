@@ -6,6 +6,7 @@ import json
 import subprocess
 import time
 import urllib.request
+from contextlib import contextmanager
 
 from tests.conftest import H100_DEVICE_INVENTORY
 from tests.nodes.agent_process import agent, inventory_file, machine
@@ -25,8 +26,11 @@ def wait_for(check, timeout=60.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_a_job_runs_logs_and_cancels_against_make_run_with_a_real_agent(tmp_path, empty_database):
-    env = console_env(tmp_path, DATABASE_URL=empty_database)
+@contextmanager
+def make_run_with_an_agent(tmp_path, database, capabilities=("train", "serve")):
+    """`make run` on its embedded defaults, a project, and a real agent joined to its node
+    Fleet and serving; yields the console's base URL and an administrator's token."""
+    env = console_env(tmp_path, DATABASE_URL=database)
     env.pop("REDIS_URL", None)  # the embedded default
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -39,7 +43,8 @@ def test_a_job_runs_logs_and_cancels_against_make_run_with_a_real_agent(tmp_path
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         token = made.stdout.strip()
-        assert call("POST", f"{base}/api/fleets", token, PRODUCT_PAGE_BODY)[0] == 201
+        fleet = {**PRODUCT_PAGE_BODY, "capabilities": list(capabilities)}
+        assert call("POST", f"{base}/api/fleets", token, fleet)[0] == 201
         # A project, as an administrator makes one in the admin.
         shell = manage(
             "shell",
@@ -69,6 +74,18 @@ def test_a_job_runs_logs_and_cancels_against_make_run_with_a_real_agent(tmp_path
             return nodes and nodes[0]["scheduling"]["state"] == "schedulable"
 
         wait_for(schedulable, what="the node schedulable")
+        yield base, token
+        with urllib.request.urlopen(f"{base}/healthz", timeout=10) as health:
+            assert health.status == 200
+    finally:
+        if agent_process is not None:
+            agent_process.send_signal(15)
+            agent_process.wait(20)
+        assert console.stop() == 0, console.output[-3000:]
+
+
+def test_a_job_runs_logs_and_cancels_against_make_run_with_a_real_agent(tmp_path, empty_database):
+    with make_run_with_an_agent(tmp_path, empty_database) as (base, token):
 
         def job(job_id):
             status, body = call("GET", f"{base}/api/training-jobs", token)
@@ -108,10 +125,3 @@ def test_a_job_runs_logs_and_cancels_against_make_run_with_a_real_agent(tmp_path
             lambda: job(long_job)["attempts"][0]["members"][0]["cleanup"] == "cleaned",
             what="cleaned up",
         )
-        with urllib.request.urlopen(f"{base}/healthz", timeout=10) as health:
-            assert health.status == 200
-    finally:
-        if agent_process is not None:
-            agent_process.send_signal(15)
-            agent_process.wait(20)
-        assert console.stop() == 0, console.output[-3000:]

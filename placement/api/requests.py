@@ -269,3 +269,16 @@ class LogsQuery(StrictSerializer):
 
     class Meta:
         ref_name = "LogsQuery"
+
+
+class ReplicaLogsQuery(StrictSerializer):
+    revision = serializers.IntegerField(
+        min_value=1, required=False, default=None, help_text="The newest when not given."
+    )
+    replica = serializers.IntegerField(min_value=0, required=False, default=0)
+    tail_bytes = serializers.IntegerField(
+        min_value=1, max_value=1 << 20, required=False, default=65536
+    )
+
+    class Meta:
+        ref_name = "ReplicaLogsQuery"

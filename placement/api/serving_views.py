@@ -10,9 +10,9 @@ from audit.services import Actor
 from tuneplane.api.schema import errors
 from tuneplane.errors import NotFound
 
-from ..models import Environment, Episode, Member, PlaygroundSession
+from ..models import Deployment, Environment, Episode, Member, PlaygroundSession
 from ..selectors import workloads_shown_to, workloads_visible_to
-from ..services import episodes, sessions
+from ..services import episodes, serving, sessions
 from . import requests as r
 from . import serializers as s
 from .views import seen_by
@@ -137,3 +137,38 @@ def _logs(episode: Episode, member: Member, tail_bytes: int, output: bytes) -> d
         "tail_bytes": tail_bytes,
         "output": output.decode("utf-8", errors="replace"),
     }
+
+
+class ReplicaLogsSerializer(serializers.Serializer):
+    revision = serializers.IntegerField()
+    replica = serializers.IntegerField()
+    node = serializers.CharField()
+    tail_bytes = serializers.IntegerField()
+    output = serializers.CharField(help_text="UTF-8; undecodable bytes replaced.")
+
+
+class DeploymentLogsView(GenericAPIView):
+    serializer_class = ReplicaLogsSerializer
+
+    @extend_schema(
+        summary="The tail of a replica's output, fetched from its node now",
+        parameters=[r.ReplicaLogsQuery],
+        responses={200: ReplicaLogsSerializer, **errors(400, 401, 404, 503)},
+    )
+    def get(self, request, deployment_id: int):
+        deployment = workloads_visible_to(request.user, Deployment).filter(pk=deployment_id).first()
+        if deployment is None:
+            raise NotFound(f"Deployment {deployment_id} not found.")
+        incoming = r.ReplicaLogsQuery(data=request.query_params)
+        incoming.is_valid(raise_exception=True)
+        query = incoming.validated_data
+        member, output = serving.replica_output(deployment=deployment, **query)
+        return Response(
+            {
+                "revision": member.revision.number,
+                "replica": member.rank,
+                "node": member.node_id,
+                "tail_bytes": query["tail_bytes"],
+                "output": output.decode("utf-8", errors="replace"),
+            }
+        )

@@ -32,6 +32,11 @@ urlpatterns = [
         name="deployment-detail",
     ),
     path(
+        "deployments/<int:deployment_id>/logs",
+        serving_views.DeploymentLogsView.as_view(),
+        name="deployment-logs",
+    ),
+    path(
         "deployments/<int:deployment_id>/revisions",
         views.DeploymentRevisionsView.as_view(),
         name="deployment-revisions",

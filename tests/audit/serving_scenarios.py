@@ -210,4 +210,5 @@ READS = {
     "placement.services.wants.member_view",  # a snapshot for an event
     "placement.services.sessions.session_ends_at",  # a pure computation
     "placement.services.episodes.episode_output",  # reads a log tail from its node
+    "placement.services.serving.replica_output",  # reads a log tail from its node
 }

@@ -111,6 +111,9 @@ def test_S1_a_replica_serves_is_ready_at_its_address_restarted_when_killed_then_
     wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready again")
     [again] = shown(member_api, made["id"])["revisions"][0]["members"]
     assert again["restarts"] == 1 and answers(port)["pid"] != served["pid"]
+    logs = member_api.get(f"/api/deployments/{made['id']}/logs?replica=0&tail_bytes=4096")
+    assert logs.status_code == 200, logs.content  # both runs' output, from the node
+    assert logs.json()["output"].count(f"serving on {port}") == 2
 
     stopped = member_api.patch(f"/api/deployments/{made['id']}", {"state": "stopped"})
     assert stopped.status_code == 200 and stopped.json()["status"] == "stopped"

@@ -33,7 +33,9 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body.encode())
     def log_message(self, *args):
         pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+server = http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H)
+print("serving on", os.environ["PORT"], flush=True)
+server.serve_forever()
 """
 
 

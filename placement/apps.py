@@ -12,11 +12,13 @@ class PlacementConfig(AppConfig):
         from fleets.deletion import register_deletion_blocker
         from fleets.page import register_fleet_page_section
         from nodes.services.observers import register_command_observer
+        from tuneplane.metrics import register_scrape_collector
 
         from . import (
             tasks,  # noqa: F401 -- registered wherever placement runs: services send them by name
         )
         from .fleet_page import fleet_work_section
+        from .metrics import QueueCollector
         from .services import live_deployments_blocking_deletion, workload_records_blocking_deletion
         from .services.runs import member_command_observed
 
@@ -25,3 +27,4 @@ class PlacementConfig(AppConfig):
         # nodes carries the agents' reports; placement follows its members in them.
         register_command_observer(member_command_observed)
         register_fleet_page_section(fleet_work_section)
+        register_scrape_collector(QueueCollector())

@@ -33,6 +33,7 @@ from nodes.selectors import nodes_placeable
 from nodes.services.commands import node_commands_create_many
 
 from ..choices import Cleanup, JobState
+from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS
 from ..models import Attempt, CardHold, LifecycleJob, Member, TrainingJob
 
 logger = logging.getLogger("tuneplane.allocator")
@@ -88,22 +89,24 @@ def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
     nodes = list(
         nodes_placeable([fleet.id], now)
         .filter(quiet_train=False)
-        .values_list("id", "address", "inventory")
+        .values_list("id", "address", "inventory", "unhealthy_cards")
     )
     series_of = dict(
         CardAlias.objects.filter(series__isnull=False).values_list("name", "series__slug")
     )
     in_use: dict[str, list] = {}
     for node_id, cards, cpus, memory in Member.objects.filter(
-        node_id__in=[node_id for node_id, _, _ in nodes], cleanup=Cleanup.PENDING
+        node_id__in=[node_id for node_id, *_ in nodes], cleanup=Cleanup.PENDING
     ).values_list("node_id", "cards", "cpus", "memory_bytes"):
         in_use.setdefault(node_id, []).append((cards, cpus, memory))
     capacities = {}
-    for node_id, address, inventory in nodes:
+    for node_id, address, inventory, unhealthy in nodes:
         held = {card["index"] for cards, _, _ in in_use.get(node_id, []) for card in cards}
         free: dict[str, list[dict]] = {"": []}
         totals: dict[str, int] = {"": 0}
         for device in inventory.get("devices", []):
+            if device["uuid"] in unhealthy:  # out of new work until healthy again
+                continue
             series = series_of.get(device["name"])
             totals[""] += 1
             if series:
@@ -244,6 +247,9 @@ def allocate(*, fleet_id: str) -> dict:
         if decided:
             _write(fleet, decided, now)
     waiting = len(queue) - len(decided)
+    ALLOCATOR_PASS.observe((timezone.now() - now).total_seconds())
+    for job, _ in decided:
+        ALLOCATION_WAIT.observe((now - job.created_at).total_seconds())
     if decided:
         logger.info("fleet %s: %d job(s) allocated, %d waiting", fleet_id, len(decided), waiting)
     return {"allocated": len(decided), "waiting": waiting}

@@ -126,8 +126,3 @@ def worker_serving(**_) -> None:
         else:
             registry.register(_Default())
         serve_metrics_on(settings.TUNEPLANE_WORKER_METRICS_BIND, registry)
-
-
-def worker_child_exited(pid: int) -> None:
-    if multiprocess_dir():
-        multiprocess.mark_process_dead(pid)

@@ -5,6 +5,7 @@ serves only insecure ports; this serves its Service classes with TLS instead.
 """
 
 import asyncio
+import logging
 import os
 import signal
 
@@ -20,6 +21,7 @@ from nodes.gateway.metrics import GatewayCollector
 from tuneplane.metrics import serve_metrics_on
 
 STOP_GRACE_SECONDS = 5
+logger = logging.getLogger("tuneplane.gateway")
 GATEWAY_CONN_MAX_AGE = 300
 
 
@@ -36,7 +38,10 @@ def serve_metrics(bind: str, gateway: Gateway) -> None:
     """This replica's metrics over plain HTTP on ``bind``: its own process's figures and what
     it holds (GatewayCollector). Bind it where only Prometheus reaches."""
     REGISTRY.register(GatewayCollector(gateway))
-    serve_metrics_on(bind, REGISTRY)
+    try:
+        serve_metrics_on(bind, REGISTRY)
+    except (OSError, ValueError) as error:  # the gateway itself serves on: metrics are no gate
+        logger.error("gateway metrics not served on %s: %s", bind, error)
 
 
 class Command(BaseCommand):

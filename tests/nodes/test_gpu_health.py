@@ -191,3 +191,16 @@ def test_a_card_taken_out_of_the_inventory_is_no_longer_missing(node):
     send(refreshed(node))
     node = refreshed(node)
     assert node.unhealthy_cards == {} and node.card_count == 7
+
+
+def test_the_fleet_page_shows_each_card_its_health_and_why(node, client, admin_user):
+    send(node, {4: {"xid_counts": {"79": 1}, "utilization_percent": 87.0}})
+    client.force_login(admin_user)
+    page = client.get(f"/admin/fleets/fleet/{node.fleet_id}/change/").content.decode()
+    group = page[page.index('id="group-telemetry"') :]
+    assert group.count('class="tp-card"') == 8
+    sick = node.inventory["devices"][4]["uuid"]
+    card_html = group[group.index(f'data-uuid="{sick}"') :].split("</div>")[0]
+    assert 'data-health="unhealthy"' in card_html and "XID 79" in card_html
+    assert 'style="width: 87%"' in card_html
+    assert group.count('data-health="healthy"') == 7

@@ -2,13 +2,14 @@
 fleet looks like now read from the database at each scrape of the web's /metrics (a few
 aggregate queries, whatever the number of nodes)."""
 
-from django.db.models import Count, Q
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from .choices import LIVENESS_CAPABILITIES, SchedulingState
 from .models import Node, NodeCordon
+from .selectors import nodes_placeable
 
 JOINS = Counter(
     "tuneplane_joins", "Join attempts by outcome and, refused, why.", ["outcome", "reason"]
@@ -45,11 +46,6 @@ class NodesCollector:
             "Nodes quiet for a capability (L2–L4).",
             labels=["fleet", "capability"],
         )
-        cards = GaugeMetricFamily(
-            "tuneplane_gpu_cards_placeable",
-            "Cards of the Fleet's nodes that may take new work (unhealthy ones left out).",
-            labels=["fleet"],
-        )
         for row in nodes.values("fleet_id").annotate(
             connected=Count("id", filter=Q(lease_expires_at__gt=now)),
             **quiet,
@@ -57,19 +53,27 @@ class NodesCollector:
             connected.add_metric([row["fleet_id"]], row["connected"])
             for capability in LIVENESS_CAPABILITIES:
                 quiet_family.add_metric([row["fleet_id"], capability], row[f"quiet_{capability}"])
-        placeable = {}
-        unhealthy = GaugeMetricFamily(
-            "tuneplane_gpu_cards_unhealthy",
-            "Cards judged unhealthy by their telemetry.",
+        cards = GaugeMetricFamily(
+            "tuneplane_gpu_cards",
+            "Cards of the Fleet's machines, by health (unhealthy: judged so by telemetry).",
+            labels=["fleet", "health"],
+        )
+        counted: dict[tuple[str, str], int] = {}
+        for fleet_id, count, sick in nodes.values_list("fleet_id", "card_count", "unhealthy_cards"):
+            for health, n in (("healthy", count), ("unhealthy", len(sick))):
+                counted[(fleet_id, health)] = counted.get((fleet_id, health), 0) + n
+        for labels, count in sorted(counted.items()):
+            cards.add_metric(list(labels), count)
+        placeable = GaugeMetricFamily(
+            "tuneplane_gpu_cards_placeable",
+            "Healthy cards of the machines that may take new work now (L1, no cordon).",
             labels=["fleet"],
         )
-        counted = {}
-        for fleet_id, count, sick in nodes.values_list("fleet_id", "card_count", "unhealthy_cards"):
-            placeable[fleet_id] = placeable.get(fleet_id, 0) + count
-            counted[fleet_id] = counted.get(fleet_id, 0) + len(sick)
-        for fleet_id, count in placeable.items():
-            cards.add_metric([fleet_id], count)
-            unhealthy.add_metric([fleet_id], counted[fleet_id])
+        fleets = dict.fromkeys(sorted({fleet_id for fleet_id, _ in counted}), 0)
+        for row in nodes_placeable(fleets, now).values("fleet_id").annotate(n=Sum("card_count")):
+            fleets[row["fleet_id"]] = row["n"] or 0
+        for fleet_id, count in fleets.items():
+            placeable.add_metric([fleet_id], count)
         cordons = GaugeMetricFamily(
             "tuneplane_node_cordons", "Cordons by Fleet and source.", labels=["fleet", "source"]
         )
@@ -79,4 +83,4 @@ class NodesCollector:
             .annotate(n=Count("id"))
         ):
             cordons.add_metric([row["node__fleet_id"], row["source"]], row["n"])
-        yield from (connected, quiet_family, cards, unhealthy, cordons)
+        yield from (connected, quiet_family, cards, placeable, cordons)

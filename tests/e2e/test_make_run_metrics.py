@@ -119,7 +119,7 @@ def test_a_scrape_of_make_run_shows_the_fleet(tmp_path, empty_database):
 
         write(source, {5: {"xid_counts": {"94": 1}}})
         wait_for(lambda: fleet("tuneplane_gpu_cards_placeable") == 7, what="the card out")
-        assert fleet("tuneplane_gpu_cards_unhealthy") == 1
+        assert fleet("tuneplane_gpu_cards", health="unhealthy") == 1
         status, body = call("GET", f"{base}/api/nodes", token)
         (shown,) = json.loads(body)["results"]
         sick = next(c for c in shown["telemetry"]["cards"] if c["uuid"] == H100_DEVICES[5]["uuid"])

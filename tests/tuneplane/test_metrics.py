@@ -59,6 +59,7 @@ def test_the_fleet_and_admissions_as_prometheus_reads_them(
     assert value(before, "tuneplane_nodes", fleet="gpu-lab", state="schedulable") == 1
     assert value(before, "tuneplane_nodes_connected", fleet="gpu-lab") == 1
     assert value(before, "tuneplane_gpu_cards_placeable", fleet="gpu-lab") == 8
+    assert value(before, "tuneplane_gpu_cards", fleet="gpu-lab", health="healthy") == 8
     assert value(before, "tuneplane_nodes_quiet", fleet="gpu-lab", capability="train") == 0
     refused = member_api.post(
         "/api/training-jobs", {"project": "ml", "name": "x", "cards": 64, "command": ["true"]}

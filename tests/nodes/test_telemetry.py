@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -127,7 +129,7 @@ def test_the_agent_reads_nvml_counts_xids_and_leaves_out_a_lost_card():
             cards = source.cards(DEVICES)
             if cards[0]["xid_counts"]:
                 break
-            asyncio.run(asyncio.sleep(0.05))
+            time.sleep(0.05)
     finally:
         source.stopping.set()
     (only,) = cards
@@ -203,8 +205,9 @@ def test_a_flood_of_samples_from_one_node_is_one_row_a_flush(node_fleet, gpu_nod
         batcher.take(flooder.id, wire.telemetry_message(flood).telemetry)
     batcher.take(quiet.id, wire.telemetry_message(sample(quiet)).telemetry)
     assert len(batcher.pending) == 2 and batcher.replaced == 9_999
-    try:
-        done = asyncio.run(batcher.flush())
+    try:  # a loop of its own, in a thread: this worker may hold one already (Playwright's)
+        with ThreadPoolExecutor(1) as runner:
+            done = runner.submit(asyncio.run, batcher.flush()).result()
     finally:
         database.shutdown()
     assert done["stored"] == 2 and batcher.pending == {}, done

@@ -3,6 +3,7 @@ from dataclasses import dataclass, field
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import models, transaction
 from django.utils import timezone
+from prometheus_client import Counter
 
 from tuneplane import correlation
 
@@ -48,6 +49,19 @@ def _require_transaction(action: str) -> None:
         raise RuntimeError(f"audit of {action!r} must run inside the change's transaction")
 
 
+AUDIT_EVENTS = Counter(
+    "tuneplane_audit_events", "Audit events written (committed), by action.", ["action"]
+)
+
+
+def _count_on_commit(counts: dict[str, int]) -> None:
+    def count():
+        for action, n in counts.items():
+            AUDIT_EVENTS.labels(action).inc(n)
+
+    transaction.on_commit(count)
+
+
 def audit_record(
     *,
     actor: Actor,
@@ -68,6 +82,7 @@ def audit_record(
         target_type, target_id = target
     else:
         target_type, target_id = target._meta.label_lower, str(target.pk)
+    _count_on_commit({action: 1})
     return AuditEvent.objects.create(
         at=timezone.now(),
         actor_type=actor.type,
@@ -109,6 +124,10 @@ def audit_record_each(
         _require_transaction(action)
     now = timezone.now()
     correlation_id = correlation.current()
+    counts: dict[str, int] = {}
+    for action, *_ in events:
+        counts[action] = counts.get(action, 0) + 1
+    _count_on_commit(counts)
     AuditEvent.objects.bulk_create(
         [
             AuditEvent(

@@ -10,8 +10,10 @@ class NodesConfig(AppConfig):
     def ready(self):
         from fleets.deletion import register_deletion_blocker, register_deletion_release
         from fleets.page import register_fleet_page_section
+        from tuneplane.metrics import register_scrape_collector
 
         from .fleet_page import fleet_cluster_section, fleet_nodes_section
+        from .metrics import NodesCollector
         from .selectors import fleet_nodes_blocking_deletion
         from .services.scheduling import removed_nodes_detach
 
@@ -19,3 +21,4 @@ class NodesConfig(AppConfig):
         register_deletion_release(removed_nodes_detach)
         register_fleet_page_section(fleet_nodes_section)
         register_fleet_page_section(fleet_cluster_section)
+        register_scrape_collector(NodesCollector())

@@ -23,6 +23,9 @@ class CordonSource(models.TextChoices):
     # A member's processes outlived SIGKILL by a minute (stuck in the kernel): the node takes
     # no new work until they are gone, as Slurm drains such a node (DESIGN §7).
     UNKILLABLE = "unkillable", "unkillable"
+    # Every card of the node is unhealthy by its telemetry (a fatal XID, uncorrectable ECC
+    # errors rising, missing): lifted by itself when a card is healthy again.
+    GPU_HEALTH = "gpu-health", "gpu-health"
 
 
 class CommandState(models.TextChoices):

@@ -1,8 +1,9 @@
 """The machines section of a Fleet's page (L7): connection, scheduling and inventory as
 three separate groups, so an operator reads every Fleet the same way.
 
-A node Fleet: five queries whatever the number of nodes (the nodes with their cordons, their
-live sessions, the card registry, the work its drains wait for), plus liveness per capability.
+A node Fleet: six queries whatever the number of nodes (the nodes with their cordons, their
+live sessions, the card registry, the work its drains wait for, their telemetry), plus
+liveness per capability.
 A cluster Fleet: its snapshot, where connection is the manager's API answering and the last
 successful read.
 """
@@ -14,6 +15,7 @@ from fleets.choices import FleetKind
 from .choices import LIVENESS_CAPABILITIES, SchedulingState
 from .models import ClusterSnapshot
 from .selectors import card_series, live_sessions_of, work_left_on
+from .telemetry_shown import telemetry_of, telemetry_shown
 
 
 def _age(since, now) -> str:
@@ -37,6 +39,7 @@ def node_rows(fleet, now=None) -> list[dict]:
     sessions = live_sessions_of(nodes)
     series = card_series(name for node in nodes for name in node.card_names())
     left = work_left_on(node.pk for node in nodes if node.drain_started_at)
+    telemetry = telemetry_of(node.pk for node in nodes)
     rows = []
     for node in nodes:
         session = sessions.get(node.id)
@@ -72,9 +75,21 @@ def node_rows(fleet, now=None) -> list[dict]:
                     "observed_age": _age(node.inventory_observed_at, now),
                 },
                 "liveness": list(node.liveness().items()),
+                "telemetry": _telemetry(node, telemetry.get(node.id), now),
             }
         )
     return rows
+
+
+def _telemetry(node, row, now) -> dict | None:
+    """Each card as a compact bar (utilisation, memory), its health and why; the sample's age."""
+    shown = telemetry_shown(node, row, now)
+    if shown is None:
+        return None
+    for card in shown["cards"]:
+        card["utilization_width"] = max(0, min(100, round(card["utilization_percent"])))
+        card["memory_width"] = round(100 * (card["memory_used_ratio"] or 0))
+    return {**shown, "age": _age(shown["observed_at"], now)}
 
 
 def _drain(node, left: dict[str, list[str]]) -> dict | None:

@@ -92,6 +92,9 @@ class Node(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     series_cards = models.JSONField(default=dict, blank=True)
     card_count = models.PositiveIntegerField(default=0)
+    # Cards its telemetry judged unhealthy, by UUID ({"index", "name", "reason", "since"}):
+    # left out of series_cards and card_count above and of what the allocator holds.
+    unhealthy_cards = models.JSONField(default=dict, blank=True)
     # A drain is an operator's decision with its who, why and until when (D1): the deadline
     # kills nothing; once passed, the node shows overdue and the audit log marks it once.
     drain_reason = models.CharField(max_length=200, blank=True)
@@ -155,6 +158,28 @@ class Node(models.Model):
 
     def card_names(self) -> list[str]:
         return [card["name"] for card in self.inventory.get("cards", [])]
+
+
+class NodeTelemetry(models.Model):
+    """A node's latest telemetry sample, as its gateway last stored it: the latest only (the
+    history is Prometheus's: each gateway exports its nodes' samples as metrics). Each card
+    as its CardSample says, plus when a fault was last seen on it and whether it is missing."""
+
+    node = models.OneToOneField(
+        Node, on_delete=models.CASCADE, primary_key=True, related_name="telemetry"
+    )
+    observed_at = models.DateTimeField()
+    # When the cards were last read: a sample whose probe failed renews the host only.
+    cards_observed_at = models.DateTimeField(null=True, blank=True)
+    source = models.CharField(max_length=16, blank=True)
+    host = models.JSONField(default=dict, blank=True)
+    cards = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        verbose_name_plural = "node telemetry"
+
+    def __str__(self) -> str:
+        return f"telemetry of {self.node_id}"
 
 
 class NodeCredential(models.Model):

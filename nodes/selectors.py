@@ -33,21 +33,30 @@ def card_series(names) -> dict[str, str | None]:
     return {name: mapped.get(name) for name in names}
 
 
-def cards_summary(inventory: dict, series: dict[str, str | None] | None = None) -> dict:
-    """A node's cards per mapped series and in all, as Node keeps them for admission.
+def cards_summary(
+    inventory: dict, series: dict[str, str | None] | None = None, unhealthy=()
+) -> dict:
+    """A node's placeable cards per mapped series and in all, as Node keeps them for
+    admission: its inventory's, less the devices its telemetry judged unhealthy.
 
-    ``series`` is card_series() of the inventory's names, when the caller has it already.
+    ``series`` is card_series() of the inventory's names, when the caller has it already;
+    ``unhealthy`` the UUIDs of the node's unhealthy cards (Node.unhealthy_cards).
     """
     cards = inventory.get("cards", [])
     if series is None:
         series = card_series(card["name"] for card in cards)
+    out: dict[str, int] = {}
+    for device in inventory.get("devices") or []:
+        if device["uuid"] in unhealthy:
+            out[device["name"]] = out.get(device["name"], 0) + 1
     per_series: dict[str, int] = {}
+    total = 0
     for card in cards:
+        count = max(card["count"] - out.get(card["name"], 0), 0)
+        total += count
         if series.get(card["name"]):
-            per_series[series[card["name"]]] = (
-                per_series.get(series[card["name"]], 0) + card["count"]
-            )
-    return {"series_cards": per_series, "card_count": sum(card["count"] for card in cards)}
+            per_series[series[card["name"]]] = per_series.get(series[card["name"]], 0) + count
+    return {"series_cards": per_series, "card_count": total}
 
 
 def unknown_cards(inventory: dict) -> list[str]:

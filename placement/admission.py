@@ -33,6 +33,7 @@ from nodes.selectors import (
 from tuneplane.errors import PlacementRefused
 
 from .choices import Refusal
+from .metrics import measured_admission
 
 GATES = ["visibility", "capability", "state", "inventory_fit"]
 
@@ -182,6 +183,7 @@ def _check_fit(candidates: list, need: Need, now):
     return [fit for fit in fits.values() if fit.fits(need)], fits, holdings
 
 
+@measured_admission
 def admit_named(project, fleet_id: str, need: Need, now=None) -> Admitted:
     """A Fleet the submitter named: every gate on it, in order."""
     fleet = fleet_get_open_to(project, fleet_id)
@@ -213,6 +215,7 @@ def admit_named(project, fleet_id: str, need: Need, now=None) -> Admitted:
     return Admitted(fleet.id, GATES, holdings.fitting_nodes(fleet.id))
 
 
+@measured_admission
 def admit_automatically(project, need: Need, now=None) -> Admitted:
     """P1, P4: among every Fleet open to the project that passes every gate, the one with the most
     fitting cards, then the smallest id — deterministic."""
@@ -251,6 +254,7 @@ def admit_automatically(project, need: Need, now=None) -> Admitted:
     return Admitted(chosen.fleet_id, GATES, holdings.fitting_nodes(chosen.fleet_id))
 
 
+@measured_admission
 def admit_deployment(project, fleet_id: str | None, need: Need, now=None) -> Admitted:
     """P2: named by the submitter; unnamed, the one serving Fleet open to the project."""
     if fleet_id:

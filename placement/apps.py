@@ -12,11 +12,13 @@ class PlacementConfig(AppConfig):
         from fleets.deletion import register_deletion_blocker, register_deletion_release
         from fleets.page import register_fleet_page_section
         from nodes.services.observers import register_command_observer
+        from tuneplane.metrics import register_scrape_collector
 
         from . import (
             tasks,  # noqa: F401 -- registered wherever placement runs: services send them by name
         )
         from .fleet_page import fleet_work_section
+        from .metrics import QueueCollector
         from .services import live_deployments_blocking_deletion, workload_records_blocking_deletion
         from .services.episodes import episode_command_observed
         from .services.runs import member_command_observed
@@ -32,3 +34,4 @@ class PlacementConfig(AppConfig):
         register_command_observer(session_command_observed)
         register_command_observer(episode_command_observed)
         register_fleet_page_section(fleet_work_section)
+        register_scrape_collector(QueueCollector())

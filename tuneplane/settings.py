@@ -301,6 +301,22 @@ TUNEPLANE_GATEWAY_DB_THREADS = int(os.environ.get("TUNEPLANE_GATEWAY_DB_THREADS"
 # is delivered at once; this is what delivers it when an event was missed, or without Redis.
 TUNEPLANE_COMMAND_POLL_INTERVAL = env_seconds("TUNEPLANE_COMMAND_POLL_INTERVAL", 2)
 TUNEPLANE_GATEWAY_BIND = os.environ.get("TUNEPLANE_GATEWAY_BIND", "127.0.0.1:8443")
+# Telemetry (cards and host) from each node, on a loop of its own; a gateway keeps each
+# node's latest sample and writes them in one batch per flush interval. A card judged
+# unhealthy is healthy again after this long with no fault.
+TUNEPLANE_TELEMETRY_INTERVAL = env_seconds("TUNEPLANE_TELEMETRY_INTERVAL", 15)
+TUNEPLANE_TELEMETRY_FLUSH_INTERVAL = env_seconds("TUNEPLANE_TELEMETRY_FLUSH_INTERVAL", 2)
+TUNEPLANE_GPU_HEALTH_QUIET = env_seconds("TUNEPLANE_GPU_HEALTH_QUIET", 300)
+# Prometheus. The web's /metrics answers a bearer token when one is set, and otherwise only
+# clients from these addresses (as TUNEPLANE_TRUSTED_PROXIES tells them); a gateway serves
+# its own on TUNEPLANE_GATEWAY_METRICS_BIND (grpcserve --metrics-bind), a worker on
+# TUNEPLANE_WORKER_METRICS_BIND; empty: none.
+TUNEPLANE_METRICS_TOKEN = os.environ.get("TUNEPLANE_METRICS_TOKEN", "")
+TUNEPLANE_METRICS_ALLOW = parse_trusted_proxies(
+    os.environ.get("TUNEPLANE_METRICS_ALLOW", "127.0.0.1,::1")
+)
+TUNEPLANE_GATEWAY_METRICS_BIND = os.environ.get("TUNEPLANE_GATEWAY_METRICS_BIND", "")
+TUNEPLANE_WORKER_METRICS_BIND = os.environ.get("TUNEPLANE_WORKER_METRICS_BIND", "")
 # Joins per client address, in DRF's rate syntax.
 TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")
 # The proxies whose X-Forwarded-For hop is believed (addresses or CIDRs, comma-separated);

@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from nodes import views as node_views
 
 from . import views
+from .metrics import metrics_view
 
 admin.site.site_header = "Tuneplane console"
 admin.site.site_title = "Tuneplane"
@@ -27,6 +28,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include(api)),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("install.sh", node_views.install_script, name="install-sh"),
     path("downloads/", node_views.download_index, name="downloads"),
     path("downloads/<str:filename>", node_views.download, name="download"),

@@ -93,6 +93,7 @@ def _serve(args) -> int:
         storage_root=args.storage_root,
         cpu_budget=args.cpu_budget,
         memory_budget_bytes=args.memory_budget_bytes,
+        telemetry_file=args.telemetry_file,
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: agent.stop())
@@ -142,6 +143,12 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="Hold the control stream to the gateway.")
     serve.add_argument("--target", help="Gateway HOST:PORT (default: what join was told).")
     serve.add_argument("--inventory-file", help="Report this inventory instead of probing.")
+    serve.add_argument(
+        "--telemetry-file",
+        default=os.environ.get("TUNEPLANE_TELEMETRY_FILE"),
+        help="Read card telemetry from this JSON file instead of NVML or nvidia-smi "
+        "(TUNEPLANE_TELEMETRY_FILE).",
+    )
     _budget_options(serve)
     serve.set_defaults(run=_serve)
 

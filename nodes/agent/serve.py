@@ -12,16 +12,24 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 
-from . import __version__, enroll, inventory, orphans, replicas, state
+from . import __version__, enroll, inventory, orphans, replicas, state, telemetry
 from .commands import CLEANUP, STOP, Command, Commands
 from .proto import control_pb2 as pb
 from .proto import control_pb2_grpc
-from .wire import command_payload, command_state, inventory_digest, inventory_message
+from .wire import (
+    command_payload,
+    command_state,
+    inventory_digest,
+    inventory_message,
+    telemetry_message,
+)
 
 # How often members are looked at between heartbeats: an exit or a cleanup is reported
 # within this, not a heartbeat interval later.
 MEMBER_POLL_SECONDS = 1.0
 LOG_RETENTION_SECONDS = 7 * 24 * 3600
+# Seconds between two Telemetry samples when the console's Welcome does not say.
+TELEMETRY_INTERVAL = 15
 
 
 def wire_state(command: Command) -> pb.CommandState:
@@ -75,6 +83,7 @@ class Agent:
         storage_root: str | None,
         cpu_budget: int | None,
         memory_budget_bytes: int | None,
+        telemetry_file: str | None = None,
     ):
         self.directory = directory
         self.target = target
@@ -96,6 +105,9 @@ class Agent:
         self.reported: dict[str, tuple] = {}
         self.last_inventory: pb.InventoryReport | None = None
         self.lease_ttl = BACKOFF_MAX  # until a Welcome gives the console's
+        self.telemetry_file = telemetry_file
+        self.telemetry_source = None  # made by the first stream's telemetry loop
+        self.host = telemetry.Host()
 
     def report(self) -> dict:
         if not self.inventory_file:
@@ -185,6 +197,11 @@ class Agent:
                         threading.Thread(
                             target=self._watch, args=(outgoing, self.call), daemon=True
                         ).start()
+                        threading.Thread(
+                            target=self._telemetry,
+                            args=(outgoing, message.welcome.telemetry_interval_seconds, self.call),
+                            daemon=True,
+                        ).start()
                     elif kind == "command":
                         self._accept(message.command, outgoing)
                     elif kind == "log_request":
@@ -266,6 +283,20 @@ class Agent:
                     )
                 )
             )
+
+    def _telemetry(self, outgoing: queue.Queue, interval: int, call) -> None:
+        """A sample of the cards and the host every interval, for this stream, on a thread of
+        its own: a slow probe never delays a heartbeat."""
+        if self.telemetry_source is None:
+            self.telemetry_source = telemetry.source(self.telemetry_file)
+        while call.is_active() and not self.stopping.is_set():
+            try:
+                sample = telemetry.sample(self.telemetry_source, self.host, self.devices())
+                outgoing.put(telemetry_message(sample))
+            except Exception:  # a probe's surprise never ends the stream
+                logger.exception("telemetry sample failed")
+            if self.stopping.wait(interval or TELEMETRY_INTERVAL):
+                return
 
     def _watch(self, outgoing: queue.Queue, call) -> None:
         """Members and commands, looked at every second for this stream: what changed is

@@ -92,3 +92,60 @@ def log_request(request_id: str, member_id: str, tail_bytes: int) -> pb.ControlM
     return pb.ControlMessage(
         log_request=pb.LogRequest(request_id=request_id, member_id=member_id, tail_bytes=tail_bytes)
     )
+
+
+CARD_NUMBERS = (
+    "utilization_percent",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "temperature_celsius",
+    "power_watts",
+    "ecc_corrected",
+    "ecc_uncorrected",
+)
+
+
+def telemetry_message(sample: dict) -> pb.NodeMessage:
+    """A sample (agent/telemetry.py) as sent on the stream; counts below zero are sent as 0."""
+
+    def card(c: dict) -> pb.CardSample:
+        numbers = {key: max(c.get(key) or 0, 0) for key in CARD_NUMBERS}
+        for key in ("memory_used_bytes", "memory_total_bytes", "ecc_corrected", "ecc_uncorrected"):
+            numbers[key] = int(numbers[key])
+        return pb.CardSample(
+            index=max(int(c.get("index") or 0), 0),
+            uuid=str(c.get("uuid") or ""),
+            name=str(c.get("name") or ""),
+            xid_counts={int(k): max(int(v), 0) for k, v in (c.get("xid_counts") or {}).items()},
+            **numbers,
+        )
+
+    return pb.NodeMessage(
+        telemetry=pb.Telemetry(
+            source=sample.get("source") or "",
+            cards=[card(c) for c in sample.get("cards") or []],
+            cpu_percent=max(sample.get("cpu_percent") or 0.0, 0.0),
+            memory_used_bytes=max(int(sample.get("memory_used_bytes") or 0), 0),
+            memory_total_bytes=max(int(sample.get("memory_total_bytes") or 0), 0),
+        )
+    )
+
+
+def telemetry_sample(message: pb.Telemetry) -> dict:
+    """A node's Telemetry back as a dict, unchecked (the console's telemetry service checks)."""
+    return {
+        "source": message.source,
+        "cards": [
+            {
+                "index": c.index,
+                "uuid": c.uuid,
+                "name": c.name,
+                **{key: getattr(c, key) for key in CARD_NUMBERS},
+                "xid_counts": {str(code): count for code, count in sorted(c.xid_counts.items())},
+            }
+            for c in message.cards
+        ],
+        "cpu_percent": message.cpu_percent,
+        "memory_used_bytes": message.memory_used_bytes,
+        "memory_total_bytes": message.memory_total_bytes,
+    }

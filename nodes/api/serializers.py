@@ -1,3 +1,4 @@
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -6,6 +7,7 @@ from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSeria
 from ..choices import CommandKind
 from ..models import JoinToken, Node, NodeCommand
 from ..services.commands import payload_shown
+from ..telemetry_shown import telemetry_shown
 
 
 class JoinTokenSerializer(serializers.ModelSerializer):
@@ -99,6 +101,11 @@ class NodeSerializer(serializers.ModelSerializer):
     inventory = serializers.SerializerMethodField()
     liveness = serializers.SerializerMethodField()
     address_shared = serializers.SerializerMethodField()
+    telemetry = serializers.SerializerMethodField(
+        help_text="The latest telemetry sample with its observation time, each card with its "
+        "health; stale: no sample for three telemetry intervals (the last values, not zeros); "
+        "null: none ever sent."
+    )
 
     class Meta:
         model = Node
@@ -113,6 +120,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "inventory",
             "liveness",
             "address_shared",
+            "telemetry",
             "agent_version",
             "created_at",
         ]
@@ -177,6 +185,11 @@ class NodeSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.DictField())
     def get_liveness(self, node):
         return node.liveness()
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_telemetry(self, node):
+        row = self.context.get("telemetry", {}).get(node.id)
+        return telemetry_shown(node, row, self.context.get("now") or timezone.now())
 
     def get_address_shared(self, node) -> bool:
         return node.address in self.context.get("shared_addresses", set())

@@ -1,6 +1,7 @@
 import logging
 
 from django.conf import settings
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
@@ -27,6 +28,7 @@ from ..selectors import (
 )
 from ..services import commands, drains, join, scheduling
 from ..services.join import join_commands
+from ..telemetry_shown import telemetry_of
 from .serializers import (
     CommandRequestSerializer,
     CommandSerializer,
@@ -165,6 +167,8 @@ def _node_context(nodes) -> dict:
         "shared_addresses": addresses_shared(nodes),
         "live_sessions": live_sessions_of(nodes),
         "work_left": work_left_on(node.pk for node in nodes if node.drain_started_at),
+        "telemetry": telemetry_of(node.pk for node in nodes),
+        "now": timezone.now(),
     }
 
 

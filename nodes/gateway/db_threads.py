@@ -50,6 +50,11 @@ class DatabaseThreads:
             executor, partial(_call, function, *args, **kwargs)
         )
 
+    def waiting(self) -> int:
+        """Calls queued for a thread, not yet running (the metrics' database queue depth)."""
+        pools = {self.pool, self.control_pool}
+        return sum(pool._work_queue.qsize() for pool in pools)
+
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True)
         if self.control_pool is not self.pool:

@@ -11,6 +11,7 @@ from django.utils import timezone
 from . import loops
 from .db_threads import DatabaseThreads
 from .streams import LeaseBatcher, Streams
+from .telemetry import TelemetryBatcher
 
 
 def replica_name(bind: str | None = None) -> str:
@@ -26,6 +27,7 @@ class Gateway:
         self.database = database or DatabaseThreads()
         self.streams = Streams()
         self.batcher = LeaseBatcher(self.streams, self.database)
+        self.telemetry = TelemetryBatcher(self.streams, self.database)
         # Store tasks outliving their stream until they have written what it said.
         self.storing: set[asyncio.Task] = set()
 
@@ -33,6 +35,7 @@ class Gateway:
         """What a replica runs beside its streams."""
         return [
             self.batcher.run(),
+            self.telemetry.run(),
             loops.listen(self),
             loops.poll(self),
             loops.expire(self),
@@ -42,3 +45,4 @@ class Gateway:
     async def stopped(self) -> None:
         """Once the server has stopped: its streams' last beats renew their leases."""
         await self.batcher.flush()
+        await self.telemetry.flush()

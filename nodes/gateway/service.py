@@ -22,6 +22,7 @@ from ..agent.proto import control_pb2 as pb
 from ..pki import NODE_URI_PREFIX
 from ..services import commands, control, logs, scheduling
 from .aio import AsyncService
+from .metrics import ACK_LATENCY, HEARTBEATS, HELLOS, STREAMS_CLOSED, close_reason
 from .replica import Gateway
 from .storage_watch import StorageWatch
 from .streams import Stream
@@ -110,6 +111,7 @@ class NodeControlService(AsyncService):
             await context.abort(
                 _STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED), error.message
             )
+        HELLOS.inc()
         stream = Stream(peer.node_id, str(session.id))
         # L5: what the node already knows is never sent on this stream, even by a poll or a
         # nudge that read the command as pending before the reconcile below settled it.
@@ -131,16 +133,23 @@ class NodeControlService(AsyncService):
                     session_id=stream.session_id,
                     heartbeat_interval_seconds=settings.TUNEPLANE_HEARTBEAT_INTERVAL,
                     lease_ttl_seconds=settings.TUNEPLANE_LEASE_TTL,
+                    telemetry_interval_seconds=settings.TUNEPLANE_TELEMETRY_INTERVAL,
                 )
             )
             while (message := await stream.outbox.get()) is not None:
-                if message.WhichOneof("body") == "close":
+                kind = message.WhichOneof("body")
+                if kind == "close":
                     reason = message.close.reason
+                elif kind == "heartbeat_ack" and stream.acks_queued:
+                    ACK_LATENCY.observe(time.monotonic() - stream.acks_queued.popleft())
                 yield message
         finally:
             if reader is not None:
                 reader.cancel()
             self.gateway.streams.release(stream)
+            if peer.node_id not in self.gateway.streams.by_node:
+                self.gateway.telemetry.forget(peer.node_id)
+            STREAMS_CLOSED.labels(close_reason(reason)).inc()
             # Shielded: when the peer has gone, grpc cancels this handler, and a close still
             # queued for the database thread would otherwise be dropped with it.
             await asyncio.shield(
@@ -174,12 +183,15 @@ class NodeControlService(AsyncService):
                             beat.sequence,
                             last_sequence,
                         )
+                        stream.acks_queued.append(time.monotonic())
                         stream.outbox.put_nowait(
                             pb.ControlMessage(heartbeat_ack=pb.HeartbeatAck(sequence=last_sequence))
                         )
                         continue
                     last_sequence = beat.sequence
                     stream.last_beat = time.monotonic()
+                    stream.acks_queued.append(stream.last_beat)
+                    HEARTBEATS.inc()
                     self.gateway.batcher.touch(
                         stream,
                         inventory_unchanged=bool(beat.inventory_digest)
@@ -191,6 +203,10 @@ class NodeControlService(AsyncService):
                     # At most one storage observation waits for the database at a time,
                     # and it is counted against STORE_QUEUE with the reports.
                     storage.observe(beat.storage_root_visible)
+                elif kind == "telemetry":
+                    # Kept, the newest per node, for the next batched write: never queued
+                    # for the database one by one, never waited for (gateway/telemetry.py).
+                    self.gateway.telemetry.take(node_id, message.telemetry)
                 elif kind in ("inventory", "command_update", "log_tail"):
                     if work.qsize() >= STORE_QUEUE:
                         # Reading on would grow the queue without bound; waiting would leave

@@ -4,6 +4,7 @@ batch that renews their leases, and the pass that closes a stream gone silent.""
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -14,6 +15,7 @@ from ..agent import wire
 from ..agent.proto import control_pb2 as pb
 from ..services import control
 from .db_threads import DatabaseThreads
+from .metrics import LEASE_BATCH, LEASE_FLUSH
 
 logger = logging.getLogger("tuneplane.gateway")
 
@@ -34,6 +36,8 @@ class Stream:
     # Its silence counts from the Welcome: before it, the wait is the console's, not the node's.
     welcomed: bool = False
     last_beat: float = field(default_factory=time.monotonic)
+    # When each ack still in the outbox was queued, in order (the ack latency metric).
+    acks_queued: deque = field(default_factory=deque)
 
     def deliver(self, commands) -> int:
         """Queue commands not yet sent on this stream; the agent de-duplicates by id too."""
@@ -98,12 +102,15 @@ class LeaseBatcher:
         fresh, self.inventory_fresh = self.inventory_fresh, set()
         if not batch:
             return
+        started = time.perf_counter()
         renewed = await self.database.run(
             control.leases_renew,
             {sid: at for sid, (_, at) in batch.items()},
             inventory_fresh=fresh,
             control=True,
         )
+        LEASE_FLUSH.observe(time.perf_counter() - started)
+        LEASE_BATCH.observe(len(batch))
         for session_id in batch.keys() - renewed:
             # Closed by the console meanwhile: its node was removed (D4), or it reconnected
             # elsewhere. Either way this stream no longer speaks for the node.

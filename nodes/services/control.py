@@ -267,7 +267,7 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
         node.inventory = inventory
         node.inventory_observed_at = now
         card_names_remember((c["name"] for c in inventory["cards"]), now, node_id=node_id)
-        for name, value in cards_summary(inventory).items():
+        for name, value in cards_summary(inventory, unhealthy=node.unhealthy_cards).items():
             setattr(node, name, value)
         live = node.lease_expires_at is not None and node.lease_expires_at > now
         # Enrolled, or back from gone: schedulable only through a live lease and this fresh

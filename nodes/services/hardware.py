@@ -80,13 +80,13 @@ def _nodes_follow_mapping(name: str) -> int:
     nodes = [
         node
         for node in Node.objects.exclude(scheduling_state=SchedulingState.REMOVED).only(
-            "id", "inventory"
+            "id", "inventory", "unhealthy_cards"
         )
         if name in node.card_names()
     ]
     series = card_series(card for node in nodes for card in node.card_names())
     for node in nodes:
-        for attribute, value in cards_summary(node.inventory, series).items():
+        for attribute, value in cards_summary(node.inventory, series, node.unhealthy_cards).items():
             setattr(node, attribute, value)
     Node.objects.bulk_update(nodes, ["series_cards", "card_count"], batch_size=1000)
     return len(nodes)

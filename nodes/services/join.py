@@ -19,6 +19,7 @@ from tuneplane.windows import first_in_window
 from .. import pki
 from ..downloads import lock_sha256
 from ..inventory import normalize_inventory
+from ..metrics import JOINS
 from ..models import JoinToken, Node, NodeCredential, new_node_id
 from ..selectors import (
     cards_summary,
@@ -134,6 +135,7 @@ REFUSAL_WINDOW = 60
 
 def _refuse(digest: str, fleet_id: str, client_address: str, now) -> JoinRefused:
     reason, token = _refusal_reason(digest, fleet_id, now)
+    JOINS.labels("refused", reason).inc()
     count = first_in_window("join-refused", client_address, reason, seconds=REFUSAL_WINDOW)
     if not count:
         return JoinRefused()
@@ -320,6 +322,7 @@ def node_join(
     if won != 1:
         raise _refuse(digest, str(fleet_id), client_address, now)
     logger.info("node %s joined fleet %s from %r", node.id, node.fleet_id, client_address)
+    JOINS.labels("joined", "").inc()
     return JoinResult(
         node=node, certificate=certificate, ca_bundle=pki.load_ca().pem, warnings=warnings
     )

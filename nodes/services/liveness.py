@@ -10,6 +10,7 @@ no longer matches.
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -23,6 +24,7 @@ from fleets.choices import FleetCapability
 from fleets.models import Fleet
 
 from ..choices import LIVENESS_CAPABILITIES, SchedulingState
+from ..metrics import SWEEP_DURATION, SWEEP_TRANSITIONS
 from ..models import GatewayReplica, Node, quiet_threshold
 from .control import sessions_of_silent_replicas_close
 
@@ -240,6 +242,7 @@ def console_hearing(now: datetime) -> Hearing:
 def liveness_sweep(*, now: datetime | None = None) -> dict[str, int]:
     """Mark what went quiet or gone since the last sweep, and what answers again, on the
     silence the console heard (Hearing)."""
+    started = time.perf_counter()
     now = now or timezone.now()
     capabilities_of = dict(Fleet.objects.values_list("id", "capabilities"))
     hearing = console_hearing(now)
@@ -253,4 +256,7 @@ def liveness_sweep(*, now: datetime | None = None) -> dict[str, int]:
         logger.info("liveness sweep: no gateway replica is listening; silence is not judged")
     if any(changed.values()):
         logger.info("liveness sweep: %s", ", ".join(f"{k} {v}" for k, v in changed.items() if v))
+    SWEEP_DURATION.observe(time.perf_counter() - started)
+    for change, count in changed.items():
+        SWEEP_TRANSITIONS.labels(change).inc(count)
     return changed

@@ -33,6 +33,7 @@ from nodes.selectors import nodes_placeable
 from nodes.services.commands import node_commands_create_many
 
 from ..choices import Cleanup, DeploymentState, EpisodeState, JobState, RevisionState
+from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS
 from ..models import (
     Attempt,
     CardHold,
@@ -105,11 +106,12 @@ def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
             node_id,
             address,
             inventory,
+            unhealthy,
             frozenset(f for f, q in zip(quiet_flags, quiet, strict=True) if q),
         )
-        for node_id, address, inventory, *quiet in nodes_placeable([fleet.id], now).values_list(
-            "id", "address", "inventory", *quiet_flags
-        )
+        for node_id, address, inventory, unhealthy, *quiet in nodes_placeable(
+            [fleet.id], now
+        ).values_list("id", "address", "inventory", "unhealthy_cards", *quiet_flags)
     ]
     series_of = dict(
         CardAlias.objects.filter(series__isnull=False).values_list("name", "series__slug")
@@ -123,11 +125,13 @@ def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
         if port:
             ports.setdefault(node_id, set()).add(port)
     capacities = {}
-    for node_id, address, inventory, quiet in nodes:
+    for node_id, address, inventory, unhealthy, quiet in nodes:
         held = {card["index"] for cards, _, _ in in_use.get(node_id, []) for card in cards}
         free: dict[str, list[dict]] = {"": []}
         totals: dict[str, int] = {"": 0}
         for device in inventory.get("devices", []):
+            if device["uuid"] in unhealthy:  # out of new work until healthy again
+                continue
             series = series_of.get(device["name"])
             totals[""] += 1
             if series:
@@ -234,6 +238,9 @@ def allocate(*, fleet_id: str) -> dict:
         if wants:
             write_wants(wants)
     waiting = len(queue) - len(decided)
+    ALLOCATOR_PASS.observe((timezone.now() - now).total_seconds())
+    for job, _ in decided:
+        ALLOCATION_WAIT.observe((now - job.created_at).total_seconds())
     if decided:
         logger.info("fleet %s: %d job(s) allocated, %d waiting", fleet_id, len(decided), waiting)
     return {"allocated": len(decided), "waiting": waiting}

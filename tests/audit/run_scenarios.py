@@ -14,6 +14,7 @@ from placement.models import Member, TrainingJob
 from placement.services import allocator, reconcile, runs
 from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM
 
+from . import telemetry_scenarios
 from .scenarios import RAYJOB, Scenario, changed, created, tasks_run_at_once
 
 STARTED = (
@@ -193,3 +194,4 @@ SCENARIOS = {
         command_cleaned_by_id, (changed("node_command.cleaned"), changed("member.cleaned"))
     ),
 }
+SCENARIOS.update(telemetry_scenarios.SCENARIOS)

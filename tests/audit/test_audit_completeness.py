@@ -65,6 +65,7 @@ WRITING_MODULES = (
     "nodes.services.control",
     "nodes.services.commands",
     "nodes.services.scheduling",
+    "nodes.services.health",
     "nodes.services.drains",
     "nodes.services.liveness",
     "nodes.services.clusters",

@@ -5,6 +5,7 @@ serves only insecure ports; this serves its Service classes with TLS instead.
 """
 
 import asyncio
+import logging
 import os
 import signal
 
@@ -12,11 +13,15 @@ import grpc
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django_grpc_framework.settings import grpc_settings
+from prometheus_client import REGISTRY
 
 from nodes import pki
 from nodes.gateway import Gateway, replica_name
+from nodes.gateway.metrics import GatewayCollector
+from tuneplane.metrics import serve_metrics_on
 
 STOP_GRACE_SECONDS = 5
+logger = logging.getLogger("tuneplane.gateway")
 GATEWAY_CONN_MAX_AGE = 300
 
 
@@ -29,6 +34,16 @@ def server_credentials() -> grpc.ServerCredentials:
     )
 
 
+def serve_metrics(bind: str, gateway: Gateway) -> None:
+    """This replica's metrics over plain HTTP on ``bind``: its own process's figures and what
+    it holds (GatewayCollector). Bind it where only Prometheus reaches."""
+    REGISTRY.register(GatewayCollector(gateway))
+    try:
+        serve_metrics_on(bind, REGISTRY)
+    except (OSError, ValueError) as error:  # the gateway itself serves on: metrics are no gate
+        logger.error("gateway metrics not served on %s: %s", bind, error)
+
+
 class Command(BaseCommand):
     help = "Serve NodeControl and grpc.health.v1 with client certificates required."
 
@@ -38,9 +53,16 @@ class Command(BaseCommand):
             default=settings.TUNEPLANE_GATEWAY_BIND,
             help="HOST:PORT (TUNEPLANE_GATEWAY_BIND).",
         )
+        parser.add_argument(
+            "--metrics-bind",
+            default=settings.TUNEPLANE_GATEWAY_METRICS_BIND,
+            help="HOST:PORT to serve Prometheus metrics on, plain HTTP "
+            "(TUNEPLANE_GATEWAY_METRICS_BIND; default: none).",
+        )
 
-    def handle(self, *args, bind, **options):
+    def handle(self, *args, bind, metrics_bind, **options):
         settings.TUNEPLANE_GATEWAY_BIND = bind
+        self.metrics_bind = metrics_bind
         if "TUNEPLANE_DB_CONN_MAX_AGE" not in os.environ:
             # A gateway's few database threads live as long as it does: keep their
             # connections instead of opening one per call.
@@ -60,6 +82,8 @@ class Command(BaseCommand):
         grpc_settings.ROOT_HANDLERS_HOOK(server, gateway)
         server.add_secure_port(bind, server_credentials())
         await server.start()
+        if self.metrics_bind:
+            serve_metrics(self.metrics_bind, gateway)
         background = [asyncio.create_task(work) for work in gateway.background()]
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()

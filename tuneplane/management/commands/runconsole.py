@@ -2,6 +2,7 @@
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 ADMIN_USERNAME = "admin"
+DEFAULT_GATEWAY_METRICS = "127.0.0.1:9464"
 STOP_GRACE_SECONDS = 10
 
 
@@ -28,17 +30,24 @@ class Command(BaseCommand):
             default=settings.TUNEPLANE_GATEWAY_BIND,
             help="HOST:PORT for the gRPC gateway (TUNEPLANE_GATEWAY_BIND).",
         )
+        parser.add_argument(
+            "--gateway-metrics-bind",
+            default=settings.TUNEPLANE_GATEWAY_METRICS_BIND or DEFAULT_GATEWAY_METRICS,
+            help="HOST:PORT for the gateway's Prometheus metrics (TUNEPLANE_GATEWAY_METRICS_BIND).",
+        )
 
-    def handle(self, *args, bind, gateway_bind, **options):
+    def handle(self, *args, bind, gateway_bind, gateway_metrics_bind, **options):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("pki", "init")
         self._ensure_agent_wheels()
         self._ensure_admin()
         manage = str(Path(settings.BASE_DIR) / "manage.py")
         celery = [sys.executable, "-m", "celery", "-A", "tuneplane"]
+        self._share_metrics()
+        gateway = ["grpcserve", "--bind", gateway_bind, "--metrics-bind", gateway_metrics_bind]
         processes = {
             "web": [sys.executable, manage, "runserver", bind, "--noreload"],
-            "gateway": [sys.executable, manage, "grpcserve", "--bind", gateway_bind],
+            "gateway": [sys.executable, manage, *gateway],
             "worker": celery + ["worker", "-l", "INFO", "--concurrency", "2"],
             "beat": celery + ["beat", "-l", "INFO"],
         }
@@ -55,6 +64,10 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         self._announce(bind, gateway_bind, children)
+        self.stdout.write(
+            f"  metrics  {f'http://{bind}'}/metrics (web, worker, beat), "
+            f"http://{gateway_metrics_bind}/metrics (gateway)\n"
+        )
         exit_code = 0
         while not stopping:
             for name, child in children.items():
@@ -65,6 +78,16 @@ class Command(BaseCommand):
             time.sleep(0.5)
         self._stop(children)
         sys.exit(exit_code)
+
+    def _share_metrics(self) -> None:
+        """The web, the worker's children and beat count into one directory the web's
+        /metrics adds up (prometheus-client's multiprocess mode), emptied at each start."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return
+        directory = Path(settings.VAR_DIR) / "prometheus"
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
 
     def _ensure_agent_wheels(self) -> None:
         """install.sh installs the agent from the console itself; build it once."""

@@ -1,0 +1,236 @@
+"""What this machine's cards and host are doing now: the samples the agent sends as Telemetry.
+
+Cards are read through NVML (nvidia-ml-py) where the driver's library loads, through
+``nvidia-smi --query-gpu`` otherwise, or from a JSON file (``--telemetry-file``: machines
+without GPUs, and tests), re-read at every sample. A source that cannot answer this time
+says so (``source`` empty) rather than report no cards: a card missing from a sample that
+had it is a fault the console acts on, a failed probe is not.
+"""
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+from .inventory import _run
+
+logger = logging.getLogger("tuneplane-node")
+
+NVML, NVIDIA_SMI, FILE = "nvml", "nvidia-smi", "file"
+SMI_FIELDS = (
+    "uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,"
+    "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total"
+)
+MIB = 2**20
+# How long the NVML event thread waits for an XID before looking at the stop flag again.
+XID_WAIT_MS = 1000
+
+
+def _number(text: str, cast=float):
+    """nvidia-smi's value, or 0 for "[N/A]", "[Not Supported]" and the like."""
+    try:
+        return cast(float(text))
+    except ValueError:
+        return 0
+
+
+def parse_smi(out: str, devices: list[dict]) -> list[dict]:
+    """``nvidia-smi --query-gpu=SMI_FIELDS --format=csv,noheader,nounits`` as card samples,
+    indexed as the inventory's devices are (PCI bus order), by UUID."""
+    index_of = {device["uuid"]: device["index"] for device in devices}
+    cards = []
+    for position, line in enumerate(out.splitlines()):
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) < 9 or not parts[0]:
+            continue
+        cards.append(
+            {
+                "index": index_of.get(parts[0], position),
+                "uuid": parts[0],
+                "name": parts[1],
+                "utilization_percent": _number(parts[2]),
+                "memory_used_bytes": _number(parts[3], int) * MIB,
+                "memory_total_bytes": _number(parts[4], int) * MIB,
+                "temperature_celsius": _number(parts[5]),
+                "power_watts": _number(parts[6]),
+                "ecc_corrected": _number(parts[7], int),
+                "ecc_uncorrected": _number(parts[8], int),
+                "xid_counts": {},
+            }
+        )
+    return cards
+
+
+class SmiSource:
+    name = NVIDIA_SMI
+
+    def cards(self, devices: list[dict]) -> list[dict] | None:
+        out = _run("nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits")
+        return None if out is None else parse_smi(out, devices)
+
+
+class FileSource:
+    """``{"cards": [{"index", "uuid", "name", "utilization_percent", ..., "xid_counts":
+    {"79": 1}}]}``, the fields of a CardSample, read afresh each time."""
+
+    name = FILE
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def cards(self, devices: list[dict]) -> list[dict] | None:
+        try:
+            data = json.loads(Path(self.path).read_text())
+            return [
+                {**card, "xid_counts": {int(k): v for k, v in card.get("xid_counts", {}).items()}}
+                for card in data["cards"]
+            ]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            logger.warning("telemetry file %s unreadable: %s", self.path, error)
+            return None
+
+
+class NvmlSource:
+    """NVML, with a thread counting each card's XID events as the driver posts them."""
+
+    name = NVML
+
+    def __init__(self, nvml):
+        self.nvml = nvml
+        nvml.nvmlInit()
+        self.xids: dict[str, dict[int, int]] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        threading.Thread(target=self._count_xids, daemon=True).start()
+
+    def _handles(self):
+        nvml = self.nvml
+        for position in range(nvml.nvmlDeviceGetCount()):
+            try:
+                yield nvml.nvmlDeviceGetHandleByIndex(position)
+            except nvml.NVMLError as error:  # fallen off the bus: missing from the sample
+                logger.warning("NVML: card %d unreadable: %s", position, error)
+
+    def _count_xids(self) -> None:
+        nvml = self.nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+            for handle in self._handles():
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+        except nvml.NVMLError as error:
+            logger.warning("NVML: XID events unavailable: %s", error)
+            return
+        while not self.stopping.is_set():
+            try:
+                event = nvml.nvmlEventSetWait_v2(events, XID_WAIT_MS)
+            except nvml.NVMLError:  # a timeout, most often
+                continue
+            uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
+            with self.lock:
+                counts = self.xids.setdefault(uuid, {})
+                counts[int(event.eventData)] = counts.get(int(event.eventData), 0) + 1
+
+    def _optional(self, read, *args, default=0):
+        try:
+            return read(*args)
+        except self.nvml.NVMLError:  # not supported by this card (ECC on consumer parts)
+            return default
+
+    def _card(self, handle, position: int, index_of: dict) -> dict:
+        nvml = self.nvml
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        utilization = self._optional(nvml.nvmlDeviceGetUtilizationRates, handle, default=None)
+        errors = nvml.nvmlDeviceGetTotalEccErrors
+        with self.lock:
+            xids = dict(self.xids.get(uuid, {}))
+        return {
+            "index": index_of.get(uuid, position),
+            "uuid": uuid,
+            "name": _text(nvml.nvmlDeviceGetName(handle)),
+            "utilization_percent": utilization.gpu if utilization is not None else 0,
+            "memory_used_bytes": memory.used,
+            "memory_total_bytes": memory.total,
+            "temperature_celsius": self._optional(
+                nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
+            ),
+            "power_watts": self._optional(nvml.nvmlDeviceGetPowerUsage, handle) / 1000,
+            "ecc_corrected": self._optional(
+                errors, handle, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_VOLATILE_ECC
+            ),
+            "ecc_uncorrected": self._optional(
+                errors, handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+            ),
+            "xid_counts": xids,
+        }
+
+    def cards(self, devices: list[dict]) -> list[dict] | None:
+        index_of = {device["uuid"]: device["index"] for device in devices}
+        try:
+            return [
+                self._card(handle, position, index_of)
+                for position, handle in enumerate(self._handles())
+            ]
+        except self.nvml.NVMLError as error:
+            logger.warning("NVML: sample failed: %s", error)
+            return None
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def source(telemetry_file: str | None):
+    """The file when given; else NVML where its library loads; else nvidia-smi."""
+    if telemetry_file:
+        return FileSource(telemetry_file)
+    try:
+        import pynvml
+
+        return NvmlSource(pynvml)
+    except Exception as error:  # no nvidia-ml-py, or no driver library: NVMLError_LibraryNotFound
+        logger.info("NVML unavailable (%s); reading cards with nvidia-smi", error)
+        return SmiSource()
+
+
+class Host:
+    """The host's CPU use between two samples (/proc/stat) and its memory (/proc/meminfo)."""
+
+    def __init__(self, proc: str = "/proc"):
+        self.proc = Path(proc)
+        self.last: tuple[int, int] | None = None
+
+    def cpu_percent(self) -> float:
+        try:
+            fields = [int(v) for v in (self.proc / "stat").read_text().split("\n")[0].split()[1:]]
+        except (OSError, ValueError):
+            return 0.0
+        idle, total = fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)
+        last, self.last = self.last, (idle, total)
+        if last is None or total <= last[1]:
+            return 0.0
+        return round(100.0 * (1 - (idle - last[0]) / (total - last[1])), 1)
+
+    def memory(self) -> tuple[int, int]:
+        values = {}
+        try:
+            for line in (self.proc / "meminfo").read_text().splitlines():
+                key, _, rest = line.partition(":")
+                values[key] = int(rest.split()[0]) * 1024
+        except (OSError, ValueError, IndexError):
+            return 0, 0
+        total = values.get("MemTotal", 0)
+        return max(total - values.get("MemAvailable", total), 0), total
+
+
+def sample(cards_source, host: Host, devices: list[dict]) -> dict:
+    """One sample: the cards (None when the source could not answer) and the host."""
+    cards = cards_source.cards(devices) if cards_source is not None else None
+    used, total = host.memory()
+    return {
+        "source": cards_source.name if cards is not None else "",
+        "cards": cards or [],
+        "cpu_percent": host.cpu_percent(),
+        "memory_used_bytes": used,
+        "memory_total_bytes": total,
+    }

@@ -106,6 +106,8 @@ class Node(models.Model):
     # not say whether the stream was closed or went silent.
     last_session_closed_at = models.DateTimeField(null=True, blank=True)
     last_session_close_reason = models.CharField(max_length=200, blank=True)
+    # Stray commands (L5) beyond the most recent TUNEPLANE_STRAY_COMMANDS_KEPT: dropped, counted.
+    strays_dropped = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     removed_at = models.DateTimeField(null=True, blank=True)
 

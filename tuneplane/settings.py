@@ -300,6 +300,9 @@ TUNEPLANE_GATEWAY_DB_THREADS = int(os.environ.get("TUNEPLANE_GATEWAY_DB_THREADS"
 # How often a gateway replica looks for pending commands of its nodes. With Redis a command
 # is delivered at once; this is what delivers it when an event was missed, or without Redis.
 TUNEPLANE_COMMAND_POLL_INTERVAL = env_seconds("TUNEPLANE_COMMAND_POLL_INTERVAL", 2)
+# Commands a node reports that the console never gave it, kept per node (the most recently
+# reported); older ones are dropped and counted on the node (issue 17, item 11).
+TUNEPLANE_STRAY_COMMANDS_KEPT = int(os.environ.get("TUNEPLANE_STRAY_COMMANDS_KEPT", "100"))
 TUNEPLANE_GATEWAY_BIND = os.environ.get("TUNEPLANE_GATEWAY_BIND", "127.0.0.1:8443")
 # Telemetry (cards and host) from each node, on a loop of its own; a gateway keeps each
 # node's latest sample and writes them in one batch per flush interval. A card judged

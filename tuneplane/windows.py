@@ -3,8 +3,9 @@ together), each a single atomic increment. While the cache is away they count in
 process: what they guard goes on, still bounded, per replica.
 
 Throttles (the join endpoint's) ask how many in this window; rate-limited records (one
-audit event per client and reason a minute, card names a node may add an hour) ask whether
-this is the first of its window and how many came since the last one recorded.
+audit event per client and reason a minute, one per node for its stray commands, card names
+a node may add an hour) ask whether this is the first of its window and how many came since
+the last one recorded.
 """
 
 import hashlib
@@ -50,14 +51,14 @@ def count_in_window(scope: str, *parts, seconds: int, delta: int = 1) -> int:
     return _with_fallback(lambda chosen: _count(chosen, key, seconds, delta))
 
 
-def first_in_window(scope: str, *parts, seconds: int) -> int:
+def first_in_window(scope: str, *parts, seconds: int, delta: int = 1) -> int:
     """0 while a window of ``seconds`` for ``parts`` is running; at the first of a new
-    window, how many there were since the previous first (this one included), so that one
-    record a window still counts every occurrence."""
+    window, how many there were since the previous first (these ``delta`` included), so
+    that one record a window still counts every occurrence."""
     key = _key(scope, parts)
 
     def tally(cache) -> int:
-        total = _count(cache, key + ":total", TOTAL_TIMEOUT)
+        total = _count(cache, key + ":total", TOTAL_TIMEOUT, delta)
         if not cache.add(key + ":open", 1, timeout=seconds):
             return 0
         recorded = cache.get(key + ":recorded") or 0

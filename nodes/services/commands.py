@@ -19,10 +19,11 @@ from tuneplane.errors import Conflict, ValidationFailed
 
 from .. import bus
 from ..choices import ACTIVE_COMMAND_STATES, CommandKind, CommandState, SchedulingState
-from ..models import Node, NodeCommand, StrayCommand
+from ..models import Node, NodeCommand
 from .observers import command_changed
 from .payloads import member_payload, member_ref_payload, run_payload
 from .scheduling import node_drain_settle, node_observe_unkillable
+from .strays import node_strays_flag
 
 # What a node may say of a command; "pending" and "lost" are the console's words.
 REPORTABLE = {CommandState.RUNNING, CommandState.SUCCEEDED, CommandState.FAILED}
@@ -287,34 +288,6 @@ def node_command_cleaned_by_id(*, command: NodeCommand) -> bool:
     return True
 
 
-def _flag_stray(node_id: str, reported: Reported, now: datetime) -> None:
-    """Unknown to the console: flagged for an operator, never killed (L5)."""
-    stray = (
-        StrayCommand.objects.select_for_update()
-        .filter(node_id=node_id, command_id=reported.command_id)
-        .first()
-    )
-    if stray is not None and (stray.state, stray.exit_code) == (reported.state, reported.exit_code):
-        StrayCommand.objects.filter(pk=stray.pk).update(last_reported_at=now)
-        return
-    before = None if stray is None else {"state": stray.state, "exit_code": stray.exit_code}
-    if stray is None:
-        stray = StrayCommand(node_id=node_id, command_id=reported.command_id, first_reported_at=now)
-    stray.state, stray.exit_code, stray.last_reported_at = (reported.state, reported.exit_code, now)
-    stray.save()
-    audit_record(
-        actor=Actor.of_node(node_id),
-        action="node_command.stray_reported",
-        target=stray,
-        before=before,
-        after={
-            "command": reported.command_id,
-            "state": reported.state,
-            "exit_code": reported.exit_code,
-        },
-    )
-
-
 def checked(reported: Reported) -> Reported:
     """A node's report, refused whole if it names a state a node cannot report."""
     if reported.state not in REPORTABLE or not reported.command_id or len(reported.command_id) > 64:
@@ -337,7 +310,7 @@ def node_command_report(*, node_id: str, reported: Reported) -> None:
             .first()
         )
         if command is None:
-            _flag_stray(node_id, reported, now)
+            node_strays_flag(node_id=node_id, reported=[reported], now=now)
         else:
             _apply(command, reported, now)
 
@@ -365,7 +338,9 @@ def node_commands_reconcile(*, node_id: str, reported: list[Reported]) -> list[N
                 _apply(command, by_id[command.id], now)
             elif command.state == CommandState.RUNNING:
                 _apply(command, Reported(command.id, CommandState.LOST), now)
-        for item in reported:
-            if item.command_id not in known:
-                _flag_stray(node_id, item, now)
+        node_strays_flag(
+            node_id=node_id,
+            reported=[item for item in reported if item.command_id not in known],
+            now=now,
+        )
     return [command for command in commands if command.state == CommandState.PENDING]

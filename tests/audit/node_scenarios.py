@@ -4,6 +4,7 @@ needs and returns that call."""
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from audit.services import Actor
@@ -19,7 +20,7 @@ from nodes.models import (
     quiet_threshold,
 )
 from nodes.services import clusters as node_clusters
-from nodes.services import commands, control, drains, hardware, join, liveness, scheduling
+from nodes.services import commands, control, drains, hardware, join, liveness, scheduling, strays
 from nodes.services.commands import Reported
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 
@@ -193,6 +194,14 @@ def node_command_report_stray_again(w):
     return lambda: commands.node_command_report(
         node_id=node.id, reported=Reported("c-stray", "failed", 3)
     )
+
+
+def node_strays_flag(w):
+    """A Hello's strays, past what a node keeps: one event for all of them."""
+    node = w.node()
+    w.monkeypatch.setattr(settings, "TUNEPLANE_STRAY_COMMANDS_KEPT", 2)
+    report = [Reported(f"c-stray-{i}", "running") for i in range(5)]
+    return lambda: strays.node_strays_flag(node_id=node.id, reported=report, now=timezone.now())
 
 
 def node_command_report_last_of_a_drain(w):

@@ -64,6 +64,7 @@ WRITING_MODULES = (
     "nodes.services.hardware",
     "nodes.services.control",
     "nodes.services.commands",
+    "nodes.services.strays",
     "nodes.services.scheduling",
     "nodes.services.health",
     "nodes.services.drains",
@@ -211,6 +212,9 @@ SCENARIOS = {
     ),
     "nodes.services.commands.node_command_report/stray": Scenario(
         nodes.node_command_report_stray, (created("node_command.stray_reported"),)
+    ),
+    "nodes.services.strays.node_strays_flag": Scenario(
+        nodes.node_strays_flag, (created("node_command.stray_reported"),)
     ),
     "nodes.services.commands.node_command_report/stray-changes": Scenario(
         nodes.node_command_report_stray_again, (changed("node_command.stray_reported"),)

@@ -103,6 +103,22 @@ def test_stray_and_node_command_lists_render(client, admin_user, node_fleet, min
     assert client.get("/admin/nodes/nodecommand/").status_code == 200
 
 
+def test_item11_a_nodes_page_shows_how_many_strays_were_dropped(
+    client, admin_user, node_fleet, mint
+):
+    from nodes.models import Node
+    from nodes.services.join import node_join
+    from tests.conftest import H100_INVENTORY, make_csr
+
+    node = node_join(
+        token=mint(node_fleet)[1], fleet_id="gpu-lab", csr=make_csr()[1], inventory=H100_INVENTORY
+    ).node
+    Node.objects.filter(pk=node.pk).update(strays_dropped=11_937)
+    client.force_login(admin_user)
+    page = client.get(f"/admin/nodes/node/{node.pk}/change/").content.decode()
+    assert "Strays dropped" in page and "11937" in page
+
+
 def test_J4_a_card_name_added_with_its_series_in_the_admin_is_followed_by_nodes(
     staff, admin_user, node_fleet, mint
 ):

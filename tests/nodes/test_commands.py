@@ -149,3 +149,53 @@ def test_a_node_reports_only_states_a_node_can_know(join, state):
 def test_an_unset_exit_code_is_no_exit_code_while_running():
     assert Reported.of("c-1", "running", 0).exit_code is None
     assert Reported.of("c-1", "succeeded", 0).exit_code == 0
+
+
+def test_item11_a_node_keeps_at_most_n_strays_the_oldest_counted(join, settings):
+    settings.TUNEPLANE_STRAY_COMMANDS_KEPT = 5
+    node = join()
+    node_commands_reconcile(
+        node_id=node.id, reported=[Reported(f"c-h{i}", "running") for i in range(8)]
+    )
+    for i in range(3):
+        node_command_report(node_id=node.id, reported=Reported(f"c-u{i}", "running"))
+    kept = set(StrayCommand.objects.filter(node=node).values_list("command_id", flat=True))
+    assert kept == {"c-h6", "c-h7", "c-u0", "c-u1", "c-u2"}
+    node.refresh_from_db()
+    assert node.strays_dropped == 6
+    # A kept stray reported again stays, and is the most recent: it outlives a newer one.
+    node_command_report(node_id=node.id, reported=Reported("c-h6", "failed", 1))
+    node_command_report(node_id=node.id, reported=Reported("c-u3", "running"))
+    kept = set(StrayCommand.objects.filter(node=node).values_list("command_id", flat=True))
+    assert kept == {"c-h6", "c-u0", "c-u1", "c-u2", "c-u3"}  # c-h7 was the oldest
+    assert StrayCommand.objects.get(node=node, command_id="c-h6").state == "failed"
+    node.refresh_from_db()
+    assert node.strays_dropped == 7
+
+
+def test_item11_stray_audit_events_are_one_a_minute_per_node_with_a_count(join):
+    from django.core.cache import cache
+
+    from tuneplane import windows
+
+    node, other = join(), join()
+    hello = [Reported(f"c-h{i}", "running") for i in range(1000)]  # the most a Hello carries
+    node_commands_reconcile(node_id=node.id, reported=hello)
+    for i in range(20):
+        node_command_report(node_id=node.id, reported=Reported(f"c-u{i}", "running"))
+    node_command_report(node_id=other.id, reported=Reported("c-u0", "running"))
+    events = AuditEvent.objects.filter(action="node_command.stray_reported").order_by("id")
+    assert [(e.actor_id, e.after["count"]) for e in events.all()] == [
+        (node.id, 1000),
+        (other.id, 1),
+    ]
+    cache.delete(windows._key("node-stray", (node.id, "new")) + ":open")  # the minute ends
+    node_command_report(node_id=node.id, reported=Reported("c-last", "running"))
+    assert events.count() == 3
+    assert events.last().after == {
+        "command": "c-last",
+        "state": "running",
+        "exit_code": None,
+        "count": 21,  # the 20 not recorded before, and this one
+        "window_seconds": 60,
+    }

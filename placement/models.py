@@ -11,6 +11,7 @@ from nodes.models import Node
 from tuneplane.models import Project
 
 from .choices import (
+    RUN_LIVE,
     Cleanup,
     DeploymentState,
     EpisodeState,
@@ -326,7 +327,13 @@ class Member(models.Model):
         ordering = ["attempt_id", "revision_id", "rank"]
         constraints = [
             models.UniqueConstraint(fields=["attempt", "rank"], name="one_member_per_rank"),
-            models.UniqueConstraint(fields=["revision", "rank"], name="one_replica_per_rank"),
+            # A replica's rank is one live member at a time; a stopped one may be placed
+            # again (a revision rolled back to, S2).
+            models.UniqueConstraint(
+                fields=["revision", "rank"],
+                condition=models.Q(state__in=RUN_LIVE),
+                name="one_live_replica_per_rank",
+            ),
             models.CheckConstraint(name="member_of_one_owner", condition=_ONE_OWNER),
         ]
 

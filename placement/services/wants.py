@@ -13,7 +13,7 @@ from fleets.models import Fleet
 from nodes.choices import CommandKind
 from nodes.services.commands import node_commands_create_many
 
-from ..choices import DeploymentState, EpisodeState, RevisionState
+from ..choices import RUN_LIVE, DeploymentState, EpisodeState, RevisionState
 from ..models import CardHold, Deployment, Episode, Member, PlaygroundSession, Revision
 from .payloads import episode_payload, replica_payload, session_payload
 
@@ -107,15 +107,21 @@ def _replicas(fleet: Fleet) -> list[ReplicaWant]:
         .order_by("pk")
         .values_list("pk", flat=True)
     )
-    revisions = list(
-        Revision.objects.filter(
+    # Each deployment's newest live revision: a rollout's old one gets no new replicas, and
+    # one rolled back to has the replicas its rollout stopped placed again (S2).
+    newest = {
+        revision.deployment_id: revision
+        for revision in Revision.objects.filter(
             deployment_id__in=list(deployments), state=RevisionState.LIVE, port__isnull=False
-        ).select_related("deployment__fleet")
-    )
+        )
+        .select_related("deployment__fleet")
+        .order_by("deployment_id", "number")
+    }
+    revisions = list(newest.values())
     taken: dict[int, set[int]] = {}
-    for revision_id, rank in Member.objects.filter(revision__in=revisions).values_list(
-        "revision_id", "rank"
-    ):
+    for revision_id, rank in Member.objects.filter(
+        revision__in=revisions, state__in=RUN_LIVE
+    ).values_list("revision_id", "rank"):
         taken.setdefault(revision_id, set()).add(rank)
     return [
         ReplicaWant(revision, rank)

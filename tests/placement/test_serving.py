@@ -191,6 +191,24 @@ def test_S2_a_revision_not_ready_by_its_deadline_is_rolled_back_and_the_old_unto
     assert serving.rollouts_settle(now=later)["rolled_back"] == 0  # once
 
 
+def test_S2_a_rollback_places_again_the_old_replicas_its_rollout_had_stopped(lab, member):
+    deployment = deploy(member, replicas=2)
+    allocate(fleet_id="gpu-lab")
+    for old in replicas(deployment, 1):
+        report(old, ready=True)
+    serving.revision_create(actor=Actor.of_user(member), deployment=deployment, port=8001)
+    allocate(fleet_id="gpu-lab")
+    report(replicas(deployment, 2)[0], ready=True)  # one new Ready: one old stopped
+    [stopped] = [m for m in replicas(deployment, 1) if stops_for(m)]
+    report(stopped, "failed", exit_code=-15, reason="stopped", cleaned=True)
+    assert allocate(fleet_id="gpu-lab")["allocated"] == 0  # mid-rollout: not replaced
+    later = timezone.now() + timedelta(hours=1)
+    assert serving.rollouts_settle(now=later)["rolled_back"] == 1
+    assert allocate(fleet_id="gpu-lab")["allocated"] == 1  # the old revision whole again
+    again = [m for m in replicas(deployment, 1) if m.state == "starting"]
+    assert [m.rank for m in again] == [stopped.rank]
+
+
 def test_S1_R7_F7_a_stopped_deployments_replicas_are_stopped_cleaned_and_release_their_cards(
     lab, member, admin_user
 ):

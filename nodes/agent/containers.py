@@ -24,6 +24,11 @@ logger = logging.getLogger("tuneplane-node")
 RUNTIMES = ("docker", "podman")
 # `<runtime> info` asks the daemon (docker) or the engine (podman): a CLI alone is no runtime.
 VERSION_FORMAT = {"docker": "{{.ServerVersion}}", "podman": "{{.Version.Version}}"}
+# The member label of each container `ps` lists (docker's labels are a string, podman's a map).
+LABEL_FORMAT = {
+    "docker": '{{.Label "tuneplane.member"}} {{.State}}',
+    "podman": '{{index .Labels "tuneplane.member"}} {{.State}}',
+}
 PROBE_TIMEOUT = 5.0
 PROBE_EVERY = 30.0  # the inventory is probed every beat; the runtime this often
 RUNTIME_TIMEOUT = 30.0  # inspect, kill, rm
@@ -192,7 +197,7 @@ def members(runtime: str, scope: str) -> dict[str, bool]:
         "--filter",
         f"label={LABEL_SCOPE}={scope}",
         "--format",
-        '{{.Label "' + LABEL_MEMBER + '"}} {{.State}}',
+        LABEL_FORMAT[runtime],
     )
     found = {}
     for line in (out or "").splitlines():

@@ -10,8 +10,11 @@ import pytest
 
 from placement.models import CardHold, Member
 from tests.dockerd import IMAGE
+from tests.nodes.test_replicas import free_port
 
 from .agents import wait_until
+from .test_deployments import answers, deploy, serving_node, status_is  # noqa: F401
+from .test_deployments import shown as deployment_shown
 from .test_jobs import running_node, shown, state_is, submit  # noqa: F401 -- the fixture
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
@@ -76,3 +79,34 @@ def test_R10_a_cancelled_container_job_is_stopped_by_the_runtime_and_removed(
     assert done["attempts"][0]["members"][0]["exit_code"] == 143  # its TERM trap ran
     wait_until(lambda: not CardHold.objects.exists(), what="cards released after cleanup")
     assert container_of(member_id) == ""
+
+
+# busybox's httpd serves the working directory (the scratch dir): an index saying which port.
+HTTPD = 'echo "{\\"pid\\": 0, \\"port\\": $PORT}" > index.html; exec httpd -f -p "$PORT"'
+
+
+def test_S1_a_replica_in_a_container_serves_on_the_hosts_network_is_restarted_then_removed(
+    dockerd,
+    serving_node,  # noqa: F811
+    member_api,
+):
+    port = free_port()
+    made = deploy(member_api, port, image=IMAGE, command=["sh", "-c", HTTPD], readiness_path="/")
+    wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready")
+    assert answers(port) == {"pid": 0, "port": port}  # PORT, on the host's network
+    [replica] = deployment_shown(member_api, made["id"])["revisions"][0]["members"]
+    member_id = Member.objects.get().command_id
+    subprocess.run(["docker", "kill", f"tuneplane-{member_id}"], check=True, capture_output=True)
+    wait_until(lambda: status_is(member_api, made["id"], "degraded"), 30, "degraded")
+    wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready again")
+    [again] = deployment_shown(member_api, made["id"])["revisions"][0]["members"]
+    assert (again["restarts"], again["confinement"]) == (1, "container: docker")
+    stopped = member_api.patch(f"/api/deployments/{made['id']}", {"state": "stopped"})
+    assert stopped.status_code == 200
+    wait_until(
+        lambda: deployment_shown(member_api, made["id"])["revisions"][0]["members"][0]["cleanup"]
+        == "cleaned",
+        60,
+        "the replica cleaned up",
+    )
+    assert answers(port) is None and container_of(member_id) == ""

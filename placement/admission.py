@@ -45,7 +45,7 @@ class Need:
 
     capability: str
     series: str = ""
-    cards: int = 0  # per node; 0 asks for no cards, and skips the fit gate
+    cards: int = 0  # per node; 0 asks for no cards, and skips the fit gate (without an image)
     nodes: int = 1
     kinds: tuple[str, ...] = ()  # the backends allowed; empty: any
     # It names an image: only node Fleets' nodes with a container runtime fit (DESIGN §7).

@@ -13,6 +13,12 @@ MAX_CPU_BUDGET = 1 << 20  # CPUs
 MAX_MEMORY_BUDGET_BYTES = 1 << 60  # an exbibyte
 
 
+def has_container_runtime(inventory: dict) -> bool:
+    """Whether a node reported a container runtime (docker or podman, with its version): a
+    workload naming an image runs only there (DESIGN §7)."""
+    return bool((inventory.get("container_runtime") or "").strip())
+
+
 def _text(value, field: str, *, required: bool = False) -> str | None:
     if value is None and not required:
         return None

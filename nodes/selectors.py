@@ -19,6 +19,15 @@ from .models import (
 )
 
 
+def with_container_runtime(nodes: QuerySet) -> QuerySet:
+    """The nodes whose inventory names a container runtime (nodes.inventory's
+    has_container_runtime, in SQL): where a workload naming an image may run. A JSON null is
+    excluded in so many words: SQLite's text of it is "null", which the pattern matches."""
+    return nodes.filter(inventory__container_runtime__regex=r"\S").exclude(
+        inventory__container_runtime=None
+    )
+
+
 def card_series(names) -> dict[str, str | None]:
     """Each card name's hardware series slug, or None while no admin has mapped it (J4).
 

@@ -29,6 +29,7 @@ from nodes.selectors import (
     cards_summary,
     cluster_machines_placeable,
     nodes_placeable,
+    with_container_runtime,
 )
 from tuneplane.errors import PlacementRefused
 
@@ -44,13 +45,19 @@ class Need:
 
     capability: str
     series: str = ""
-    cards: int = 0  # per node; 0 asks for no cards, and skips the fit gate
+    cards: int = 0  # per node; 0 asks for no cards, and skips the fit gate (without an image)
     nodes: int = 1
     kinds: tuple[str, ...] = ()  # the backends allowed; empty: any
+    # It names an image: only node Fleets' nodes with a container runtime fit (DESIGN §7).
+    container: bool = False
 
     def describe(self) -> str:
         cards = f"{self.cards} × {self.series or 'any card'}"
         return cards + (f" on each of {self.nodes} nodes" if self.nodes > 1 else " on one node")
+
+    @property
+    def checks_fit(self) -> bool:
+        return self.cards > 0 or self.container
 
 
 @dataclass
@@ -83,10 +90,13 @@ class Holdings:
 
     def __init__(self, fleets: list, need: Need, now=None):  # Fleets, or rows: id and kind
         self.fleets, self.need, self.now = fleets, need, now or timezone.now()
-        self.nodes = nodes_placeable(
-            [f.id for f in fleets if f.kind == FleetKind.NODE], self.now
-        ).annotate(held=_cards_held(need))
-        self.clusters = [f.id for f in fleets if f.kind != FleetKind.NODE]
+        nodes = nodes_placeable([f.id for f in fleets if f.kind == FleetKind.NODE], self.now)
+        if need.container:
+            nodes = with_container_runtime(nodes)
+        self.nodes = nodes.annotate(held=_cards_held(need))
+        # A cluster's manager runs its own way: its machines never fit a workload's image.
+        clusters = [f.id for f in fleets if f.kind != FleetKind.NODE]
+        self.clusters = [] if need.container else clusters
         self._machines: dict[str, list[tuple[int, str]]] | None = None
 
     def per_fleet(self) -> dict[str, FleetFit]:
@@ -177,6 +187,16 @@ def _best_offer(fits: dict[str, FleetFit], need: Need) -> str:
     return f"largest fit: {best.largest} × {need.series or 'cards'} on one node in {best.fleet_id}"
 
 
+def _without_runtime(need: Need, message: str) -> str:
+    """A refusal of a workload naming an image says so: what it lacked may be the runtime."""
+    if not need.container:
+        return message
+    return (
+        f"{message} It names an image: there is no node with a container runtime "
+        "(docker or podman) that fits it."
+    )
+
+
 def _check_fit(candidates: list, need: Need, now):
     holdings = Holdings(candidates, need, now)
     fits = holdings.per_fleet()
@@ -202,14 +222,17 @@ def admit_named(project, fleet_id: str, need: Need, now=None) -> Admitted:
         raise _refuse(
             Refusal.STATE, f"Fleet '{fleet.id}' is {fleet.state}: it takes no new work (rule D1)."
         )
-    if need.cards == 0:
+    if not need.checks_fit:
         return Admitted(fleet.id, GATES[:3])
     fitting, fits, holdings = _check_fit([fleet], need, now)
     if not fitting:
         raise _refuse(
             Refusal.INVENTORY_FIT,
-            f"Fleet '{fleet.id}' has no placeable nodes for "
-            f"{need.describe()}; {_best_offer(fits, need)}.",
+            _without_runtime(
+                need,
+                f"Fleet '{fleet.id}' has no placeable nodes for "
+                f"{need.describe()}; {_best_offer(fits, need)}.",
+            ),
             best_offer=_best_offer(fits, need),
         )
     return Admitted(fleet.id, GATES, holdings.fitting_nodes(fleet.id))
@@ -240,14 +263,14 @@ def admit_automatically(project, need: Need, now=None) -> Admitted:
             f"Every Fleet you can see that can {need.capability} is "
             "draining or disabled: none takes new work (rule D1).",
         )
-    if need.cards == 0:
+    if not need.checks_fit:
         return Admitted(active[0].id, GATES[:3])
     fitting, fits, holdings = _check_fit(active, need, now)
     if not fitting:
         offer = _best_offer(fits, need)
         raise _refuse(
             Refusal.INVENTORY_FIT,
-            f"No Fleet you can see fits {need.describe()} now; {offer}.",
+            _without_runtime(need, f"No Fleet you can see fits {need.describe()} now; {offer}."),
             best_offer=offer,
         )
     chosen = min(fitting, key=lambda fit: (-fit.fitting_cards, fit.fleet_id))

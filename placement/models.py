@@ -84,6 +84,8 @@ class Job(Workload):
     # Fleet's manager runs the script (a batch script for Slurm, an entrypoint for Ray).
     command = models.JSONField(default=list, blank=True)
     script = models.TextField(blank=True)
+    # A container image to run it in (on a node with a container runtime); "": a process.
+    image = models.CharField(max_length=255, blank=True)
     env = models.JSONField(default=dict, blank=True)
     cpus = models.FloatField(null=True, blank=True)
     memory_bytes = models.BigIntegerField(null=True, blank=True)
@@ -133,6 +135,8 @@ class ServeSpec(models.Model):
 
     command = models.JSONField(default=list, blank=True)
     script = models.TextField(blank=True)
+    # A container image to run it in (on a node with a container runtime); "": a process.
+    image = models.CharField(max_length=255, blank=True)
     env = models.JSONField(default=dict, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
     readiness_path = models.CharField(max_length=200, default="/health")
@@ -206,6 +210,8 @@ class Episode(models.Model):
     number = models.PositiveIntegerField()
     command = models.JSONField(default=list, blank=True)
     script = models.TextField(blank=True)
+    # A container image to run it in (on a node with a container runtime); "": a process.
+    image = models.CharField(max_length=255, blank=True)
     env = models.JSONField(default=dict, blank=True)
     cards = models.PositiveIntegerField(default=0)
     cpus = models.FloatField(null=True, blank=True)

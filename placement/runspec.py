@@ -29,11 +29,32 @@ def _refuse(field: str, message: str):
 
 
 MAX_GANG_DEADLINE = 86_400
+# An image reference as docker and podman read it: [registry[:port]/]path[:tag][@digest].
+MAX_IMAGE = 255
+IMAGE = re.compile(
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[a-z0-9]+:[a-f0-9]{32,})?"
+)
+
+
+def checked_image(image) -> str:
+    """``image``: "" (the member is a process) or a reference the node's container runtime
+    pulls or has (DESIGN §7: a container when the job names one and the node has a runtime)."""
+    if image is None or image == "":
+        return ""
+    if not isinstance(image, str) or len(image) > MAX_IMAGE or not IMAGE.fullmatch(image):
+        _refuse(
+            "image",
+            f"an image reference of at most {MAX_IMAGE} characters "
+            "([registry/]name[:tag][@digest], lowercase name), or empty.",
+        )
+    return image
 
 
 FIELDS = (
     "command",
     "script",
+    "image",
     "env",
     "cpus",
     "memory_bytes",
@@ -54,6 +75,7 @@ def _checked(
     *,
     command=None,
     script="",
+    image="",
     env=None,
     cpus=None,
     memory_bytes=None,
@@ -107,6 +129,7 @@ def _checked(
         "gang_deadline_seconds": gang_deadline_seconds,
         "command": command,
         "script": script,
+        "image": checked_image(image),
         "env": env,
         "cpus": float(cpus) if cpus is not None else None,
         "memory_bytes": memory_bytes,
@@ -115,11 +138,13 @@ def _checked(
 
 
 def require_runnable(run: dict) -> None:
-    """On a node Fleet the agents run the job: it must say what to run."""
-    if not run["command"] and not run["script"]:
+    """On a node Fleet the agents run the job: it must say what to run (an image's own
+    default command will do)."""
+    if not run["command"] and not run["script"] and not run.get("image"):
         _refuse(
             "command",
-            "a job on a node Fleet runs a command (argv) or a script; give one of them.",
+            "a job on a node Fleet runs a command (argv), a script or an image's default "
+            "command; give one of them.",
         )
 
 
@@ -128,6 +153,7 @@ READINESS_PATH = re.compile(r"/[!-~]{0,199}")
 SERVE_FIELDS = (
     "command",
     "script",
+    "image",
     "env",
     "cpus",
     "memory_bytes",
@@ -166,10 +192,11 @@ def checked_serve(*, port=None, readiness_path="/health", replicas=1, **fields) 
 
 def require_servable(serve: dict) -> None:
     """On a node Fleet the agents run the replicas: each needs what to run and its port."""
-    if not serve["command"] and not serve["script"]:
+    if not serve["command"] and not serve["script"] and not serve.get("image"):
         _refuse(
             "command",
-            "a deployment on a node Fleet serves a command (argv) or a script; give one.",
+            "a deployment on a node Fleet serves a command (argv), a script or an image's "
+            "default command; give one.",
         )
     if serve["port"] is None:
         _refuse("port", "a deployment on a node Fleet names the port its process listens on.")
@@ -188,7 +215,16 @@ def checked_session(*, ttl_seconds=None, max_ttl: int, **fields) -> dict:
     return {**serve, "ttl_seconds": ttl}
 
 
-EPISODE_FIELDS = ("command", "script", "env", "cpus", "memory_bytes", "cards", "timeout_seconds")
+EPISODE_FIELDS = (
+    "command",
+    "script",
+    "image",
+    "env",
+    "cpus",
+    "memory_bytes",
+    "cards",
+    "timeout_seconds",
+)
 
 
 def checked_episode(*, manifest: dict, max_timeout: int, **fields) -> dict:
@@ -199,7 +235,7 @@ def checked_episode(*, manifest: dict, max_timeout: int, **fields) -> dict:
         _refuse(unknown[0], "not a field of an episode.")
     cards = fields.pop("cards", 0)
     timeout = fields.pop("timeout_seconds", None)
-    if not fields.get("command") and not fields.get("script"):
+    if not fields.get("command") and not fields.get("script") and not fields.get("image"):
         default = manifest.get("command") if isinstance(manifest, dict) else None
         if isinstance(default, list) and default:
             fields["command"] = default

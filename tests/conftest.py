@@ -12,7 +12,7 @@ from fleets import services as fleet_services
 from tuneplane.models import Membership, Project
 from tuneplane.services import api_token_create
 
-pytest_plugins = ["tests.missing_parts"]
+pytest_plugins = ["tests.missing_parts", "tests.dockerd"]
 
 # Playwright's sync API runs an event loop in the test thread; the ORM calls the
 # tests make beside it are ordinary synchronous ones.

@@ -37,6 +37,8 @@ class Command:
     grace: float = members.DEFAULT_GRACE
     killed_at: float | None = None
     cleanup_wanted: bool = False
+    # The runtime a member in a container runs under ("docker", "podman"); "": a process.
+    container: str = ""
     # A replica's (replicas.py): its port and readiness path, the start it restarts from,
     # whether its probe passes, restarts so far, the probe's error or why it restarts.
     serve: dict | None = None

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import members, replicas, state
+from . import containers, members, replicas, state
 from .command import (  # noqa: F401 -- the names the agent's other modules import from here
     CLEANUP,
     COMMAND_ID,
@@ -45,8 +45,11 @@ class Commands(replicas.ServingCommands):
         devices=lambda: [],
         storage_root: str | None = None,
         scope: str = "local",
+        runtime=lambda: "",
     ):
         self.root = directory
+        # The container runtime this node has now ("docker", "podman" or ""), for an image.
+        self.runtime = runtime
         self.storage_root = storage_root
         # The agent's cgroups are under tuneplane/<scope>/ (the node id): its own only.
         self.scope = scope
@@ -173,7 +176,7 @@ class Commands(replicas.ServingCommands):
         held = {
             card["index"] for other in self.known() if other.holds_cards for card in other.cards
         }
-        return members.refusal(payload, self.devices(), held)
+        return members.refusal(payload, self.devices(), held, self.runtime())
 
     def _start(self, command_id: str, payload: dict) -> Command:
         refusal = self._refusal(payload)
@@ -202,9 +205,28 @@ class Commands(replicas.ServingCommands):
         state.ensure_private_dir(scratch)
         argv = members.argv_of(payload, scratch)
         command.argv = argv[:1]
-        command.confinement, procs = members.confine(
-            self.cgroup(command.command_id), payload.get("cpus"), payload.get("memory_bytes")
-        )
+        limits = (payload.get("cpus"), payload.get("memory_bytes"))
+        if payload.get("image"):
+            # The runtime confines the container; the wrapper and the runtime's client are
+            # still in a cgroup named after the member (no limits), as any member is.
+            command.container = self.runtime()
+            limits, argv = (
+                (None, None),
+                containers.run_argv(
+                    command.container,
+                    member_id=command.command_id,
+                    scope=self.scope,
+                    payload=payload,
+                    env_names=members.own_env(payload, scratch, self.storage_root),
+                    scratch=scratch,
+                    storage_root=self.storage_root,
+                    script=argv[1] if payload.get("script") else None,
+                ),
+            )
+            containers.remove(command.container, command.command_id)  # a restart's last one
+        command.confinement, procs = members.confine(self.cgroup(command.command_id), *limits)
+        if command.container:
+            command.confinement = f"container: {command.container}"
         state.ensure_private_dir(self.logs)
         self._spawn(
             command,
@@ -224,19 +246,21 @@ class Commands(replicas.ServingCommands):
         if child is not None:
             child.poll()
         exit_file = self._path(command.command_id, ".exit")
+        stopped = "stopped" if command.stop_at is not None else "exit"
+        container = (
+            containers.inspect(command.container, command.command_id)
+            if (command.container and not self._leader(command))
+            else None
+        )
         if exit_file.exists():
             code = int(exit_file.read_text().strip() or VANISHED)
-            if members.oom_killed(self.cgroup(command.command_id)):
-                reason = "oom"
-            else:
-                reason = "stopped" if command.stop_at is not None else "exit"
-        elif (
-            command.pid
-            and _started(command.pid) == command.started
-            and not members.zombie(command.pid)
-        ):
+            reason = "oom" if self._oom(command) else stopped
+        elif self._leader(command) or (container and container["running"]):
             self._escalate(command)
             return command
+        elif container is not None and command.boot_id == members.boot_id():
+            # Its wrapper gone (an adopted container, say): the container says how it ended.
+            code, reason = container["exit_code"], "oom" if container["oom_killed"] else stopped
         elif command.stop_at is not None:
             code, reason = -9, "stopped"  # killed with its wrapper by the SIGKILL
         elif command.boot_id and command.boot_id != members.boot_id():
@@ -265,6 +289,8 @@ class Commands(replicas.ServingCommands):
             members.signal_member(
                 self._leader(command), self.cgroup(command.command_id), members.SIGKILL
             )
+            if command.container:
+                containers.kill(command.container, command.command_id)
             command.killed_at = now
             self.save(command)
         elif (
@@ -283,15 +309,18 @@ class Commands(replicas.ServingCommands):
         members.signal_member(
             self._leader(command), self.cgroup(command.command_id), members.SIGTERM
         )
+        if command.container:
+            containers.stop(command.container, command.command_id, grace)
         self._escalate(command)
 
     def _clean(self, command: Command) -> None:
         """Whatever the member left is gone: its processes, cgroup and scratch dir (R7)."""
         cgroup = self.cgroup(command.command_id)
         members.signal_member(self._leader(command), cgroup, members.SIGKILL)
+        gone = not command.container or containers.remove(command.container, command.command_id)
         members.release(cgroup)
         members.remove_scratch(self.scratch / command.command_id)
-        command.cleaned = not members.live_pids(cgroup)
+        command.cleaned = gone and not members.live_pids(cgroup)
         if not command.cleaned:
             # Something of it outlived SIGKILL: a minute on, it is unkillable (stuck in the
             # kernel); the node is cordoned for it and its cards stay held (DESIGN §7).
@@ -312,6 +341,8 @@ class Commands(replicas.ServingCommands):
         if member is None or member.kind != START:
             if kind == CLEANUP and isinstance(member_id, str) and COMMAND_ID.fullmatch(member_id):
                 members.signal_member(None, self.cgroup(member_id), members.SIGKILL)
+                if self.runtime():
+                    containers.remove(self.runtime(), member_id)
                 members.release(self.cgroup(member_id))
                 members.remove_scratch(self.scratch / member_id)
             command.state, command.reason = SUCCEEDED, "unknown_member"
@@ -334,6 +365,13 @@ class Commands(replicas.ServingCommands):
         if pid and _started(pid) == command.started and not members.zombie(pid):
             return pid
         return None
+
+    def _oom(self, command: Command) -> bool:
+        """Whether the kernel's OOM killer ended it: in its container, or in its cgroup."""
+        if command.container:
+            found = containers.inspect(command.container, command.command_id)
+            return bool(found and found["oom_killed"])
+        return members.oom_killed(self.cgroup(command.command_id))
 
     def cgroup(self, member_id: str) -> str:
         return f"{self.scope}/{member_id}"

@@ -8,6 +8,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import containers
+
 PROBE_TIMEOUT = 10
 
 
@@ -65,14 +67,6 @@ def probe_gpus() -> Gpus:
     return gpus
 
 
-def probe_container_runtime() -> str | None:
-    for runtime in ("docker", "podman"):
-        out = _run(runtime, "--version")
-        if out:
-            return out.strip().splitlines()[0]
-    return None
-
-
 def memory_bytes() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -88,15 +82,20 @@ def storage_root_visible(root: str | None) -> bool:
 
 
 def probe(
-    *, storage_root: str | None, cpu_budget: int | None, memory_budget_bytes: int | None
+    *,
+    storage_root: str | None,
+    cpu_budget: int | None,
+    memory_budget_bytes: int | None,
+    runtime=containers.probe,
 ) -> tuple[dict, list[str]]:
-    """The inventory, and the GPU UUIDs (which go only into the fingerprint)."""
+    """The inventory, and the GPU UUIDs (which go only into the fingerprint). ``runtime``
+    probes the container runtime (the agent's caches it between beats)."""
     gpus = probe_gpus()
     return {
         "cards": gpus.cards,
         "devices": gpus.devices,
         "driver": gpus.driver,
-        "container_runtime": probe_container_runtime(),
+        "container_runtime": runtime(),
         "storage_root_visible": storage_root_visible(storage_root),
         "cpu_budget": cpu_budget or os.cpu_count(),
         "memory_budget_bytes": memory_budget_bytes or memory_bytes(),

@@ -33,15 +33,22 @@ UNKILLABLE_AFTER = 60.0
 DEFAULT_GRACE = 30.0
 
 
-def refusal(payload: dict, devices: list[dict], held: set[int]) -> str:
+def refusal(payload: dict, devices: list[dict], held: set[int], runtime: str = "") -> str:
     """R1: the console is authoritative — a start naming cards this node does not have, or
-    that another live member holds, is refused; no card is ever substituted. "" if none."""
+    that another live member holds, or an image where it has no container runtime, is
+    refused; no card is ever substituted. "" if none."""
     cards = payload.get("cards")
-    argv, script = payload.get("argv"), payload.get("script")
-    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)) and not (
-        isinstance(script, str) and script
+    argv, script, image = payload.get("argv"), payload.get("script"), payload.get("image")
+    if image is not None and not (isinstance(image, str) and image and image[0] != "-"):
+        return "refused: image must be an image reference"
+    if image and not runtime:
+        return "refused: an image, and no container runtime on this node"
+    if (
+        not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv))
+        and not (isinstance(script, str) and script)
+        and not image
     ):
-        return "refused: neither argv nor script"
+        return "refused: neither argv nor script nor image"
     if not isinstance(cards, list) or not all(
         isinstance(card, dict) and isinstance(card.get("index"), int) for card in cards
     ):
@@ -201,14 +208,21 @@ def release(member_id: str) -> None:
 
 
 def member_env(payload: dict, scratch: Path, storage_root: str | None = None) -> dict:
-    """R4: exactly its cards, the job's env, its Fleet's delivery, a gang's rendezvous."""
-    cards = sorted(payload.get("cards") or [], key=lambda card: card["index"])
+    """R4: exactly its cards, the job's env, its Fleet's delivery, a gang's rendezvous —
+    over the agent's own environment, less what names cards or the agent's settings."""
     env = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith(("TUNEPLANE_", "CUDA_", "NVIDIA_"))
     }
-    env.update(payload.get("env") or {})
+    env.update(own_env(payload, scratch, storage_root))
+    return env
+
+
+def own_env(payload: dict, scratch: Path, storage_root: str | None = None) -> dict:
+    """What the member's env says of it alone (all a container gets)."""
+    cards = sorted(payload.get("cards") or [], key=lambda card: card["index"])
+    env = dict(payload.get("env") or {})
     env.update(
         {
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -234,7 +248,7 @@ def argv_of(payload: dict, scratch: Path) -> list[str]:
         script = scratch / "script.sh"
         script.write_text(payload["script"])
         return ["/bin/bash", str(script)]
-    return list(payload["argv"])
+    return list(payload.get("argv") or [])
 
 
 def remove_scratch(scratch: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 
-from . import __version__, enroll, inventory, orphans, replicas, state, telemetry
+from . import __version__, containers, enroll, inventory, orphans, replicas, state, telemetry
 from .commands import CLEANUP, STOP, Command, Commands
 from .proto import control_pb2 as pb
 from .proto import control_pb2_grpc
@@ -94,11 +94,13 @@ class Agent:
         self.budgets = {"cpu_budget": cpu_budget, "memory_budget_bytes": memory_budget_bytes}
         self.stopping = threading.Event()
         self.call = None
+        self.runtime_probe = containers.RuntimeProbe()
         self.commands = Commands(
             directory,
             devices=self.devices,
             storage_root=storage_root,
             scope=(self.identity or {}).get("node_id", "local"),
+            runtime=self.runtime,
         )
         orphans.adopt_orphans(self.commands)
         # What this stream has told the console of each command, to report only changes.
@@ -111,7 +113,9 @@ class Agent:
 
     def report(self) -> dict:
         if not self.inventory_file:
-            return inventory.probe(storage_root=self.storage_root, **self.budgets)[0]
+            return inventory.probe(
+                storage_root=self.storage_root, runtime=self.runtime_probe, **self.budgets
+            )[0]
         report = inventory.from_file(self.inventory_file)
         if self.storage_root:
             report["storage_root_visible"] = inventory.storage_root_visible(self.storage_root)
@@ -120,6 +124,10 @@ class Agent:
     def devices(self) -> list[dict]:
         """The cards a start may name: the inventory's, as last probed."""
         return self.report().get("devices") or []
+
+    def runtime(self) -> str:
+        """The container runtime a member naming an image runs under: the inventory's."""
+        return containers.runtime_named(self.report().get("container_runtime"))
 
     def storage_root_visible(self) -> bool:
         """Probed when a storage root is configured; an inventory file may stand in for it."""

@@ -27,8 +27,15 @@ def run_payload(payload) -> dict:
 def member_payload(payload) -> dict:
     """What placement's allocator asks a node to run; placement validated the job's
     fields for the user, this is the node-facing shape."""
-    if not isinstance(payload, dict) or not (payload.get("argv") or payload.get("script")):
-        raise ValidationFailed("payload of a start command names argv or script.", field="payload")
+    if not isinstance(payload, dict) or not (
+        payload.get("argv") or payload.get("script") or payload.get("image")
+    ):
+        raise ValidationFailed(
+            "payload of a start command names argv, script or image.", field="payload"
+        )
+    image = payload.get("image")
+    if image is not None and not (isinstance(image, str) and image and image[0] != "-"):
+        raise ValidationFailed("payload.image must be an image reference.", field="payload.image")
     if payload.get("argv"):
         run_payload({"argv": payload["argv"]})
     cards = payload.get("cards", [])

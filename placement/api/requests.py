@@ -10,6 +10,10 @@ from ..choices import DeploymentState, LifecycleKind
 
 MAX_CARDS = 1024
 MAX_NODES = 256
+IMAGE_HELP = (
+    "On a node Fleet: a container image each member runs in (command or script inside it; "
+    "with neither, the image's default), only on nodes with a container runtime."
+)
 
 
 def _name():
@@ -50,6 +54,13 @@ class JobRequest(CardsRequest):
         default="",
         help_text="Run by /bin/bash on a node Fleet; what a cluster Fleet's manager runs "
         "(a batch script for Slurm, an entrypoint for a RayJob).",
+    )
+    image = StrictCharField(
+        max_length=255,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text=IMAGE_HELP,
     )
     env = serializers.DictField(
         child=StrictCharField(max_length=4096, allow_blank=True),
@@ -127,6 +138,9 @@ def _serve_fields(defaults: bool) -> dict:
             allow_blank=True,
             help_text="Run by /bin/bash.",
             **given(""),
+        ),
+        "image": StrictCharField(
+            max_length=255, required=False, allow_blank=True, help_text=IMAGE_HELP, **given("")
         ),
         "env": serializers.DictField(
             child=StrictCharField(max_length=4096, allow_blank=True),
@@ -208,6 +222,9 @@ class EpisodeRequest(StrictSerializer):
         default=list,
     )
     script = StrictCharField(max_length=100_000, required=False, allow_blank=True, default="")
+    image = StrictCharField(
+        max_length=255, required=False, allow_blank=True, default="", help_text=IMAGE_HELP
+    )
     env = serializers.DictField(
         child=StrictCharField(max_length=4096, allow_blank=True), required=False, default=dict
     )

@@ -170,7 +170,7 @@ def training_job_submit(
         project_slug=project,
         volumes=volumes,
         datasets=datasets,
-        need=Need(FleetCapability.TRAIN, series, cards, nodes),
+        need=Need(FleetCapability.TRAIN, series, cards, nodes, container=bool(run.get("image"))),
         run=run,
         name=name,
     )
@@ -200,7 +200,9 @@ def lifecycle_job_submit(
         project_slug=project,
         volumes=volumes,
         datasets=datasets,
-        need=Need(LIFECYCLE_CAPABILITY[kind], series, cards, nodes),
+        need=Need(
+            LIFECYCLE_CAPABILITY[kind], series, cards, nodes, container=bool(run.get("image"))
+        ),
         run=run,
         name=name,
         kind=kind,
@@ -223,7 +225,8 @@ def deployment_submit(
     with its cards (S1); elsewhere the revision is recorded on the node that fits best."""
     serve = checked_serve(**serve)
     project = project_for(actor.user, project)
-    admitted = admit_deployment(project, fleet, Need(FleetCapability.SERVE, series, cards))
+    need = Need(FleetCapability.SERVE, series, cards, container=bool(serve["image"]))
+    admitted = admit_deployment(project, fleet, need)
     with transaction.atomic():
         deployment = _record(
             Deployment,
@@ -297,7 +300,13 @@ def playground_session_submit(
     project = project_for(actor.user, project)
     admitted = admit_automatically(
         project,
-        Need(FleetCapability.SERVE, series, cards, kinds=(FleetKind.NODE, FleetKind.KUBERNETES)),
+        Need(
+            FleetCapability.SERVE,
+            series,
+            cards,
+            kinds=(FleetKind.NODE, FleetKind.KUBERNETES),
+            container=bool(serve["image"]),
+        ),
     )
     with transaction.atomic():
         session = _record(

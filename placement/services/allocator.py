@@ -28,6 +28,7 @@ from audit.services import audit_record_each
 from fleets.choices import FleetKind, FleetState
 from fleets.models import Fleet
 from nodes.choices import CommandKind
+from nodes.inventory import has_container_runtime
 from nodes.models import CardAlias
 from nodes.selectors import nodes_placeable
 from nodes.services.commands import node_commands_create_many
@@ -65,6 +66,7 @@ class Capacity:
     devices_by_series: dict[str, int] = field(default_factory=dict)
     ports: set[int] = field(default_factory=set)  # served members' ports in use here (S1)
     quiet: frozenset = frozenset()  # its capabilities quiet now ("quiet_train", …)
+    runtime: bool = False  # a container runtime: where a member naming an image may run
 
     def free_of(self, series: str) -> list[dict]:
         return self.free.get(series, [])
@@ -77,6 +79,7 @@ class Capacity:
             and getattr(job, "port", None) not in self.ports
             # A job needs a node not quiet for train; a replica for serve; an episode for env.
             and getattr(job, "quiet", "quiet_train") not in self.quiet
+            and (self.runtime or not job.image)
         )
 
     def could_fit(self, job) -> bool:
@@ -146,7 +149,15 @@ def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
             cpus = cpus - (used_cpus or 0) if cpus is not None else None
             memory = memory - (used_memory or 0) if memory is not None else None
         capacities[node_id] = Capacity(
-            node_id, address, free, cpus, memory, totals, ports.get(node_id, set()), quiet
+            node_id,
+            address,
+            free,
+            cpus,
+            memory,
+            totals,
+            ports.get(node_id, set()),
+            quiet,
+            has_container_runtime(inventory),
         )
     return capacities
 

@@ -44,10 +44,17 @@ def job_payload(job, attempt_number: int, rank: int, cards, rendezvous) -> dict:
         "delivery": delivery(job),
         "rendezvous": rendezvous(rank) if rendezvous else {},
     }
-    if job.command:
-        payload["argv"] = job.command
-    else:
-        payload["script"] = job.script
+    return _what(job, payload)
+
+
+def _what(spec, payload: dict) -> dict:
+    """Its argv or script, and the image it runs in (with neither, the image's default)."""
+    if spec.command:
+        payload["argv"] = spec.command
+    elif spec.script:
+        payload["script"] = spec.script
+    if spec.image:
+        payload["image"] = spec.image
     return payload
 
 
@@ -62,11 +69,7 @@ def _run(spec, cards, fleet, labels: dict) -> dict:
         "delivery": {"mode": fleet.delivery, "env": {}},
         "rendezvous": {},
     }
-    if spec.command:
-        payload["argv"] = spec.command
-    else:
-        payload["script"] = spec.script
-    return payload
+    return _what(spec, payload)
 
 
 def _served(spec) -> dict:

@@ -180,7 +180,7 @@ def revision_create(*, actor: Actor, deployment: Deployment, **serve) -> Revisio
         base = current or revisions[-1]
         inherited = {
             name: getattr(base, name)
-            for name in ("command", "script", "env", "cpus", "memory_bytes", "port")
+            for name in ("command", "script", "image", "env", "cpus", "memory_bytes", "port")
             + ("readiness_path", "replicas")
         }
         if "command" in serve or "script" in serve:

@@ -38,8 +38,8 @@ class Want:
     def cards(self) -> int:
         return self.owner.cards
 
-    def __getattr__(self, name):  # cpus, memory_bytes, port, created_at: the owner's
-        if name in ("cpus", "memory_bytes", "port", "created_at"):
+    def __getattr__(self, name):  # cpus, memory_bytes, port, image, created_at: the owner's
+        if name in ("cpus", "memory_bytes", "port", "image", "created_at"):
             return getattr(self.owner, name)
         raise AttributeError(name)
 

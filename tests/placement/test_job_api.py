@@ -44,6 +44,10 @@ BAD = [
     ({"command": ["true"], "memory_bytes": 1.5}, "memory_bytes"),
     ({"command": ["true"], "max_attempts": 0}, "max_attempts"),
     ({"command": ["true"], "max_attempts": 11}, "max_attempts"),
+    ({"command": ["true"], "image": "Not An Image"}, "image"),
+    ({"image": "--privileged"}, "image"),  # never an option to the node's runtime
+    ({"image": "busybox:1" + "a" * 250}, "image"),  # over 255 characters
+    ({"image": 42}, "image"),
 ]
 
 

@@ -1,0 +1,207 @@
+"""Members that run in a container: a start naming an ``image`` on a node with a container
+runtime (docker or podman) (DESIGN §7).
+
+The member is still started by the agent's wrapper (members.WRAPPER), in a session of its
+own, its exit code in its exit file and its output in its log: the wrapper runs the
+runtime's foreground ``run``, whose exit code is the container's. The container itself is
+the runtime's child, not the agent's, so everything that ends it goes through the runtime
+by the container's name, ``tuneplane-<member id>``; it carries the labels
+``tuneplane.member=<member id>`` and ``tuneplane.scope=<node id>``, so that a lost state
+file is rebuilt from what runs (R6) and a cleanup by id finds it (R7). Its CPU and memory
+are confined by the runtime (``--cpus``, ``--memory`` with no swap beyond it); it gets the
+member's env (R4), its scratch dir and the storage root at the same paths, and the host's
+network (a replica's port, a gang's rendezvous). ``--init`` puts a small init as PID 1, so a
+stop's SIGTERM reaches the member's process.
+"""
+
+import logging
+import shutil
+import subprocess
+import time
+
+logger = logging.getLogger("tuneplane-node")
+
+RUNTIMES = ("docker", "podman")
+# `<runtime> info` asks the daemon (docker) or the engine (podman): a CLI alone is no runtime.
+VERSION_FORMAT = {"docker": "{{.ServerVersion}}", "podman": "{{.Version.Version}}"}
+# The member label of each container `ps` lists (docker's labels are a string, podman's a map).
+LABEL_FORMAT = {
+    "docker": '{{.Label "tuneplane.member"}} {{.State}}',
+    "podman": '{{index .Labels "tuneplane.member"}} {{.State}}',
+}
+PROBE_TIMEOUT = 5.0
+PROBE_EVERY = 30.0  # the inventory is probed every beat; the runtime this often
+RUNTIME_TIMEOUT = 30.0  # inspect, kill, rm
+LABEL_MEMBER = "tuneplane.member"
+LABEL_SCOPE = "tuneplane.scope"
+# A script runs by /bin/bash where the image has it, else by its /bin/sh.
+SCRIPT_RUNNER = 'if [ -x /bin/bash ]; then exec /bin/bash "$0"; fi; exec /bin/sh "$0"'
+
+
+def name_of(member_id: str) -> str:
+    return f"tuneplane-{member_id}"
+
+
+def runtime_named(container_runtime: str | None) -> str:
+    """The runtime an inventory's ``container_runtime`` ("docker 20.10.24") names, or ""."""
+    word = (container_runtime or "").strip().split(" ", 1)[0].lower()
+    return word if word in RUNTIMES else ""
+
+
+def probe() -> str | None:
+    """The first runtime whose daemon or engine answers, with its version ("docker
+    20.10.24"); None when none does."""
+    for runtime in RUNTIMES:
+        if shutil.which(runtime) is None:
+            continue
+        try:
+            done = subprocess.run(
+                [runtime, "info", "--format", VERSION_FORMAT[runtime]],
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        version = done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
+        if done.returncode == 0 and version:
+            return f"{runtime} {version}"
+    return None
+
+
+class RuntimeProbe:
+    """The runtime as last probed, probed again at most every PROBE_EVERY seconds."""
+
+    def __init__(self, every: float = PROBE_EVERY):
+        self.every = every
+        self.value: str | None = None
+        self.at: float | None = None
+
+    def __call__(self) -> str | None:
+        now = time.monotonic()
+        if self.at is None or now - self.at >= self.every:
+            self.value, self.at = probe(), now
+        return self.value
+
+
+def _run(runtime: str, *args: str, timeout: float = RUNTIME_TIMEOUT) -> str | None:
+    """The runtime's answer, or None when it failed (logged)."""
+    try:
+        done = subprocess.run(
+            [runtime, *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        logger.warning("%s %s: %s", runtime, args[0], error)
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout
+
+
+def _gpus(runtime: str, cards: list[dict]) -> list[str]:
+    """Exactly its cards, by UUID, where the NVIDIA container toolkit is installed (without
+    it there are no cards to pass; the member's CUDA_/NVIDIA_VISIBLE_DEVICES still say)."""
+    if not cards or not (shutil.which("nvidia-container-cli") or shutil.which("nvidia-ctk")):
+        return []
+    uuids = [card["uuid"] for card in cards]
+    if runtime == "podman":  # CDI names
+        return [option for uuid in uuids for option in ("--device", f"nvidia.com/gpu={uuid}")]
+    return ["--gpus", f'"device={",".join(uuids)}"']
+
+
+def run_argv(
+    runtime: str,
+    *,
+    member_id: str,
+    scope: str,
+    payload: dict,
+    env_names,
+    scratch,
+    storage_root: str | None,
+    script=None,
+) -> list[str]:
+    """The runtime's foreground ``run`` for a member. Its env is passed by name only (``-e
+    NAME``: the value is read from the client's environment, never on a command line)."""
+    argv = [runtime, "run", "--init", "--name", name_of(member_id)]
+    argv += ["--label", f"{LABEL_MEMBER}={member_id}", "--label", f"{LABEL_SCOPE}={scope}"]
+    argv += ["--network", "host", "--workdir", str(scratch), "-v", f"{scratch}:{scratch}"]
+    delivery = payload.get("delivery") or {}
+    if delivery.get("mode") == "shared-mount" and storage_root:
+        argv += ["-v", f"{storage_root}:{storage_root}"]
+    if payload.get("cpus"):
+        argv += ["--cpus", f"{float(payload['cpus']):g}"]
+    if payload.get("memory_bytes"):
+        memory = str(int(payload["memory_bytes"]))
+        argv += ["--memory", memory, "--memory-swap", memory]  # no swap beyond it: an OOM
+    argv += _gpus(runtime, payload.get("cards") or [])
+    for name in sorted(env_names):
+        argv += ["-e", name]
+    if script is not None:
+        return [*argv, "--entrypoint", "/bin/sh", payload["image"], "-c", SCRIPT_RUNNER, script]
+    return [*argv, payload["image"], *(payload.get("argv") or [])]
+
+
+def inspect(runtime: str, member_id: str) -> dict | None:
+    """The container's state: {"running", "exit_code", "oom_killed"}; None when there is none."""
+    out = _run(
+        runtime,
+        "inspect",
+        "--type",
+        "container",
+        "--format",
+        "{{.State.Running}} {{.State.ExitCode}} {{.State.OOMKilled}}",
+        name_of(member_id),
+    )
+    parts = (out or "").split()
+    if len(parts) != 3:
+        return None
+    return {
+        "running": parts[0] == "true",
+        "exit_code": int(parts[1]) if parts[1].lstrip("-").isdigit() else -1,
+        "oom_killed": parts[2] == "true",
+    }
+
+
+def stop(runtime: str, member_id: str, grace: float) -> None:
+    """SIGTERM to the container's PID 1, SIGKILL after the grace — by the runtime, which
+    finishes it even if the agent restarts meanwhile. Not waited for."""
+    try:
+        subprocess.Popen(
+            [runtime, "stop", "--time", str(max(int(grace), 0)), name_of(member_id)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as error:
+        logger.warning("%s stop %s: %s", runtime, member_id, error)
+
+
+def kill(runtime: str, member_id: str) -> None:
+    _run(runtime, "kill", name_of(member_id))
+
+
+def remove(runtime: str, member_id: str) -> bool:
+    """The container gone, whatever its state; whether it is gone now."""
+    _run(runtime, "rm", "--force", name_of(member_id))
+    return inspect(runtime, member_id) is None
+
+
+def members(runtime: str, scope: str) -> dict[str, bool]:
+    """The member ids with a container under the agent's scope (its node id), and whether
+    each runs: what a lost state file is rebuilt from."""
+    out = _run(
+        runtime,
+        "ps",
+        "--all",
+        "--filter",
+        f"label={LABEL_SCOPE}={scope}",
+        "--format",
+        LABEL_FORMAT[runtime],
+    )
+    found = {}
+    for line in (out or "").splitlines():
+        member_id, _, state = line.strip().partition(" ")
+        if member_id:
+            found[member_id] = state == "running"
+    return found

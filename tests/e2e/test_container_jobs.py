@@ -1,0 +1,112 @@
+"""A job naming an image runs in a container on a node Fleet (DESIGN §7): submitted through
+the API, allocated by a real Celery worker, started by the real agent over a real gateway
+under a real dockerd of the session's own (tests/dockerd.py), its logs read back over the
+stream, its container removed by the cleanup."""
+
+import subprocess
+import time
+
+import pytest
+
+from placement.models import CardHold, Member
+from tests.dockerd import IMAGE
+from tests.nodes.test_replicas import free_port
+
+from .agents import wait_until
+from .test_deployments import answers, deploy, serving_node, status_is  # noqa: F401
+from .test_deployments import shown as deployment_shown
+from .test_jobs import running_node, shown, state_is, submit  # noqa: F401 -- the fixture
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+
+def container_of(member_id: str) -> str:
+    """The container's state as docker tells it ("" when there is none)."""
+    done = subprocess.run(
+        ["docker", "inspect", "--format", "{{.State.Status}}", f"tuneplane-{member_id}"],
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip()
+
+
+def test_a_job_naming_an_image_runs_in_a_container_its_logs_read_back_then_removed(
+    dockerd,
+    running_node,  # noqa: F811
+    member_api,
+):
+    submitted_at = time.monotonic()
+    job = submit(
+        member_api,
+        image=IMAGE,
+        # busybox's sh: the image has no bash, and the script runs by its /bin/sh.
+        script='echo "cards $CUDA_VISIBLE_DEVICES lr $LR"; echo "path $PATH"',
+        env={"LR": "3e-4"},
+        memory_bytes=64 << 20,
+    )
+    wait_until(lambda: state_is(member_api, job["id"], "running", "succeeded"), what="running")
+    started = time.monotonic() - submitted_at
+    done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), what="success")
+    member = done["attempts"][0]["members"][0]
+    assert (member["exit_code"], member["confinement"]) == (0, "container: docker")
+    indices = ",".join(str(index) for index in sorted(c["index"] for c in member["cards"]))
+    output = member_api.get(f"/api/training-jobs/{job['id']}/logs").json()["output"]
+    assert f"cards {indices} lr 3e-4\npath /bin\n" == output  # the image's PATH: inside it
+    wait_until(
+        lambda: shown(member_api, job["id"])["attempts"][0]["members"][0]["cleanup"] == "cleaned",
+        what="the cleanup confirmed",
+    )
+    assert container_of(Member.objects.get().command_id) == ""  # removed
+    assert not CardHold.objects.exists()
+    print(f"container job submitted → running in {started:.2f}s")
+
+
+def test_R10_a_cancelled_container_job_is_stopped_by_the_runtime_and_removed(
+    dockerd,
+    running_node,  # noqa: F811
+    member_api,
+):
+    job = submit(
+        member_api,
+        image=IMAGE,
+        command=["sh", "-c", "trap 'echo term; exit 143' TERM; while :; do sleep 0.1; done"],
+    )
+    wait_until(lambda: state_is(member_api, job["id"], "running"), what="the job running")
+    member_id = Member.objects.get().command_id
+    assert container_of(member_id) == "running"
+    assert member_api.post(f"/api/training-jobs/{job['id']}/cancel").status_code == 200
+    done = wait_until(lambda: state_is(member_api, job["id"], "cancelled"), what="cancelled")
+    assert done["attempts"][0]["members"][0]["exit_code"] == 143  # its TERM trap ran
+    wait_until(lambda: not CardHold.objects.exists(), what="cards released after cleanup")
+    assert container_of(member_id) == ""
+
+
+# busybox's httpd serves the working directory (the scratch dir): an index saying which port.
+HTTPD = 'echo "{\\"pid\\": 0, \\"port\\": $PORT}" > index.html; exec httpd -f -p "$PORT"'
+
+
+def test_S1_a_replica_in_a_container_serves_on_the_hosts_network_is_restarted_then_removed(
+    dockerd,
+    serving_node,  # noqa: F811
+    member_api,
+):
+    port = free_port()
+    made = deploy(member_api, port, image=IMAGE, command=["sh", "-c", HTTPD], readiness_path="/")
+    wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready")
+    assert answers(port) == {"pid": 0, "port": port}  # PORT, on the host's network
+    [replica] = deployment_shown(member_api, made["id"])["revisions"][0]["members"]
+    member_id = Member.objects.get().command_id
+    subprocess.run(["docker", "kill", f"tuneplane-{member_id}"], check=True, capture_output=True)
+    wait_until(lambda: status_is(member_api, made["id"], "degraded"), 30, "degraded")
+    wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready again")
+    [again] = deployment_shown(member_api, made["id"])["revisions"][0]["members"]
+    assert (again["restarts"], again["confinement"]) == (1, "container: docker")
+    stopped = member_api.patch(f"/api/deployments/{made['id']}", {"state": "stopped"})
+    assert stopped.status_code == 200
+    wait_until(
+        lambda: deployment_shown(member_api, made["id"])["revisions"][0]["members"][0]["cleanup"]
+        == "cleaned",
+        60,
+        "the replica cleaned up",
+    )
+    assert answers(port) is None and container_of(member_id) == ""

@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('nodes', '0017_stray_cap'),
-        ('placement', '0005_serving'),
+        ('placement', '0006_job_images'),
     ]
 
     operations = [

@@ -244,7 +244,7 @@ def deployment_submit(
             deployment=deployment,
             number=1,
             node_id=admitted.nodes[0] if admitted.nodes and not on_node else None,
-            **serve,
+            **{**serve, "port": serve["port"] if on_node else None},  # recorded: L2 only
         )
         if on_node:
             allocate_on_commit(deployment.fleet_id)

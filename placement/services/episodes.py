@@ -122,6 +122,13 @@ def episode_command_observed(command: NodeCommand, before: dict) -> None:
     if command.cleaned_at is not None and member.cleanup != Cleanup.CLEANED:
         member.cleanup = Cleanup.CLEANED
         member.holds.all().delete()
+        audit_record(
+            actor=RUNS,
+            action="member.cleaned",
+            target=member,
+            before={"cleanup": Cleanup.PENDING},
+            after={"cleanup": Cleanup.CLEANED, "cards_released": member.cards},
+        )
         allocate_on_commit(episode.environment.fleet_id)
     member.save()
     if {"state": member.state, "reason": member.reason} != moved:
@@ -158,10 +165,12 @@ def episodes_time_out(*, now=None) -> dict[str, int]:
     now = now or timezone.now()
     due = [
         episode_id
-        for episode_id, started_at, created_at, timeout in Episode.objects.filter(
+        # From its start, or while starting from its placement (its start command's time).
+        for episode_id, started_at, placed_at, timeout in Episode.objects.filter(
             state__in=(EpisodeState.STARTING, EpisodeState.RUNNING)
-        ).values_list("pk", "started_at", "created_at", "timeout_seconds")
-        if (started_at or created_at) + timedelta(seconds=timeout) < now
+        ).values_list("pk", "started_at", "members__command__created_at", "timeout_seconds")
+        if (started_at or placed_at) is not None
+        and (started_at or placed_at) + timedelta(seconds=timeout) < now
     ]
     timed_out = 0
     for episode_id in due:

@@ -23,6 +23,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from audit.services import Actor, audit_record
+from fleets.choices import FleetKind
 from nodes.choices import CommandKind, CommandState
 from nodes.models import NodeCommand
 from nodes.services.logs import log_tail_fetch
@@ -43,7 +44,8 @@ def locked_deployment(deployment_id: int):
     deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
     revisions = list(deployment.revisions.select_for_update().order_by("number"))
     members = list(
-        Member.objects.select_for_update()
+        Member.objects.select_for_update(of=("self",))
+        .select_related("node")  # Ready reads it; its row is not locked
         .filter(revision__deployment=deployment)
         .order_by("revision_id", "rank")
     )
@@ -176,6 +178,12 @@ def revision_create(*, actor: Actor, deployment: Deployment, **serve) -> Revisio
         deployment, revisions, _ = locked_deployment(deployment.pk)
         if deployment.state != DeploymentState.LIVE:
             raise Conflict("The deployment is stopped; submit a new one.", code="stopped")
+        if deployment.fleet.kind != FleetKind.NODE:
+            raise Conflict(
+                f"Fleet '{deployment.fleet_id}' is a {deployment.fleet.kind} Fleet: revisions "
+                "roll out on node Fleets, where the console's agents serve them.",
+                code="not_a_node_fleet",
+            )
         current = next((r for r in reversed(revisions) if r.state == RevisionState.LIVE), None)
         base = current or revisions[-1]
         inherited = {

@@ -95,24 +95,28 @@ def wanted(fleet: Fleet) -> list[Want]:
 
 
 def _replicas(fleet: Fleet) -> list[ReplicaWant]:
-    wanting = Revision.objects.filter(
-        deployment__fleet=fleet,
-        deployment__state=DeploymentState.LIVE,
-        state=RevisionState.LIVE,
-        port__isnull=False,
-    ).values("deployment_id")
-    deployments = (
-        Deployment.objects.filter(pk__in=wanting)
+    """Read first without locks; then only the deployments that lack replicas are locked
+    and read again: a pass never makes the reports of a whole Fleet's replicas wait."""
+    live = Deployment.objects.filter(fleet=fleet, state=DeploymentState.LIVE).values("pk")
+    lacking = {want.owner.deployment_id for want in _lacking(live)}
+    if not lacking:
+        return []
+    locked = (
+        Deployment.objects.filter(pk__in=lacking, state=DeploymentState.LIVE)
         .select_for_update(of=("self",))
         .order_by("pk")
         .values_list("pk", flat=True)
     )
+    return _lacking(list(locked))
+
+
+def _lacking(deployments) -> list[ReplicaWant]:
     # Each deployment's newest live revision: a rollout's old one gets no new replicas, and
     # one rolled back to has the replicas its rollout stopped placed again (S2).
     newest = {
         revision.deployment_id: revision
         for revision in Revision.objects.filter(
-            deployment_id__in=list(deployments), state=RevisionState.LIVE, port__isnull=False
+            deployment_id__in=deployments, state=RevisionState.LIVE, port__isnull=False
         )
         .select_related("deployment__fleet")
         .order_by("deployment_id", "number")

@@ -291,3 +291,16 @@ def test_S2_a_new_revision_inherits_what_it_does_not_say_and_refuses_bad_input(
     )
     services.deployment_update(actor=Actor.of_user(member), deployment=deployment, state="stopped")
     assert member_api.post(path, {"port": 8002}).status_code == 409
+
+
+def test_S2_revisions_roll_out_on_node_fleets_only(member, make_fleet):
+    """A kubernetes Fleet's deployment is a record: its Ready is its node's (L2); it takes
+    no revision to roll out, and no port makes its Ready a replica's."""
+    fleet = make_fleet("k8s", kind="kubernetes", capabilities=["serve"])
+    deployment = Deployment.objects.create(
+        project=services.project_for(member, "ml"), fleet=fleet, name="d", cards=0
+    )
+    Revision.objects.create(deployment=deployment, number=1)
+    with pytest.raises(Conflict, match="roll out on node Fleets"):
+        serving.revision_create(actor=Actor.of_user(member), deployment=deployment, port=8001)
+    assert deployment.revisions.count() == 1

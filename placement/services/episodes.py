@@ -25,11 +25,11 @@ from nodes.models import NodeCommand
 from nodes.services.logs import log_tail_fetch
 from tuneplane.errors import Conflict, NotFound
 
-from ..choices import EPISODE_ENDED, RUN_LIVE, Cleanup, EpisodeState, RunState
+from ..choices import EPISODE_ENDED, RUN_LIVE, EpisodeState, RunState
 from ..models import Environment, Episode, Member
 from ..runspec import checked_episode
 from .allocator import allocate_on_commit
-from .runs import ENDED_AS, RUNS, _send
+from .runs import ENDED_AS, RUNS, _cleaned, _send
 from .serving import _grace
 
 EPISODES = Actor.system("episodes")
@@ -119,18 +119,8 @@ def episode_command_observed(command: NodeCommand, before: dict) -> None:
         member.state, member.reason = ENDED_AS[command.state], command.reason or "vanished"
         member.exit_code, member.ended_at = command.exit_code, now
     member.confinement = command.confinement or member.confinement
-    if command.cleaned_at is not None and member.cleanup != Cleanup.CLEANED:
-        member.cleanup = Cleanup.CLEANED
-        member.holds.all().delete()
-        audit_record(
-            actor=RUNS,
-            action="member.cleaned",
-            target=member,
-            before={"cleanup": Cleanup.PENDING},
-            after={"cleanup": Cleanup.CLEANED, "cards_released": member.cards},
-        )
-        allocate_on_commit(episode.environment.fleet_id)
     member.save()
+    _cleaned(member, command, RUNS, lambda: episode.environment.fleet_id)
     if {"state": member.state, "reason": member.reason} != moved:
         audit_record(
             actor=RUNS,

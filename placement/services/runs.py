@@ -138,18 +138,26 @@ def _member_moved(member: Member, command: NodeCommand, before_command: dict) ->
         _audit(member, f"member.{member.state}", before)
     elif member.confinement:
         member.save(update_fields=["confinement"])
-    if command.cleaned_at is not None and member.cleanup != Cleanup.CLEANED:
-        member.cleanup = Cleanup.CLEANED
-        member.save(update_fields=["cleanup"])
-        CardHold.objects.filter(member=member).delete()
-        audit_record(
-            actor=RUNS,
-            action="member.cleaned",
-            target=member,
-            before={"cleanup": Cleanup.PENDING},
-            after={"cleanup": Cleanup.CLEANED, "cards_released": member.cards},
-        )
-        allocate_on_commit(member.attempt.fleet_id)
+    _cleaned(member, command, RUNS, lambda: member.attempt.fleet_id)
+
+
+def _cleaned(member: Member, command: NodeCommand, actor: Actor, fleet_id) -> None:
+    """R7: once its node confirms the cleanup, a member's cards are released (audited) and
+    its Fleet gets an allocation pass. Every kind of member — a job's, a replica, a
+    session's, an episode's — is released here. ``fleet_id`` is called only then."""
+    if command.cleaned_at is None or member.cleanup == Cleanup.CLEANED:
+        return
+    member.cleanup = Cleanup.CLEANED
+    member.save(update_fields=["cleanup"])
+    CardHold.objects.filter(member=member).delete()
+    audit_record(
+        actor=actor,
+        action="member.cleaned",
+        target=member,
+        before={"cleanup": Cleanup.PENDING},
+        after={"cleanup": Cleanup.CLEANED, "cards_released": member.cards},
+    )
+    allocate_on_commit(fleet_id())
 
 
 def _send(kind: str, members: list[Member], now, **extra) -> None:

@@ -30,11 +30,11 @@ from nodes.services.logs import log_tail_fetch
 from tuneplane.errors import Conflict, NotFound
 
 from ..choices import RUN_LIVE, Cleanup, DeploymentState, RevisionState, RunState
-from ..models import CardHold, Deployment, Member, Revision
+from ..models import Deployment, Member, Revision
 from ..runspec import checked_serve, require_servable
 from ..selectors import replica_ready
 from .allocator import allocate_on_commit
-from .runs import ENDED_AS, _send
+from .runs import ENDED_AS, _cleaned, _send
 
 SERVING = Actor.system("serving")
 
@@ -100,18 +100,7 @@ def _replica_moved(member: Member, command: NodeCommand, kind: str = "replica") 
         if member.state == before["state"]:
             action = f"{kind}.ready" if member.ready else f"{kind}.not_ready"
         audit_record(actor=SERVING, action=action, target=member, before=before, after=after)
-    if command.cleaned_at is not None and member.cleanup != Cleanup.CLEANED:
-        member.cleanup = Cleanup.CLEANED
-        member.save(update_fields=["cleanup"])
-        CardHold.objects.filter(member=member).delete()
-        audit_record(
-            actor=SERVING,
-            action="member.cleaned",
-            target=member,
-            before={"cleanup": Cleanup.PENDING},
-            after={"cleanup": Cleanup.CLEANED, "cards_released": member.cards},
-        )
-        allocate_on_commit(member.fleet_id)
+    _cleaned(member, command, SERVING, lambda: member.fleet_id)
 
 
 def _settle(deployment: Deployment, revisions, members, now) -> None:

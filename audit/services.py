@@ -119,13 +119,24 @@ def audit_record_each(
 ) -> int:
     """One event per ``(action, target id, before, after)``, of several actions, in one
     INSERT per 5,000: for a sweep whose one statement made changes of several kinds."""
-    actor = _checked(actor)
-    for action in {action for action, *_ in events}:
+    return audit_record_by_each(
+        target_type=target_type, events=[(actor, *event) for event in events]
+    )
+
+
+def audit_record_by_each(
+    *, target_type: str, events: list[tuple[Actor, str, str, dict | None, dict | None]]
+) -> int:
+    """One event per ``(actor, action, target id, before, after)``, each by its own actor, in
+    one INSERT per 5,000: for a batch of changes made by many (the Hellos of many nodes)."""
+    for actor, *_ in events:
+        _checked(actor)
+    for action in {action for _, action, *_ in events}:
         _require_transaction(action)
     now = timezone.now()
     correlation_id = correlation.current()
     counts: dict[str, int] = {}
-    for action, *_ in events:
+    for _, action, *_ in events:
         counts[action] = counts.get(action, 0) + 1
     _count_on_commit(counts)
     AuditEvent.objects.bulk_create(
@@ -142,7 +153,7 @@ def audit_record_each(
                 after=after,
                 correlation_id=correlation_id,
             )
-            for action, target_id, before, after in events
+            for actor, action, target_id, before, after in events
         ],
         batch_size=5000,
     )

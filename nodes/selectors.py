@@ -149,13 +149,15 @@ def live_sessions_of(nodes) -> dict:
 
 
 def commands_pending(
-    *, node_id: str | None = None, gateway: str | None = None
+    *, node_id: str | None = None, node_ids: list[str] | None = None, gateway: str | None = None
 ) -> list[NodeCommand]:
-    """Pending commands, oldest first, in one statement: of one node, or of the nodes whose
-    open session is on one gateway replica."""
+    """Pending commands, oldest first, in one statement: of one node, of several, or of the
+    nodes whose open session is on one gateway replica."""
     pending = NodeCommand.objects.filter(state=CommandState.PENDING).order_by("created_at")
     if node_id is not None:
         pending = pending.filter(node_id=node_id)
+    if node_ids is not None:
+        pending = pending.filter(node_id__in=node_ids)
     if gateway is not None:
         pending = pending.filter(
             node__sessions__gateway=gateway, node__sessions__closed_at__isnull=True

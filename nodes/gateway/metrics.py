@@ -23,6 +23,12 @@ LEASE_BATCH = Histogram(
     "Sessions renewed by one lease flush.",
     buckets=(1, 10, 100, 1_000, 10_000, 100_000),
 )
+SESSION_BATCH = Histogram(
+    "tuneplane_gateway_session_batch_size",
+    "Session opens (Hellos) or closes written by one database call.",
+    ["kind"],
+    buckets=(1, 2, 5, 10, 50, 100, 500, 1_000),
+)
 STREAMS_CLOSED = Counter("tuneplane_gateway_streams_closed", "Streams ended, by why.", ["reason"])
 TELEMETRY_SAMPLES = Counter(
     "tuneplane_gateway_telemetry_samples",

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from . import loops
 from .db_threads import DatabaseThreads
+from .opens import SessionBatches
 from .streams import LeaseBatcher, Streams
 from .telemetry import TelemetryBatcher
 
@@ -28,6 +29,7 @@ class Gateway:
         self.streams = Streams()
         self.batcher = LeaseBatcher(self.streams, self.database)
         self.telemetry = TelemetryBatcher(self.streams, self.database)
+        self.sessions = SessionBatches(self)
         # Store tasks outliving their stream until they have written what it said.
         self.storing: set[asyncio.Task] = set()
 
@@ -43,6 +45,8 @@ class Gateway:
         ]
 
     async def stopped(self) -> None:
-        """Once the server has stopped: its streams' last beats renew their leases."""
+        """Once the server has stopped: its streams' sessions closed, their last beats
+        renewing their leases."""
+        await self.sessions.settled()
         await self.batcher.flush()
         await self.telemetry.flush()

@@ -20,7 +20,7 @@ from tuneplane.errors import ApplicationError, ValidationFailed
 from ..agent import wire
 from ..agent.proto import control_pb2 as pb
 from ..pki import NODE_URI_PREFIX
-from ..services import commands, control, logs, scheduling
+from ..services import commands, control, logs, scheduling, sessions
 from .aio import AsyncService
 from .metrics import ACK_LATENCY, HEARTBEATS, HELLOS, STREAMS_CLOSED, close_reason
 from .replica import Gateway
@@ -99,12 +99,8 @@ class NodeControlService(AsyncService):
             )
         try:
             reported = [commands.Reported.from_wire(c) for c in hello.commands]
-            session = await self.gateway.database.run(
-                control.session_open,
-                node_id=peer.node_id,
-                serial=peer.serial,
-                gateway=self.gateway.name,
-                agent_version=hello.agent_version,
+            opened = await self.gateway.sessions.open(
+                sessions.Hello(peer.node_id, peer.serial, hello.agent_version, reported)
             )
         except ApplicationError as error:
             logger.warning("node %s refused: %s", peer.node_id, error.message)
@@ -112,22 +108,20 @@ class NodeControlService(AsyncService):
                 _STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED), error.message
             )
         HELLOS.inc()
+        session = opened.session
         stream = Stream(peer.node_id, str(session.id))
         # L5: what the node already knows is never sent on this stream, even by a poll or a
-        # nudge that read the command as pending before the reconcile below settled it.
+        # nudge that read the command as pending before its Hello's reconcile settled it.
         stream.sent.update(item.command_id for item in reported)
         self.gateway.streams.take(stream)
         reader = None
         reason = "stream ended"
         try:
-            pending = await self.gateway.database.run(
-                commands.node_commands_reconcile, node_id=peer.node_id, reported=reported
-            )
             # Reading starts before the Welcome is written: a write the transport completes
             # late must not leave the node's first heartbeats unread.
             stream.welcomed, stream.last_beat = True, time.monotonic()
             reader = asyncio.create_task(self._read(request_iterator, stream))
-            stream.deliver(pending)
+            stream.deliver(opened.pending)
             yield pb.ControlMessage(
                 welcome=pb.Welcome(
                     session_id=stream.session_id,
@@ -152,11 +146,7 @@ class NodeControlService(AsyncService):
             STREAMS_CLOSED.labels(close_reason(reason)).inc()
             # Shielded: when the peer has gone, grpc cancels this handler, and a close still
             # queued for the database thread would otherwise be dropped with it.
-            await asyncio.shield(
-                self.gateway.database.run(
-                    control.session_close, session_id=session.id, reason=reason
-                )
-            )
+            await asyncio.shield(self.gateway.sessions.close(str(session.id), reason))
 
     async def _read(self, request_iterator, stream: Stream) -> None:
         """Takes the node's messages as they arrive. A heartbeat is taken here and now (its

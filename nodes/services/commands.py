@@ -322,25 +322,38 @@ def node_commands_reconcile(*, node_id: str, reported: list[Reported]) -> list[N
     Running on the console's books but unknown to the node: lost. Unknown to
     the console: flagged. Pending (never acknowledged): returned, to deliver.
     """
-    reported = [checked(item) for item in reported]
-    by_id = {item.command_id: item for item in reported}
+    return nodes_commands_reconcile(reported={node_id: reported})[node_id]
+
+
+def nodes_commands_reconcile(
+    *, reported: dict[str, list[Reported]]
+) -> dict[str, list[NodeCommand]]:
+    """``node_commands_reconcile`` for the Hellos of many nodes at once: their commands read
+    and locked in one statement; only what changed is written. Each node's pending ones."""
+    reported = {node: [checked(item) for item in items] for node, items in reported.items()}
+    by_key = {(node, item.command_id): item for node, items in reported.items() for item in items}
     now = timezone.now()
+    pending: dict[str, list[NodeCommand]] = {node_id: [] for node_id in reported}
     with transaction.atomic():
         commands = list(
             NodeCommand.objects.select_for_update()
-            .filter(node_id=node_id)
-            .filter(Q(state__in=ACTIVE_COMMAND_STATES) | Q(pk__in=list(by_id)))
+            .filter(node_id__in=list(reported))
+            .filter(Q(state__in=ACTIVE_COMMAND_STATES) | Q(pk__in=[i for _, i in by_key]))
             .order_by("created_at")
         )
-        known = {command.id for command in commands}
+        known = {(command.node_id, command.id) for command in commands}
         for command in commands:
-            if command.id in by_id:
-                _apply(command, by_id[command.id], now)
+            mine = by_key.get((command.node_id, command.id))
+            if mine is not None:
+                _apply(command, mine, now)
             elif command.state == CommandState.RUNNING:
                 _apply(command, Reported(command.id, CommandState.LOST), now)
-        node_strays_flag(
-            node_id=node_id,
-            reported=[item for item in reported if item.command_id not in known],
-            now=now,
-        )
-    return [command for command in commands if command.state == CommandState.PENDING]
+            if command.state == CommandState.PENDING:
+                pending[command.node_id].append(command)
+        for node_id, items in reported.items():
+            node_strays_flag(
+                node_id=node_id,
+                reported=[item for item in items if (node_id, item.command_id) not in known],
+                now=now,
+            )
+    return pending

@@ -24,118 +24,9 @@ from ..models import ControlSession, GatewayReplica, Node, NodeCredential
 from ..selectors import cards_summary
 from .hardware import card_names_remember
 from .scheduling import node_observe_storage_root
+from .sessions import authenticated_node, lease_until, sessions_close_matching
 
 logger = logging.getLogger("tuneplane.gateway")
-
-
-class SessionRefused(ApplicationError):
-    status = 403
-    code = "session_refused"
-
-
-def _lease_until(now: datetime) -> datetime:
-    return now + timedelta(seconds=settings.TUNEPLANE_LEASE_TTL)
-
-
-def _authenticated_node(node_id: str, serial: str, now: datetime) -> Node:
-    """The node a presented certificate speaks for, locked; refused if it may not speak."""
-    credential = NodeCredential.objects.filter(node_id=node_id, serial=serial).first()
-    if credential is None:
-        raise SessionRefused(f"no credential {serial} for node {node_id}")
-    if credential.revoked_at is not None:
-        raise SessionRefused(f"credential {serial} is revoked")
-    if credential.not_after <= now:
-        raise SessionRefused(f"credential {serial} has expired")
-    if credential.not_before > now:
-        raise SessionRefused(f"credential {serial} is not valid yet")
-    node = Node.objects.select_for_update().get(pk=node_id)
-    if node.scheduling_state == SchedulingState.REMOVED:
-        raise SessionRefused(f"node {node_id} is removed")
-    return node
-
-
-def session_open(
-    *, node_id: str, serial: str, gateway: str, agent_version: str = ""
-) -> ControlSession:
-    """Open a node's session; a newer stream replaces an older one (its session is closed)."""
-    now = timezone.now()
-    with transaction.atomic():
-        node = _authenticated_node(node_id, serial, now)
-        # A successor used on a stream retires every credential issued before it: a copied
-        # old certificate dies now, not at its expiry.
-        current = NodeCredential.objects.get(node=node, serial=serial)
-        predecessors = NodeCredential.objects.filter(
-            node=node, revoked_at__isnull=True, pk__lt=current.pk
-        )
-        retired = sorted(predecessors.values_list("serial", flat=True))
-        predecessors.update(revoked_at=now)
-        for old in ControlSession.objects.select_for_update().filter(
-            node=node, closed_at__isnull=True
-        ):
-            _close(old, "replaced by a newer stream", now)
-        session = ControlSession.objects.create(
-            node=node,
-            gateway=gateway,
-            agent_version=agent_version[:64],
-            opened_at=now,
-            last_heartbeat_at=now,
-            lease_expires_at=_lease_until(now),
-        )
-        node.last_seen_at = now
-        node.agent_version = agent_version[:64]
-        node.lease_expires_at = session.lease_expires_at
-        node.save(update_fields=["last_seen_at", "agent_version", "lease_expires_at"])
-        audit_record(
-            actor=Actor.of_node(node_id),
-            action="control_session.opened",
-            target=session,
-            after={
-                "node": node_id,
-                "gateway": gateway,
-                "credential_serial": serial,
-                **({"credentials_revoked": retired} if retired else {}),
-            },
-        )
-    logger.info("node %s connected to %s (session %s)", node_id, gateway, session.id)
-    return session
-
-
-def _close(session: ControlSession, reason: str, now: datetime) -> None:
-    session.closed_at = now
-    session.close_reason = reason[:200]
-    session.save(update_fields=["closed_at", "close_reason"])
-    Node.objects.filter(pk=session.node_id).update(  # its only open one
-        lease_expires_at=None,
-        last_session_closed_at=now,
-        last_session_close_reason=session.close_reason,
-    )
-    audit_record(
-        actor=Actor.system("gateway"),
-        action="control_session.closed",
-        target=session,
-        before={"open": True},
-        after={"open": False, "node": session.node_id, "reason": session.close_reason},
-    )
-
-
-def session_close(*, session_id, reason: str) -> None:
-    """The stream ended. Not evidence that anything the node runs has stopped (L5).
-
-    Locks in the one order every writer here keeps — the node, then its sessions — so a
-    close racing a reconnect or a removal waits instead of deadlocking."""
-    node_id = ControlSession.objects.filter(pk=session_id).values_list("node_id", flat=True).first()
-    if node_id is None:
-        return
-    with transaction.atomic():
-        Node.objects.select_for_update().filter(pk=node_id).first()
-        session = (
-            ControlSession.objects.select_for_update()
-            .filter(pk=session_id, closed_at__isnull=True)
-            .first()
-        )
-        if session is not None:
-            _close(session, reason, timezone.now())
-            logger.info("node %s disconnected: %s", session.node_id, reason)
 
 
 def leases_renew(
@@ -152,7 +43,7 @@ def leases_renew(
         return set()
     ids = list(heartbeats)
     seen = [heartbeats[i] for i in ids]
-    leases = [_lease_until(at) for at in seen]
+    leases = [lease_until(at) for at in seen]
     fresh = [i in inventory_fresh for i in ids]
     with transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -188,7 +79,7 @@ def leases_renew(
         )
         for session in sessions:
             session.last_heartbeat_at = heartbeats[str(session.id)]
-            session.lease_expires_at = _lease_until(session.last_heartbeat_at)
+            session.lease_expires_at = lease_until(session.last_heartbeat_at)
         ControlSession.objects.bulk_update(sessions, ["last_heartbeat_at", "lease_expires_at"])
         nodes = list(
             Node.objects.filter(pk__in=[s.node_id for s in sessions]).only(
@@ -227,7 +118,7 @@ def credential_rotate(*, node_id: str, serial: str, csr: str) -> pki.IssuedCerti
     now = timezone.now()
     interval = min(ROTATION_INTERVAL, settings.TUNEPLANE_NODE_CREDENTIAL_TTL / 4)
     with transaction.atomic():
-        node = _authenticated_node(node_id, serial, now)
+        node = authenticated_node(node_id, serial, now)
         credentials = NodeCredential.objects.filter(node=node)  # the join's is no rotation
         recent = credentials.filter(created_at__gt=now - timedelta(seconds=interval))
         if recent.exclude(pk=credentials.order_by("pk").values("pk")[:1]).exists():
@@ -305,7 +196,7 @@ def gateway_started(*, name: str, serving_since: datetime | None = None) -> Gate
     # Closed first: if this fails, nothing of the start is recorded and the retry begins
     # again, rather than announcing a start (and moving its time) at every attempt.
     left_open = ControlSession.objects.filter(gateway=name, opened_at__lt=serving_since or now)
-    closed = _sessions_close(left_open, "gateway replica restarted", now)
+    closed = sessions_close_matching(left_open, "gateway replica restarted", now)
     if closed:
         logger.info(
             "gateway %s started: closed %d sessions its previous process left open", name, closed
@@ -345,7 +236,7 @@ def sessions_of_silent_replicas_close(
     if listening_since is None or listening_since > now - gone_after:
         return 0
     silent = GatewayReplica.objects.filter(seen_at__lt=now - gone_after).values("name")
-    return _sessions_close(
+    return sessions_close_matching(
         ControlSession.objects.filter(gateway__in=silent, lease_expires_at__lt=now),
         "gateway replica silent",
         now,
@@ -355,30 +246,6 @@ def sessions_of_silent_replicas_close(
 def replica_gone_after() -> timedelta:
     """How long a gateway replica must be silent before its sessions are closed for it."""
     return max(5 * timedelta(seconds=settings.TUNEPLANE_LEASE_TTL), timedelta(minutes=2))
-
-
-def _sessions_close(sessions, reason: str, now: datetime, batch: int = 200) -> int:
-    """Close the open ones of ``sessions``, each audited, a batch per transaction; the nodes
-    locked first, in id order (the one lock order: node, then its sessions)."""
-    closed = 0
-    while True:
-        node_ids = sorted(
-            set(sessions.filter(closed_at__isnull=True).values_list("node_id", flat=True)[:batch])
-        )
-        if not node_ids:
-            return closed
-        with transaction.atomic():
-            list(
-                Node.objects.select_for_update()
-                .filter(pk__in=node_ids)
-                .order_by("pk")
-                .values_list("pk", flat=True)
-            )
-            for session in sessions.select_for_update().filter(
-                closed_at__isnull=True, node_id__in=node_ids
-            ):
-                _close(session, reason, now)
-                closed += 1
 
 
 def gateway_alive(*, name: str, started_at: datetime) -> None:

@@ -69,13 +69,18 @@ def log_tail_fetch(*, node: Node, member: str, tail_bytes: int, wait: float = WA
     )
 
 
-def log_fetches_pending(*, node_id: str | None = None, gateway: str | None = None) -> list:
-    """Unanswered fetches of one node, or of the nodes whose stream is on one replica."""
+def log_fetches_pending(
+    *, node_id: str | None = None, node_ids: list[str] | None = None, gateway: str | None = None
+) -> list:
+    """Unanswered fetches of one node, of several, or of the nodes whose stream is on one
+    replica."""
     pending = LogFetch.objects.filter(
         answered_at__isnull=True, created_at__gte=timezone.now() - STALE
     )
     if node_id is not None:
         pending = pending.filter(node_id=node_id)
+    if node_ids is not None:
+        pending = pending.filter(node_id__in=node_ids)
     if gateway is not None:
         pending = pending.filter(
             node__sessions__gateway=gateway, node__sessions__closed_at__isnull=True

@@ -20,7 +20,17 @@ from nodes.models import (
     quiet_threshold,
 )
 from nodes.services import clusters as node_clusters
-from nodes.services import commands, control, drains, hardware, join, liveness, scheduling, strays
+from nodes.services import (
+    commands,
+    control,
+    drains,
+    hardware,
+    join,
+    liveness,
+    scheduling,
+    sessions,
+    strays,
+)
 from nodes.services.commands import Reported
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 
@@ -97,7 +107,7 @@ def card_alias_delete(w):
 
 def session_open(w):
     result = w.joined()
-    return lambda: control.session_open(
+    return lambda: sessions.session_open(
         node_id=result.node.id, serial=result.certificate.serial, gateway="gw-1"
     )
 
@@ -105,12 +115,12 @@ def session_open(w):
 def session_open_replacing(w):
     session = w.live()
     serial = session.node.credentials.get().serial
-    return lambda: control.session_open(node_id=session.node_id, serial=serial, gateway="gw-2")
+    return lambda: sessions.session_open(node_id=session.node_id, serial=serial, gateway="gw-2")
 
 
 def session_close(w):
     session = w.live()
-    return lambda: control.session_close(session_id=session.id, reason="stream ended")
+    return lambda: sessions.session_close(session_id=session.id, reason="stream ended")
 
 
 def credential_rotate(w):

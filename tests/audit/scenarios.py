@@ -13,7 +13,7 @@ from fleets import services as fleets
 from fleets.choices import FleetState
 from nodes.models import Node, NodeCommand
 from nodes.services import clusters as node_clusters
-from nodes.services import commands, control, join, scheduling
+from nodes.services import commands, control, join, scheduling, sessions
 from placement import handover as placement_clusters
 from placement import services as placement
 from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr
@@ -94,7 +94,7 @@ class World:
     def live(self):
         """An enrolled node with an open control session."""
         result = self.joined()
-        return control.session_open(
+        return sessions.session_open(
             node_id=result.node.id, serial=result.certificate.serial, gateway="gw-1"
         )
 

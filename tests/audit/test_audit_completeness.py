@@ -23,7 +23,7 @@ from placement import services as placement
 from placement.models import Dataset, Volume
 
 from . import node_scenarios as nodes
-from . import run_scenarios, serving_scenarios
+from . import run_scenarios, serving_scenarios, session_scenarios
 from .scenarios import (
     CHANGED,
     CREATED,
@@ -63,6 +63,7 @@ WRITING_MODULES = (
     "nodes.services.join",
     "nodes.services.hardware",
     "nodes.services.control",
+    "nodes.services.sessions",
     "nodes.services.commands",
     "nodes.services.strays",
     "nodes.services.scheduling",
@@ -166,17 +167,6 @@ SCENARIOS = {
     ),
     "nodes.services.hardware.card_alias_map": Scenario(
         nodes.card_alias_map, (changed("card_alias.mapped"),)
-    ),
-    "nodes.services.control.session_open": Scenario(
-        nodes.session_open, (created("control_session.opened"),)
-    ),
-    # "a newer stream replaces an older one (its session is closed)": two sessions change.
-    "nodes.services.control.session_open/replacing-a-stream": Scenario(
-        nodes.session_open_replacing,
-        (changed("control_session.closed"), created("control_session.opened")),
-    ),
-    "nodes.services.control.session_close": Scenario(
-        nodes.session_close, (changed("control_session.closed"),)
     ),
     "nodes.services.control.credential_rotate": Scenario(
         nodes.credential_rotate, (changed("node.credential_rotated"),)
@@ -334,6 +324,8 @@ SCENARIOS = {
 SCENARIOS.update(run_scenarios.SCENARIOS)
 SCENARIOS.update(serving_scenarios.SCENARIOS)
 READS |= serving_scenarios.READS
+SCENARIOS.update(session_scenarios.SCENARIOS)
+READS |= session_scenarios.READS
 
 
 def function_of(scenario_name: str) -> str:

@@ -11,8 +11,9 @@ from playwright.sync_api import expect
 
 from nodes.choices import SchedulingState
 from nodes.models import CardAlias, HardwareSeries, Node, NodeCordon, NodeCredential
-from nodes.services.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
+from nodes.services.sessions import session_open
 from tests.conftest import H100_INVENTORY, make_csr
 
 from .test_admin_fleet_page import log_in

@@ -17,8 +17,9 @@ from audit.services import Actor
 from fleets.choices import FleetState
 from fleets.models import Fleet
 from nodes.models import JoinToken
-from nodes.services.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
+from nodes.services.sessions import session_open
 from placement import services as placement
 from tests.conftest import H100_INVENTORY, SERVE, make_csr
 from tuneplane.models import Project

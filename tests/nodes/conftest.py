@@ -1,4 +1,9 @@
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
+
+from nodes.gateway import Gateway
+from nodes.gateway.db_threads import DatabaseThreads
 
 from .kube_replay import KubeReplay
 
@@ -12,3 +17,12 @@ def replay(monkeypatch):
     with KubeReplay() as server:
         server.serve("GET", "/api/v1/nodes", "nodes.json")
         yield server
+
+
+@pytest.fixture
+def replica():
+    """A gateway replica of the test's own, with two database threads even on SQLite: one
+    may be held on purpose."""
+    pool = ThreadPoolExecutor(2, thread_name_prefix="test-gateway-db")
+    yield Gateway(name="test-gateway:8443", database=DatabaseThreads(pool=pool, control_pool=pool))
+    pool.shutdown(wait=True)

@@ -9,8 +9,9 @@ from django.utils import timezone
 
 from nodes.choices import SchedulingState
 from nodes.models import ControlSession, Node
-from nodes.services.control import leases_renew, node_report_inventory, session_open
+from nodes.services.control import leases_renew, node_report_inventory
 from nodes.services.join import node_join
+from nodes.services.sessions import session_open
 from tests.conftest import H100_INVENTORY, make_csr
 from tests.e2e.console import ROOT
 
@@ -45,7 +46,7 @@ def test_lease_renewal_statements_do_not_grow_with_nodes(node_fleet, mint):
 
 
 def test_a_closed_session_is_not_renewed(node_fleet, mint):
-    from nodes.services.control import session_close
+    from nodes.services.sessions import session_close
 
     session = sessions(node_fleet, mint, 1)[0]
     session_close(session_id=session.id, reason="stream ended")
@@ -84,7 +85,7 @@ def test_L1_the_node_row_keeps_its_open_sessions_lease_through_open_renew_replac
     node_fleet, mint
 ):
     """Admission reads the lease from the node row: it must be the open session's, or none."""
-    from nodes.services.control import session_close
+    from nodes.services.sessions import session_close
 
     def lease_kept(session):
         node = Node.objects.get(pk=session.node_id)

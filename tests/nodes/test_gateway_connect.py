@@ -87,15 +87,6 @@ def joined(node_fleet, mint):
     return result.node, result.certificate.pem
 
 
-@pytest.fixture
-def replica():
-    """A gateway replica of the test's own, with two database threads even on SQLite: one
-    may be held on purpose."""
-    pool = ThreadPoolExecutor(2, thread_name_prefix="test-gateway-db")
-    yield Gateway(name="test-gateway:8443", database=DatabaseThreads(pool=pool, control_pool=pool))
-    pool.shutdown(wait=True)
-
-
 def held(monkeypatch, module, name: str) -> tuple[threading.Event, threading.Event]:
     """Make ``module.name`` wait, on its database thread, until released: (entered, release)."""
     real, entered, release = getattr(module, name), threading.Event(), threading.Event()
@@ -125,7 +116,7 @@ def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_fin
 ):
     node, pem = joined
     finished = commands.node_command_create(actor=ADMIN, node=node, kind="run", payload=RUN)
-    entered, release = held(monkeypatch, commands, "node_commands_reconcile")
+    entered, release = held(monkeypatch, commands, "nodes_commands_reconcile")
     hello = pb.Hello(
         node_id=node.id,
         agent_version="test",
@@ -135,7 +126,7 @@ def test_L5_a_poll_during_reconnect_never_redelivers_what_the_hello_reported_fin
     async def scenario() -> list[pb.ControlMessage]:
         peer = Peer(replica, node.id, pem, hello)
         welcome = asyncio.ensure_future(peer.next())
-        await in_thread(entered)  # the stream is registered; its Hello not yet settled
+        await in_thread(entered)  # its Hello's session written, its commands not yet settled
         # The poll (or a Redis nudge) runs now and still reads the command as pending.
         await deliver_pending(replica, node_id=node.id)
         release.set()
@@ -247,7 +238,7 @@ def test_L1_silence_counts_from_the_welcome_not_while_the_console_settles_the_he
     replica, joined, monkeypatch
 ):
     node, pem = joined
-    entered, release = held(monkeypatch, commands, "node_commands_reconcile")
+    entered, release = held(monkeypatch, commands, "nodes_commands_reconcile")
     registry = replica.streams
 
     async def scenario():

@@ -4,9 +4,10 @@ and how its last session ended — in the API and on the Fleet page (L7)."""
 import re
 
 from nodes.models import Node
-from nodes.services.control import leases_renew, session_close, session_open
+from nodes.services.control import leases_renew
 from nodes.services.join import node_join
 from nodes.services.scheduling import node_drain, node_remove
+from nodes.services.sessions import session_close, session_open
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 
 

@@ -8,15 +8,10 @@ import pytest
 from django.utils import timezone
 
 from nodes.models import CardAlias, NodeCredential
-from nodes.services.control import (
-    RotationTooSoon,
-    SessionRefused,
-    credential_rotate,
-    node_report_inventory,
-    session_open,
-)
+from nodes.services.control import RotationTooSoon, credential_rotate, node_report_inventory
 from nodes.services.hardware import NEW_CARD_NAMES_PER_NODE_HOUR
 from nodes.services.join import node_join
+from nodes.services.sessions import SessionRefused, session_open
 from tests.conftest import H100_INVENTORY, make_csr
 
 

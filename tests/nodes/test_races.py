@@ -13,9 +13,10 @@ from fleets.models import Fleet
 from fleets.services import fleet_delete
 from nodes.choices import CordonSource
 from nodes.models import ControlSession, Node, NodeCordon, NodeCredential
-from nodes.services.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory
 from nodes.services.join import JoinRefused, JoinResult, node_join
 from nodes.services.scheduling import node_cordon, node_drain, node_remove, node_uncordon
+from nodes.services.sessions import session_open
 from placement.models import Deployment
 from placement.services import deployment_submit
 from tests.conftest import H100_INVENTORY, SERVE, make_csr
@@ -141,7 +142,8 @@ def test_a_close_racing_a_reconnect_and_a_lease_flush_never_deadlocks(placeable)
     and over: each waits for the others (one lock order: the node, then its sessions)."""
     from django.utils import timezone
 
-    from nodes.services.control import leases_renew, session_close
+    from nodes.services.control import leases_renew
+    from nodes.services.sessions import session_close
 
     node = placeable()
     serial = NodeCredential.objects.get(node=node).serial

@@ -6,9 +6,9 @@ from audit.models import AuditEvent
 from nodes.choices import CommandState, CordonSource, SchedulingState
 from nodes.models import ControlSession, Node, NodeCordon, NodeCredential
 from nodes.services.commands import Reported, node_command_create, node_command_report
-from nodes.services.control import session_open
 from nodes.services.join import node_join
 from nodes.services.scheduling import node_cordon, node_drain, node_observe_storage_root
+from nodes.services.sessions import session_open
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 
 RUN = {"argv": ["sleep", "600"]}

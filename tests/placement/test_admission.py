@@ -13,9 +13,10 @@ from fleets.choices import FleetState
 from fleets.models import Fleet
 from nodes.choices import SchedulingState
 from nodes.models import CardAlias, Node
-from nodes.services.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
 from nodes.services.scheduling import node_cordon
+from nodes.services.sessions import session_open
 from placement.models import Deployment, TrainingJob
 from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr
 from tuneplane.errors import PlacementRefused
@@ -314,7 +315,7 @@ def test_L1_stale_inventory_never_fits_although_the_node_shows_schedulable(
 
 def test_L1_a_closed_stream_never_fits(fleet, member_api, project):
     from nodes.models import ControlSession
-    from nodes.services.control import session_close
+    from nodes.services.sessions import session_close
 
     fleet("gpu-lab", ["train"])
     session_close(session_id=ControlSession.objects.get().id, reason="stream ended")

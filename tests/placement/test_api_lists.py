@@ -17,9 +17,10 @@ from nodes.choices import CommandKind, SchedulingState
 from nodes.models import HardwareSeries, Node
 from nodes.services import hardware
 from nodes.services.commands import Reported, node_command_create, node_command_report
-from nodes.services.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
 from nodes.services.scheduling import node_cordon, node_drain
+from nodes.services.sessions import session_open
 from placement import services
 from placement.choices import DeploymentState, LifecycleKind
 from placement.models import Dataset, Deployment, Member, Revision, Volume

@@ -7,8 +7,9 @@ import pytest
 
 from audit.models import AuditEvent
 from nodes.models import Node, NodeCommand
-from nodes.services.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
+from nodes.services.sessions import session_open
 from placement.models import Deployment, Episode, Member, TrainingJob
 from placement.services.allocator import allocate
 from tests.conftest import H100_DEVICE_INVENTORY, make_csr

@@ -7,8 +7,9 @@ import json
 import pytest
 from django.contrib.auth import get_user_model
 
-from nodes.services.control import node_report_inventory, session_open
+from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
+from nodes.services.sessions import session_open
 from placement.models import Deployment, Environment, LifecycleJob, PlaygroundSession, TrainingJob
 from tests.conftest import H100_INVENTORY, SERVE, Api, make_csr
 from tuneplane.models import Membership, Project

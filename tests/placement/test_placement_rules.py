@@ -7,8 +7,9 @@ import pytest
 from django.utils import timezone
 
 from nodes.models import ControlSession, Node
-from nodes.services.control import node_report_inventory, session_close, session_open
+from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
+from nodes.services.sessions import session_close, session_open
 from placement.models import TrainingJob
 from tests.conftest import H100_INVENTORY, make_csr
 

@@ -10,7 +10,9 @@ Each node gets its own channel and its own client certificate, so every stream
 costs the server a real TLS handshake. Three phases:
 
 1. ramp: at most ``--ramp-concurrency`` opens (TLS handshake, Hello, Welcome)
-   in flight at once, so the server is never stampeded. Each stream heartbeats
+   in flight at once, so the server is never stampeded; or, with
+   ``--arrive-within S``, a cold start: each node opens at a random moment of the
+   first S seconds, however many are in flight. Each stream heartbeats
    from its Welcome on, as a real agent does: a node silent for a long ramp
    would outlive its lease;
 2. steady window, after ``--warmup`` seconds (one interval by default: every
@@ -100,6 +102,7 @@ class Clock:
         self.held = 0
         self.failed = 0
         self.all_arrived = asyncio.Event()
+        self.open_latencies: list[float] = []
         # Set when heartbeats stop following the interval, to wake streams sleeping on it.
         self.paced_no_more = asyncio.Event()
         self.recording: Window | None = None
@@ -190,15 +193,24 @@ class SimulatedNode:
 
 
 async def live(
-    node: SimulatedNode, opens: asyncio.Semaphore, clock: Clock, interval: float, errors: Counter
+    node: SimulatedNode,
+    opens: asyncio.Semaphore,
+    clock: Clock,
+    interval: float,
+    errors: Counter,
+    arrive_at: float = 0.0,
 ) -> None:
-    """A node's whole life: open (bounded by ``opens``), heartbeat as the clock says, close."""
+    """A node's whole life: open (bounded by ``opens``, ``arrive_at`` seconds after the
+    start), heartbeat as the clock says, close."""
     loop = asyncio.get_running_loop()
+    await asyncio.sleep(arrive_at)
     try:
         async with opens:
             # Timed from the start of the open, not from joining the queue for ``opens``.
+            started = time.perf_counter()
             async with asyncio.timeout(OPEN_TIMEOUT_SECONDS):
                 await node.open()
+            clock.open_latencies.append(time.perf_counter() - started)
     except (grpc.aio.AioRpcError, StreamLost, TimeoutError) as error:
         errors[f"open: {describe(error)}"] += 1
         clock.arrived(False)
@@ -237,8 +249,21 @@ async def run(args) -> dict:
     ca = bundle["ca"].encode()
     nodes = [SimulatedNode(args.target, ca, node) for node in bundle["nodes"][: args.streams]]
     clock, errors = Clock(len(nodes)), Counter()
-    opens = asyncio.Semaphore(args.ramp_concurrency)
-    lives = [asyncio.create_task(live(node, opens, clock, args.interval, errors)) for node in nodes]
+    cold = args.arrive_within > 0
+    opens = asyncio.Semaphore(len(nodes) if cold else args.ramp_concurrency)
+    lives = [
+        asyncio.create_task(
+            live(
+                node,
+                opens,
+                clock,
+                args.interval,
+                errors,
+                random.uniform(0, args.arrive_within) if cold else 0.0,
+            )
+        )
+        for node in nodes
+    ]
     await clock.all_arrived.wait()
     ramp_seconds = time.perf_counter() - clock.started
     held = clock.held
@@ -268,7 +293,10 @@ async def run(args) -> dict:
         "streams_held": held,
         "streams_open_at_end": still_open,
         "ramp_seconds": round(ramp_seconds, 2),
-        "ramp_concurrency": args.ramp_concurrency,
+        "ramp_concurrency": None if cold else args.ramp_concurrency,
+        "arrive_within_seconds": args.arrive_within,
+        "open_p50_ms": percentile_ms(sorted(clock.open_latencies), 0.50),
+        "open_p99_ms": percentile_ms(sorted(clock.open_latencies), 0.99),
         "interval_seconds": args.interval,
         "warmup_seconds": args.warmup,
         **steady.figures(),
@@ -298,6 +326,13 @@ def main() -> None:
         type=int,
         default=20,
         help="stream opens (TLS handshake + Hello/Welcome) in flight at once",
+    )
+    parser.add_argument(
+        "--arrive-within",
+        type=float,
+        default=0.0,
+        help="a cold start: each node opens at a random moment of the first this many "
+        "seconds, with no bound on opens in flight (default 0: --ramp-concurrency)",
     )
     args = parser.parse_args()
     if args.warmup is None:

@@ -43,6 +43,8 @@ from nodes.models import ControlSession, Node, NodeCredential, new_node_id
 from tests.conftest import make_csr
 from tests.e2e.console import ROOT, console_env, database_url, free_port
 
+from . import gateway_report
+
 pytestmark = [pytest.mark.bench, pytest.mark.django_db(transaction=True)]
 
 INTERVAL_SECONDS = 10
@@ -50,6 +52,9 @@ INTERVAL_SECONDS = 10
 # 10-40 a second here); more in flight only lengthens its queue of database calls, and a
 # stream's reader waiting in it past the 30 s lease is closed as silent (seen at 100).
 RAMP_CONCURRENCY = 20
+# A cold start (issue 20): every node opens at a random moment of the first this many seconds,
+# with no bound on opens in flight; 0 opens RAMP_CONCURRENCY at a time instead.
+ARRIVE_WITHIN_SECONDS = float(os.environ.get("TUNEPLANE_BENCH_ARRIVE_WITHIN", "10"))
 LEASE_TTL_SECONDS = 30
 SATURATE_SECONDS = 10
 SAMPLE_SECONDS = 1.0
@@ -234,6 +239,8 @@ def load(target: str, credentials: Path, streams: int) -> dict:
             str(SATURATE_SECONDS),
             "--ramp-concurrency",
             str(RAMP_CONCURRENCY),
+            "--arrive-within",
+            str(ARRIVE_WITHIN_SECONDS),
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -245,7 +252,13 @@ def load(target: str, credentials: Path, streams: int) -> dict:
 
 
 def measure(
-    argv: list[str], env: dict, ready: str, target: str, credentials: Path, streams: int
+    argv: list[str],
+    env: dict,
+    ready: str,
+    target: str,
+    credentials: Path,
+    streams: int,
+    metrics: str | None = None,
 ) -> dict:
     """The generator's figures for one server, with the server's own beside them."""
     with serving(argv, env, ready) as (process, stopped):
@@ -257,6 +270,8 @@ def measure(
         finally:
             sampler.done.set()
             sampler.join()
+        if metrics:
+            figures.update(gateway_report.gc_pauses(metrics))
         peak_rss = proc_status(process.pid, "VmHWM")
     steady, saturated = figures["window"], figures["saturation_window"]
     return {
@@ -270,87 +285,6 @@ def measure(
         "server_peak_rss_mb": peak_rss / 2**20,
         "server_rss_per_stream_kb": (peak_rss - idle_rss) / 1024 / streams,
     }
-
-
-def acks_per_cpu_second(f: dict) -> float:
-    """Closed-loop acks per second of server CPU: the generator shares this machine's two
-    cores, so the raw maximum is partly the generator's; this is the server's own cost."""
-    return f["saturation_heartbeats_per_second"] / (f["saturation_server_cpu_percent"] / 100)
-
-
-def ms(f: dict, prefix: str = "") -> str:
-    values = [f[prefix + key] for key in ("p50_ms", "p99_ms", "max_ms")]
-    return "no acks" if None in values else " / ".join(f"{v:.1f}" for v in values) + " ms"
-
-
-def stop(f: dict) -> str:
-    code = f["returncode"]
-    how = "" if code == 0 else " (killed)" if code == -signal.SIGKILL else f" (exit {code})"
-    closed = f", {f['sessions_closed']} sessions closed" if "sessions_closed" in f else ""
-    return f"{f['stop_seconds']} s{how}{closed}"
-
-
-ROWS = [
-    (
-        "streams held / still open at the end",
-        lambda f: f"{f['streams_held']}/{f['streams_requested']} / {f['streams_open_at_end']}",
-    ),
-    (
-        "ramp",
-        lambda f: f"{f['ramp_seconds']:.1f} s ({f['streams_held'] / f['ramp_seconds']:.0f}"
-        f" streams/s)",
-    ),
-    (
-        f"heartbeats/s, each stream every {INTERVAL_SECONDS} s",
-        lambda f: f"{f['heartbeats_per_second']:.1f}",
-    ),
-    ("  ack p50 / p99 / max", ms),
-    ("  server CPU (% of one core)", lambda f: f"{f['server_cpu_percent']:.0f} %"),
-    ("  generator CPU", lambda f: f"{f['client_cpu_percent']:.0f} %"),
-    ("  DB commits/s (xact_commit)", lambda f: f"{f['db_commits_per_second']:.2f}"),
-    ("  DB connections opened/s", lambda f: f"{f['db_connections_per_second']:.2f}"),
-    ("  DB rows written/s", lambda f: f"{f['db_rows_written_per_second']:.0f}"),
-    (
-        f"max heartbeats/s (closed loop, {SATURATE_SECONDS} s)",
-        lambda f: f"{f['saturation_heartbeats_per_second']:.0f}",
-    ),
-    ("  ack p50 / p99 / max", lambda f: ms(f, "saturation_")),
-    (
-        "  server / generator CPU",
-        lambda f: f"{f['saturation_server_cpu_percent']:.0f} % / "
-        f"{f['saturation_client_cpu_percent']:.0f} %",
-    ),
-    ("  acks per server CPU-second", lambda f: f"{acks_per_cpu_second(f):.0f}"),
-    (
-        "server peak RSS (VmHWM)",
-        lambda f: f"{f['server_peak_rss_mb']:.0f} MiB "
-        f"(+{f['server_rss_per_stream_kb']:.0f} KiB/stream)",
-    ),
-    ("server stop after the generator left", stop),
-    ("errors", lambda f: f"{f['errors']} {f['error_kinds'] or ''}".strip()),
-]
-
-
-def report(gateway: dict, echo: dict) -> str:
-    label_width = max(len(label) for label, _ in ROWS) + 2
-    column = max(len(show(gateway)) for _, show in ROWS) + 3
-    lines = [
-        f"\nbench gateway: N={gateway['streams_requested']} streams, "
-        f"{gateway['ramp_concurrency']} opens in flight, {WINDOW_SECONDS} s steady window",
-        f"{'':{label_width}}{'grpcserve (PostgreSQL)':{column}}bare grpc.aio echo",
-    ]
-    lines += [f"{label:{label_width}}{show(gateway):{column}}{show(echo)}" for label, show in ROWS]
-
-    def ratio(key):
-        return gateway[key] / echo[key]
-
-    lines.append(
-        f"gateway/echo: heartbeats/s at the interval {ratio('heartbeats_per_second'):.2f} "
-        f"(both ack all there is); max heartbeats/s "
-        f"{ratio('saturation_heartbeats_per_second'):.2f}; acks per server CPU-second "
-        f"{acks_per_cpu_second(gateway) / acks_per_cpu_second(echo):.2f}"
-    )
-    return "\n".join(lines)
 
 
 @pytest.mark.parametrize("streams", stream_counts())
@@ -369,13 +303,16 @@ def test_bench_gateway_streams_beside_a_bare_echo_server(
         TUNEPLANE_HEARTBEAT_INTERVAL=str(INTERVAL_SECONDS),
         TUNEPLANE_LEASE_TTL=str(LEASE_TTL_SECONDS),
     )
+    metrics = f"127.0.0.1:{free_port()}"
     gateway = measure(
-        [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target],
+        [*(sys.executable, str(ROOT / "manage.py"), "grpcserve"), "--bind", target]
+        + ["--metrics-bind", metrics],
         env,
         "gateway serving",
         target,
         credentials,
         streams,
+        metrics,
     )
     gateway["sessions_closed"] = ControlSession.objects.filter(closed_at__isnull=False).count()
 
@@ -397,7 +334,9 @@ def test_bench_gateway_streams_beside_a_bare_echo_server(
         streams,
     )
     with capsys.disabled():
-        print(report(gateway, echo))
+        print(
+            gateway_report.report(gateway, echo, INTERVAL_SECONDS, SATURATE_SECONDS, WINDOW_SECONDS)
+        )
 
     for name, figures in (("gateway", gateway), ("echo server", echo)):
         assert figures["streams_held"] == figures["streams_open_at_end"] == streams, (

@@ -16,7 +16,7 @@ from django_grpc_framework.settings import grpc_settings
 from prometheus_client import REGISTRY
 
 from nodes import pki
-from nodes.gateway import Gateway, replica_name
+from nodes.gateway import Gateway, memory, replica_name
 from nodes.gateway.metrics import GatewayCollector
 from tuneplane.metrics import serve_metrics_on
 
@@ -85,6 +85,9 @@ class Command(BaseCommand):
         if self.metrics_bind:
             serve_metrics(self.metrics_bind, gateway)
         background = [asyncio.create_task(work) for work in gateway.background()]
+        memory.time_pauses()
+        frozen = memory.freeze_start_up()
+        logger.info("%d objects of start-up left out of garbage collection", frozen)
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):

@@ -80,6 +80,9 @@ class Node(models.Model):
     )
     inventory = models.JSONField(default=dict, blank=True)
     inventory_observed_at = models.DateTimeField(null=True, blank=True)
+    # The digest of the InventoryReport ``inventory`` holds, as the node computes it
+    # (Heartbeat.inventory_digest); empty once anything else has changed ``inventory``.
+    inventory_digest = models.CharField(max_length=64, blank=True, default="")
     last_seen_at = models.DateTimeField(null=True, blank=True, db_index=True)
     # Per-capability liveness, set and cleared by the liveness sweep (L2, L3): observations,
     # apart from the scheduling state an operator decides.

@@ -49,15 +49,18 @@ def wire_state(command: Command) -> pb.CommandState:
 logger = logging.getLogger("tuneplane-node")
 
 BACKOFF_FIRST = 1.0
-# Never waits longer than a lease between attempts (the console's default lease until a
-# Welcome says otherwise): after a console outage the console holds its judgement for at
-# least a lease, so every node that is up is back before silence counts against it.
-BACKOFF_MAX = 30.0
+# Never waits longer than a heartbeat interval between attempts (the console's default one
+# until a Welcome says otherwise). After a console outage the console holds its judgement
+# for at least a lease, so every node that is up is back before silence counts against it;
+# and after a gateway restart a node is back within an interval of its being ready, plus
+# its queue of Hellos (issue 20: capped at the lease, 30 s, recovery followed the cap).
+BACKOFF_MAX = 10.0
 
 
-def backoff_delay(attempt: int, lease_ttl: float) -> float:
-    """Seconds before reconnect attempt ``attempt``: doubling, capped by the lease, jittered."""
-    cap = min(BACKOFF_MAX, lease_ttl) if lease_ttl > 0 else BACKOFF_MAX
+def backoff_delay(attempt: int, heartbeat_interval: float) -> float:
+    """Seconds before reconnect attempt ``attempt``: doubling, capped by the heartbeat
+    interval, jittered downwards so a fleet does not come back in lockstep."""
+    cap = min(BACKOFF_MAX, heartbeat_interval) if heartbeat_interval > 0 else BACKOFF_MAX
     return min(cap, BACKOFF_FIRST * 2 ** min(attempt, 16)) * random.uniform(0.5, 1.0)
 
 
@@ -106,7 +109,7 @@ class Agent:
         # What this stream has told the console of each command, to report only changes.
         self.reported: dict[str, tuple] = {}
         self.last_inventory: pb.InventoryReport | None = None
-        self.lease_ttl = BACKOFF_MAX  # until a Welcome gives the console's
+        self.heartbeat_interval = BACKOFF_MAX  # until a Welcome gives the console's
         self.telemetry_file = telemetry_file
         self.telemetry_source = None  # made by the first stream's telemetry loop
         self.host = telemetry.Host()
@@ -150,7 +153,7 @@ class Agent:
             if self.stopping.is_set():
                 break
             attempt = 0 if connected else attempt + 1
-            delay = backoff_delay(attempt, self.lease_ttl)
+            delay = backoff_delay(attempt, self.heartbeat_interval)
             logger.info("reconnecting in %.1fs", delay)
             self.stopping.wait(delay)
         logger.info("stopped")
@@ -187,13 +190,13 @@ class Agent:
                     kind = message.WhichOneof("body")
                     if kind == "welcome":
                         welcomed = True
-                        self.lease_ttl = message.welcome.lease_ttl_seconds
+                        self.heartbeat_interval = message.welcome.heartbeat_interval_seconds
                         logger.info(
                             "connected to %s (session %s)", self.target, message.welcome.session_id
                         )
                         # Reconciled by the console: finished ones need not be told again.
                         self.commands.forget_finished(self.reported)
-                        self._send_inventory(outgoing)
+                        self._send_inventory(outgoing, held=message.welcome.inventory_digest)
                         threading.Thread(
                             target=self._heartbeat,
                             daemon=True,
@@ -223,10 +226,16 @@ class Agent:
                 outgoing.put(None)
         return welcomed
 
-    def _send_inventory(self, outgoing: queue.Queue, *, unless_unchanged: bool = False) -> bool:
-        """Send the inventory; with ``unless_unchanged``, only if it differs from the last."""
+    def _send_inventory(
+        self, outgoing: queue.Queue, *, unless_unchanged: bool = False, held: str = ""
+    ) -> bool:
+        """Send the inventory; with ``unless_unchanged``, only if it differs from the last;
+        not if it is the one the console holds (``held``, the digest its Welcome named)."""
         message = inventory_message(self.report())
         if unless_unchanged and message == self.last_inventory:
+            return False
+        if held and inventory_digest(message) == held:
+            self.last_inventory = message  # the beats name it: the console keeps it fresh
             return False
         if self.last_inventory is not None:
             logger.info("inventory changed; reported")

@@ -20,12 +20,15 @@ def _call(function, *args, **kwargs):
 
 
 class DatabaseThreads:
-    """The threads that run one replica's database work, each with its own connection, and a
+    """The threads that run one replica's database work, each with its own connection; a
     thread of its own for what says the replica is alive — its announcements and its lease
     flushes — so a reconnect storm queued on the others never makes a working replica look
-    silent. SQLite has one writer at a time: one thread there, for both.
+    silent; and one for the batches of session opens and closes, so a Hello never waits
+    behind the reports of streams already open (issue 20). SQLite has one writer at a time:
+    one thread there, for all three.
 
-    ``pool`` and ``control_pool`` are for tests that need threads of their own."""
+    ``pool`` and ``control_pool`` are for tests that need threads of their own (sessions
+    then share ``pool``)."""
 
     def __init__(
         self,
@@ -42,20 +45,27 @@ class DatabaseThreads:
         self.control_pool = control_pool or (
             self.pool if sqlite else ThreadPoolExecutor(1, thread_name_prefix="gateway-control")
         )
+        self.sessions_pool = (
+            self.pool
+            if sqlite or pool is not None
+            else ThreadPoolExecutor(1, thread_name_prefix="gateway-sessions")
+        )
 
-    async def run(self, function, /, *args, control: bool = False, **kwargs):
-        """Run a control service on a database thread (``control``: the liveness thread)."""
-        executor = self.control_pool if control else self.pool
+    async def run(
+        self, function, /, *args, control: bool = False, sessions: bool = False, **kwargs
+    ):
+        """Run a control service on a database thread (``control``: the liveness thread;
+        ``sessions``: the thread of session batches)."""
+        executor = self.control_pool if control else self.sessions_pool if sessions else self.pool
         return await asyncio.get_running_loop().run_in_executor(
             executor, partial(_call, function, *args, **kwargs)
         )
 
     def waiting(self) -> int:
         """Calls queued for a thread, not yet running (the metrics' database queue depth)."""
-        pools = {self.pool, self.control_pool}
+        pools = {self.pool, self.control_pool, self.sessions_pool}
         return sum(pool._work_queue.qsize() for pool in pools)
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=True)
-        if self.control_pool is not self.pool:
-            self.control_pool.shutdown(wait=True)
+        for pool in {self.pool, self.control_pool, self.sessions_pool}:
+            pool.shutdown(wait=True)

@@ -109,7 +109,9 @@ class SessionBatches:
     async def _open(self, hellos: list[sessions.Hello]) -> list:
         database, name = self.gateway.database, self.gateway.name
         try:
-            answers = await database.run(sessions.sessions_open, hellos=hellos, gateway=name)
+            answers = await database.run(
+                sessions.sessions_open, hellos=hellos, gateway=name, sessions=True
+            )
         except Exception:
             if len(hellos) == 1:
                 raise
@@ -119,7 +121,7 @@ class SessionBatches:
             for hello in hellos:
                 try:
                     answers |= await database.run(
-                        sessions.sessions_open, hellos=[hello], gateway=name
+                        sessions.sessions_open, hellos=[hello], gateway=name, sessions=True
                     )
                 except Exception as error:
                     answers[hello.node_id] = error
@@ -148,5 +150,5 @@ class SessionBatches:
                 self.closes.submit(session_id, (session_id, ABANDONED))
 
     async def _close(self, ended: list[tuple[str, str]]) -> list:
-        await self.gateway.database.run(sessions.sessions_close, ended=dict(ended))
+        await self.gateway.database.run(sessions.sessions_close, ended=dict(ended), sessions=True)
         return [None] * len(ended)

@@ -109,7 +109,9 @@ class NodeControlService(AsyncService):
             )
         HELLOS.inc()
         session = opened.session
-        stream = Stream(peer.node_id, str(session.id))
+        # Until this stream stores a report, the one the console holds (if the Welcome names
+        # it, the node need not resend it, and its beats carrying it keep it fresh).
+        stream = Stream(peer.node_id, str(session.id), inventory_digest=opened.inventory_digest)
         # L5: what the node already knows is never sent on this stream, even by a poll or a
         # nudge that read the command as pending before its Hello's reconcile settled it.
         stream.sent.update(item.command_id for item in reported)
@@ -120,7 +122,7 @@ class NodeControlService(AsyncService):
             # Reading starts before the Welcome is written: a write the transport completes
             # late must not leave the node's first heartbeats unread.
             stream.welcomed, stream.last_beat = True, time.monotonic()
-            reader = asyncio.create_task(self._read(request_iterator, stream))
+            reader = asyncio.create_task(self._read(request_iterator, stream, opened))
             stream.deliver(opened.pending)
             yield pb.ControlMessage(
                 welcome=pb.Welcome(
@@ -128,6 +130,7 @@ class NodeControlService(AsyncService):
                     heartbeat_interval_seconds=settings.TUNEPLANE_HEARTBEAT_INTERVAL,
                     lease_ttl_seconds=settings.TUNEPLANE_LEASE_TTL,
                     telemetry_interval_seconds=settings.TUNEPLANE_TELEMETRY_INTERVAL,
+                    inventory_digest=opened.inventory_digest,
                 )
             )
             while (message := await stream.outbox.get()) is not None:
@@ -148,14 +151,18 @@ class NodeControlService(AsyncService):
             # queued for the database thread would otherwise be dropped with it.
             await asyncio.shield(self.gateway.sessions.close(str(session.id), reason))
 
-    async def _read(self, request_iterator, stream: Stream) -> None:
+    async def _read(self, request_iterator, stream: Stream, opened: sessions.Opened) -> None:
         """Takes the node's messages as they arrive. A heartbeat is taken here and now (its
         time, its lease, its ack), so a stream is never judged silent because the database
         threads are busy; what needs the database goes, in order, to ``_store``."""
         node_id = stream.node_id
         last_sequence = -1
         work: asyncio.Queue = asyncio.Queue()
-        storage = StorageWatch(lambda: work.put_nowait(STORAGE_OBSERVED))
+        storage = StorageWatch(
+            lambda: work.put_nowait(STORAGE_OBSERVED),
+            watching=opened.watch_storage,
+            recorded=opened.storage_root_visible,
+        )
         store = asyncio.create_task(self._store(stream, work, storage))
         self.gateway.storing.add(store)
         store.add_done_callback(self.gateway.storing.discard)
@@ -239,15 +246,24 @@ class NodeControlService(AsyncService):
                     )
                 elif kind == "inventory":
                     report = wire.inventory_report(message.inventory)
-                    if storage.written is None:  # the stream's first: it moves the cordon
+                    if not (storage.watching and storage.reported):
+                        # The stream's first report (or no watch at all): it moves the cordon.
                         storage.settled(report["storage_root_visible"])
                     else:  # later ones move it as heartbeats do, debounced
                         storage.observe(report["storage_root_visible"])
                         report["storage_root_visible"] = storage.written
-                    await self.gateway.database.run(
-                        control.node_report_inventory, node_id=node_id, inventory=report
+                    digest = wire.inventory_digest(message.inventory)
+                    as_sent = (
+                        report["storage_root_visible"] == message.inventory.storage_root_visible
                     )
-                    stream.inventory_digest = wire.inventory_digest(message.inventory)
+                    await self.gateway.database.run(
+                        control.node_report_inventory,
+                        node_id=node_id,
+                        inventory=report,
+                        # Stored as sent, it is the report the digest names.
+                        digest=digest if as_sent else "",
+                    )
+                    stream.inventory_digest = digest
                 elif kind == "log_tail":
                     tail = message.log_tail
                     await self.gateway.database.run(

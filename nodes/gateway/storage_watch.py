@@ -11,16 +11,31 @@ from django.conf import settings
 
 
 class StorageWatch:
-    def __init__(self, enqueue: Callable[[], None]):
+    """``watching``: whether the node's Fleet watches its storage root at all (a node whose
+    Fleet does not is never written for it). ``recorded``: the state the console holds from
+    an earlier stream — a beat that agrees with it writes nothing; one that does not, at
+    once."""
+
+    def __init__(
+        self,
+        enqueue: Callable[[], None],
+        *,
+        watching: bool = True,
+        recorded: bool | None = None,
+    ):
         self.enqueue = enqueue  # puts one storage observation on the stream's database queue
+        self.watching = watching
         self.latest: bool | None = None
-        self.written: bool | None = None
+        self.written: bool | None = recorded
         self.written_at = float("-inf")
         self.queued = False
         self.timer: asyncio.TimerHandle | None = None
+        self.reported = False  # an inventory report on this stream wrote the state itself
 
     def observe(self, visible: bool) -> None:
         self.latest = visible
+        if not self.watching:
+            return
         if self.queued or self.timer is not None or visible == self.written:
             return
         wait = self.written_at + settings.TUNEPLANE_LEASE_TTL - time.monotonic()
@@ -43,7 +58,7 @@ class StorageWatch:
 
     def settled(self, visible: bool) -> None:
         """An inventory report wrote this state itself (its first on the stream)."""
-        self.written, self.written_at = visible, time.monotonic()
+        self.written, self.written_at, self.reported = visible, time.monotonic(), True
 
     def stop(self) -> None:
         if self.timer is not None:

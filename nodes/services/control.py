@@ -144,8 +144,10 @@ def credential_rotate(*, node_id: str, serial: str, csr: str) -> pki.IssuedCerti
     return issued
 
 
-def node_report_inventory(*, node_id: str, inventory) -> Node:
-    """A report over the stream: stored with its observation time (J4's mapping applies).
+def node_report_inventory(*, node_id: str, inventory, digest: str = "") -> Node:
+    """A report over the stream: stored with its observation time (J4's mapping applies),
+    and with ``digest``, the report's own as the node computes it, so that a reconnecting
+    node whose report has not changed need not send it again (Welcome.inventory_digest).
 
     Enrollment alone does not make a node ready: the first report on a live
     session makes an enrolled node schedulable.
@@ -156,6 +158,7 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
         node = Node.objects.select_for_update().get(pk=node_id)
         before = {"inventory": node.inventory, "scheduling_state": node.scheduling_state}
         node.inventory = inventory
+        node.inventory_digest = digest[:64]
         node.inventory_observed_at = now
         card_names_remember((c["name"] for c in inventory["cards"]), now, node_id=node_id)
         for name, value in cards_summary(inventory, unhealthy=node.unhealthy_cards).items():
@@ -168,6 +171,7 @@ def node_report_inventory(*, node_id: str, inventory) -> Node:
         node.save(
             update_fields=[
                 "inventory",
+                "inventory_digest",
                 "inventory_observed_at",
                 "scheduling_state",
                 "series_cards",

@@ -73,7 +73,9 @@ def node_observe_storage_root(*, node_id: str, visible: bool) -> bool:
         if node.inventory.get("storage_root_visible") != visible:
             # The observation is kept with the inventory, where the cordon sweep reads it.
             node.inventory = {**node.inventory, "storage_root_visible": visible}
-            node.save(update_fields=["inventory"])
+            # No longer the report its digest names: the node sends its own next time.
+            node.inventory_digest = ""
+            node.save(update_fields=["inventory", "inventory_digest"])
         cordon = NodeCordon.objects.filter(node=node, source=CordonSource.STORAGE).first()
         actor = Actor.system("storage")
         if not visible and cordon is None:

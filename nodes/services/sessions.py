@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import Actor, audit_record_by_each
+from fleets.choices import FleetDelivery
+from fleets.models import Fleet
 from tuneplane.errors import ApplicationError
 
 from ..choices import SchedulingState
@@ -56,6 +58,16 @@ class Opened:
     session: ControlSession
     # Its pending commands, to deliver on the new stream (L5).
     pending: list[NodeCommand]
+    # The digest of the inventory the console holds, when holding it is enough (the Welcome
+    # says so, and the node need not send it); empty when the node must report it.
+    inventory_digest: str = ""
+    # Whether its Fleet watches the storage root (L6), and what the console last recorded.
+    watch_storage: bool = False
+    storage_root_visible: bool | None = None
+
+
+# A node in one of these must report its inventory: the report is what makes it schedulable.
+REPORT_REQUIRED = (SchedulingState.ENROLLED, SchedulingState.GONE)
 
 
 def lease_until(now: datetime) -> datetime:
@@ -169,13 +181,7 @@ def sessions_open(
             if node.pk in replacing:
                 node.last_session_closed_at, node.last_session_close_reason = now, REPLACED
         ControlSession.objects.bulk_create(sessions)
-        Node.objects.bulk_update(
-            nodes,
-            [
-                *("last_seen_at", "agent_version", "lease_expires_at"),
-                *("last_session_closed_at", "last_session_close_reason"),
-            ],
-        )
+        _nodes_opened(nodes, replacing, now)
         for session in sessions:
             node_id = session.node_id
             events.append(
@@ -204,10 +210,56 @@ def sessions_open(
             if reconcile
             else {}
         )
-    for session in sessions:
-        answers[session.node_id] = Opened(session, pending.get(session.node_id, []))
+    shared = set(
+        Fleet.objects.filter(
+            pk__in={node.fleet_id for node in nodes}, delivery=FleetDelivery.SHARED_MOUNT
+        ).values_list("pk", flat=True)
+    )
+    for session, node in zip(sessions, nodes, strict=True):
+        answers[node.pk] = Opened(
+            session,
+            pending.get(node.pk, []),
+            inventory_digest=""
+            if node.scheduling_state in REPORT_REQUIRED
+            else node.inventory_digest,
+            watch_storage=node.fleet_id in shared,
+            storage_root_visible=node.inventory.get("storage_root_visible"),
+        )
     logger.info("%d nodes connected to %s", len(sessions), gateway)
     return answers
+
+
+def _nodes_opened(nodes: list[Node], replacing: set[str], now: datetime) -> None:
+    """The nodes' new leases and agent versions (and, where a stream was replaced, why their
+    last session closed), in one statement: Django's bulk_update builds a CASE per field per
+    node, which cost a second of Python for 500 Hellos."""
+    if connection.vendor != "postgresql":
+        Node.objects.bulk_update(
+            nodes,
+            [
+                *("last_seen_at", "agent_version", "lease_expires_at"),
+                *("last_session_closed_at", "last_session_close_reason"),
+            ],
+        )
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE nodes_node AS n SET last_seen_at = %s, lease_expires_at = %s, "
+            "agent_version = v.version, last_session_closed_at = CASE WHEN v.replacing "
+            "THEN %s ELSE n.last_session_closed_at END, last_session_close_reason = CASE "
+            "WHEN v.replacing THEN %s ELSE n.last_session_close_reason END "
+            "FROM unnest(%s::text[], %s::text[], %s::boolean[]) AS v(id, version, replacing) "
+            "WHERE n.id = v.id",
+            [
+                now,
+                lease_until(now),
+                now,
+                REPLACED,
+                [node.pk for node in nodes],
+                [node.agent_version for node in nodes],
+                [node.pk in replacing for node in nodes],
+            ],
+        )
 
 
 def _closed(

@@ -41,6 +41,8 @@ import grpc
 
 from nodes.agent.proto import control_pb2 as pb
 from nodes.agent.proto import control_pb2_grpc
+from nodes.agent.serve import backoff_delay
+from tests.bench.gateway_report import gc_pauses
 
 OPEN_TIMEOUT_SECONDS = 120
 ACK_TIMEOUT_SECONDS = 30
@@ -103,6 +105,7 @@ class Clock:
         self.failed = 0
         self.all_arrived = asyncio.Event()
         self.open_latencies: list[float] = []
+        self.retried: Counter = Counter()
         # Set when heartbeats stop following the interval, to wake streams sleeping on it.
         self.paced_no_more = asyncio.Event()
         self.recording: Window | None = None
@@ -146,18 +149,26 @@ class SimulatedNode:
     """One node's stream: Hello, Welcome, then heartbeats with strictly increasing sequence."""
 
     def __init__(self, target: str, ca: bytes, node: dict):
-        self.node_id = node["node_id"]
-        credentials = grpc.ssl_channel_credentials(
+        self.node_id, self.target = node["node_id"], target
+        self.credentials = grpc.ssl_channel_credentials(
             root_certificates=ca,
             private_key=node["key"].encode(),
             certificate_chain=node["cert"].encode(),
         )
-        # A subchannel pool of its own: no chance of two nodes sharing one connection.
-        self.channel = grpc.aio.secure_channel(
-            target, credentials, options=[("grpc.use_local_subchannel_pool", 1)]
-        )
+        self.channel = self._channel()
         self.call = None
         self.sequence = 0
+
+    def _channel(self):
+        # A subchannel pool of its own: no chance of two nodes sharing one connection.
+        return grpc.aio.secure_channel(
+            self.target, self.credentials, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+
+    async def reset(self) -> None:
+        """After a failed open, as the agent does: a new channel for the next attempt."""
+        await self.channel.close()
+        self.channel, self.sequence = self._channel(), 0
 
     async def open(self) -> None:
         self.call = control_pb2_grpc.NodeControlStub(self.channel).Connect()
@@ -205,12 +216,8 @@ async def live(
     loop = asyncio.get_running_loop()
     await asyncio.sleep(arrive_at)
     try:
-        async with opens:
-            # Timed from the start of the open, not from joining the queue for ``opens``.
-            started = time.perf_counter()
-            async with asyncio.timeout(OPEN_TIMEOUT_SECONDS):
-                await node.open()
-            clock.open_latencies.append(time.perf_counter() - started)
+        async with asyncio.timeout(OPEN_TIMEOUT_SECONDS):
+            await opened(node, opens, clock, retry=arrive_at > 0)
     except (grpc.aio.AioRpcError, StreamLost, TimeoutError) as error:
         errors[f"open: {describe(error)}"] += 1
         clock.arrived(False)
@@ -235,6 +242,43 @@ async def live(
         errors[f"heartbeat: {describe(error)}"] += 1
     finally:
         await node.close()
+
+
+async def opened(node: SimulatedNode, opens: asyncio.Semaphore, clock: Clock, retry: bool):
+    """Open the node's stream; in a cold start (``retry``), a failed open is tried again
+    after the agent's own backoff, as the agent does, until OPEN_TIMEOUT_SECONDS."""
+    attempt = 0
+    while True:
+        try:
+            async with opens:
+                # Timed from the start of the open, not from joining the queue for ``opens``.
+                started = time.perf_counter()
+                await node.open()
+                clock.open_latencies.append(time.perf_counter() - started)
+                return
+        except (grpc.aio.AioRpcError, StreamLost) as error:
+            if not retry:
+                raise
+            clock.retried[f"open: {describe(error)}"] += 1
+            attempt += 1
+            await node.reset()
+            await asyncio.sleep(backoff_delay(attempt, 0))
+
+
+async def gc_counts(metrics: str | None) -> dict | None:
+    """The server's garbage collections so far, from its /metrics, when it serves them."""
+    if not metrics:
+        return None
+    return await asyncio.get_running_loop().run_in_executor(None, gc_pauses, metrics)
+
+
+def subtract(after: dict | None, before: dict | None) -> dict | None:
+    if after is None or before is None:
+        return None
+    return {
+        key: {g: n - before[key].get(g, 0) for g, n in counts.items()}
+        for key, counts in after.items()
+    }
 
 
 def describe(error: Exception) -> str:
@@ -275,10 +319,12 @@ async def run(args) -> dict:
 
     await asyncio.sleep(args.warmup)
     steady, saturation = Window(""), Window("saturation_")
+    collections = await gc_counts(args.metrics)
     clock.recording = steady
     steady.open()
     await asyncio.sleep(args.window)
     steady.close()
+    collections_in_window = subtract(await gc_counts(args.metrics), collections)
     print("steady window done", file=sys.stderr, flush=True)
     clock.saturate(saturation)
     saturation.open()
@@ -297,6 +343,8 @@ async def run(args) -> dict:
         "arrive_within_seconds": args.arrive_within,
         "open_p50_ms": percentile_ms(sorted(clock.open_latencies), 0.50),
         "open_p99_ms": percentile_ms(sorted(clock.open_latencies), 0.99),
+        "open_retries": dict(clock.retried),
+        "window_gc": collections_in_window,
         "interval_seconds": args.interval,
         "warmup_seconds": args.warmup,
         **steady.figures(),
@@ -334,6 +382,7 @@ def main() -> None:
         help="a cold start: each node opens at a random moment of the first this many "
         "seconds, with no bound on opens in flight (default 0: --ramp-concurrency)",
     )
+    parser.add_argument("--metrics", help="HOST:PORT of the server's /metrics, if it has one")
     args = parser.parse_args()
     if args.warmup is None:
         args.warmup = args.interval

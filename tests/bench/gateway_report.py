@@ -47,6 +47,12 @@ def stop(f: dict) -> str:
     return f"{f['stop_seconds']} s{how}{closed}"
 
 
+def gc_shown(f: dict) -> str:
+    return " ".join(
+        f"{g}:{n}({f['gc_pauses_over_100ms'][g]})" for g, n in sorted(f["gc_collections"].items())
+    )
+
+
 def rows(interval: float, saturate: float) -> list:
     return [
         (
@@ -60,10 +66,18 @@ def rows(interval: float, saturate: float) -> list:
         ),
         ("  open p50 / p99", lambda f: f"{f['open_p50_ms']:.0f} / {f['open_p99_ms']:.0f} ms"),
         (
+            "  opens tried again (the agent's backoff)",
+            lambda f: f"{sum(f['open_retries'].values())} {f['open_retries'] or ''}".strip(),
+        ),
+        (
             f"heartbeats/s, each stream every {interval} s",
             lambda f: f"{f['heartbeats_per_second']:.1f}",
         ),
         ("  ack p50 / p99 / max", ms),
+        (
+            "  GC in it by generation (> 100 ms)",
+            lambda f: gc_shown(f["window_gc"]) if f.get("window_gc") else "not measured",
+        ),
         ("  server CPU (% of one core)", lambda f: f"{f['server_cpu_percent']:.0f} %"),
         ("  generator CPU", lambda f: f"{f['client_cpu_percent']:.0f} %"),
         ("  DB commits/s (xact_commit)", lambda f: f"{f['db_commits_per_second']:.2f}"),

@@ -10,7 +10,8 @@ Standalone (grpc.aio, no Django), run as a subprocess so its load is not the cal
 
 - opens a stream on a channel of its own to one ``--target`` picked at random
   per connect: Hello carrying the commands it knows (CommandState), then Welcome;
-- sends its inventory, then a heartbeat every interval the Welcome gives, each
+- sends its inventory (unless the Welcome names it as held), then a heartbeat every
+  interval the Welcome gives, each
   followed by CommandUpdates for commands whose state this stream has not told;
 - on a command it does not know: records it (in memory, as the agent's state
   dir does), reports ``running`` and, a random while later, ``succeeded``. A
@@ -18,8 +19,8 @@ Standalone (grpc.aio, no Django), run as a subprocess so its load is not the cal
 - once a Welcome has followed a Hello that told a finished command, forgets it
   from later Hellos (the agent deletes its file): delivered again after that,
   the real agent would run it twice — counted as ``redelivered_after_forgotten``;
-- when the stream ends, reconnects after a jittered exponential backoff
-  (``--backoff-first`` doubling to ``--backoff-max``, times uniform(0.5, 1)).
+- when the stream ends, reconnects after the agent's own jittered exponential backoff
+  (``nodes.agent.serve.backoff_delay``, capped by the interval its last Welcome gave).
 
 Only the first open of each node is paced (``--ramp-concurrency``), to set the
 fleet up; reconnects are paced by nothing but their backoff, as real agents'.
@@ -45,7 +46,7 @@ import grpc
 
 from nodes.agent.proto import control_pb2 as pb
 from nodes.agent.proto import control_pb2_grpc
-from nodes.agent.serve import inventory_digest, inventory_message
+from nodes.agent.serve import backoff_delay, inventory_digest, inventory_message
 from tests.bench.gateway_load import describe, raise_fd_limit
 
 RUNNING, SUCCEEDED = "running", "succeeded"
@@ -112,10 +113,11 @@ class Fleet:
         self.running: set[asyncio.Task] = set()  # commands being "run", kept from the collector
         self.loop_lag_max = 0.0
 
+        self.heartbeat_interval = 0.0  # until a Welcome gives it, the agent's default cap
+
     def backoff(self, attempt: int) -> float:
         """The agent's: attempt 0 follows a stream that got a Welcome."""
-        base = min(self.args.backoff_max, self.args.backoff_first * 2**attempt)
-        return base * random.uniform(0.5, 1.0)
+        return backoff_delay(attempt, self.heartbeat_interval)
 
 
 class SimulatedNode:
@@ -188,7 +190,9 @@ class SimulatedNode:
                 kind = message.WhichOneof("body")
                 if kind == "welcome":
                     self._welcomed(told, outage)
-                    outgoing.put_nowait(pb.NodeMessage(inventory=INVENTORY))
+                    self.fleet.heartbeat_interval = message.welcome.heartbeat_interval_seconds
+                    if message.welcome.inventory_digest != INVENTORY_DIGEST:  # as the agent
+                        outgoing.put_nowait(pb.NodeMessage(inventory=INVENTORY))
                     beating = asyncio.create_task(
                         self._beat(outgoing, message.welcome.heartbeat_interval_seconds)
                     )
@@ -408,8 +412,6 @@ def main() -> None:
         default=20,
         help="first opens (TLS handshake + Hello/Welcome) in flight at once",
     )
-    parser.add_argument("--backoff-first", type=float, default=1.0, help="seconds")
-    parser.add_argument("--backoff-max", type=float, default=8.0, help="seconds")
     parser.add_argument(
         "--command-seconds",
         type=float,

@@ -39,6 +39,9 @@ from django.db import connection
 from django.db.models import F
 
 from nodes import pki
+from nodes.agent import wire
+from nodes.choices import SchedulingState
+from nodes.inventory import normalize_inventory
 from nodes.models import ControlSession, Node, NodeCredential, new_node_id
 from tests.conftest import make_csr
 from tests.e2e.console import ROOT, console_env, database_url, free_port
@@ -76,12 +79,23 @@ def enroll(fleet, count: int, directory: Path) -> Path:
 
     The agent's own key-and-CSR code and the console's ``sign_node_csr``: the
     certificates are what joined nodes present. Only the per-join transaction is
-    skipped, for bulk inserts (joins have their own bench).
+    skipped, for bulk inserts (joins have their own bench). The nodes are a fleet that
+    has run before: schedulable, with the simulated nodes' inventory on record.
     """
+    from tests.bench.reconnecting_load import INVENTORY
+
     lifetime = timedelta(seconds=settings.TUNEPLANE_NODE_CREDENTIAL_TTL)
+    inventory = normalize_inventory(wire.inventory_report(INVENTORY))
     nodes, credentials, bundle = [], [], []
     for index in range(count):
-        node = Node(id=new_node_id(), fleet=fleet, hostname=f"bench-{index:05d}")
+        node = Node(
+            id=new_node_id(),
+            fleet=fleet,
+            hostname=f"bench-{index:05d}",
+            scheduling_state=SchedulingState.SCHEDULABLE,
+            inventory=inventory,
+            inventory_digest=wire.inventory_digest(INVENTORY),
+        )
         key_pem, csr = make_csr(node.hostname)
         issued = pki.sign_node_csr(pki.parse_csr(csr), node.id, lifetime)
         nodes.append(node)
@@ -218,7 +232,7 @@ def serving(argv: list[str], env: dict, ready: str):
         )
 
 
-def load(target: str, credentials: Path, streams: int) -> dict:
+def load(target: str, credentials: Path, streams: int, metrics: str | None = None) -> dict:
     """Run the generator against ``target``; its JSON result."""
     done = subprocess.run(
         [
@@ -241,6 +255,7 @@ def load(target: str, credentials: Path, streams: int) -> dict:
             str(RAMP_CONCURRENCY),
             "--arrive-within",
             str(ARRIVE_WITHIN_SECONDS),
+            *(("--metrics", metrics) if metrics else ()),
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -266,7 +281,7 @@ def measure(
         sampler = Sampler(process.pid)
         sampler.start()
         try:
-            figures = load(target, credentials, streams)
+            figures = load(target, credentials, streams, metrics)
         finally:
             sampler.done.set()
             sampler.join()

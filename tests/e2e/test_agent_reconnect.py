@@ -2,14 +2,17 @@
 heartbeat thread is left, for its live stream, and what finishes is reported on it. Found
 by the gateway restart bench: old threads kept beating and took reports into dead queues."""
 
+import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from audit.services import Actor
 from nodes.agent.serve import Agent
-from nodes.models import NodeCommand
+from nodes.models import ControlSession, Node, NodeCommand
 from nodes.services.commands import node_command_create
 from tests.conftest import H100_INVENTORY
 from tests.nodes.agent_process import inventory_file
@@ -70,6 +73,62 @@ def test_after_reconnects_one_heartbeat_thread_beats_and_reports_what_finished(
                 == {"succeeded"},
                 timeout=20,
                 what="every command reported succeeded",
+            )
+        finally:
+            agent.stop()
+            runner.join(10)
+
+
+def test_a_reconnect_whose_inventory_the_console_holds_sends_none_and_stays_fresh(
+    node_fleet, mint, console_pki, tmp_path
+):
+    """Issue 20: a reconnect is one Hello. The Welcome names the digest of the report the
+    console holds; the agent, whose report has it, sends none, and its heartbeats carrying
+    the digest keep the inventory fresh (L1). A changed inventory is still sent."""
+    node, _, directory = lay_out_a_joined_node(node_fleet, mint, tmp_path)
+    inventory = inventory_file(tmp_path, H100_INVENTORY)
+    with running_gateway(tmp_path, console_pki, TUNEPLANE_HEARTBEAT_INTERVAL="1") as target:
+        agent = Agent(
+            directory=directory,
+            target=target,
+            inventory_file=inventory,
+            storage_root=None,
+            cpu_budget=None,
+            memory_budget_bytes=None,
+        )
+        sent, send = [], agent._send_inventory
+
+        def counting(*args, **kwargs):
+            sent.append(send(*args, **kwargs))
+            return sent[-1]
+
+        agent._send_inventory = counting
+        runner = threading.Thread(target=agent.run, daemon=True)
+        runner.start()
+        try:
+            wait_until(
+                lambda: Node.objects.get(pk=node.pk).inventory_digest, what="the first report"
+            )
+            assert sent.count(True) == 1  # enrolled: its report is what makes it schedulable
+            first = ControlSession.objects.get(node=node, closed_at__isnull=True)
+            connect(target, credentials(directory), node.id)  # replaces the agent's stream
+            wait_until(
+                lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True)
+                .exclude(pk=first.pk)
+                .filter(agent_version=first.agent_version)
+                .exists(),
+                what="the agent reconnected",
+            )
+            reconnected = timezone.now()
+            wait_until(
+                lambda: Node.objects.get(pk=node.pk).inventory_observed_at > reconnected,
+                what="a heartbeat renewing the inventory it did not resend",
+            )
+            assert sent.count(True) == 1
+            changed = {**H100_INVENTORY, "cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 4}]}
+            Path(inventory).write_text(json.dumps(changed))
+            wait_until(
+                lambda: Node.objects.get(pk=node.pk).card_count == 4, what="the change reported"
             )
         finally:
             agent.stop()

@@ -18,7 +18,7 @@ from nodes.agent.proto import control_pb2 as pb
 from nodes.choices import SchedulingState
 from nodes.gateway.opens import ABANDONED
 from nodes.models import ControlSession, Node
-from nodes.services import sessions
+from nodes.services import control, scheduling, sessions
 from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 
@@ -225,3 +225,70 @@ def test_a_batch_of_hellos_costs_the_same_statements_whatever_its_size(enroll):
 
     assert statements(3) == statements(30)
     assert ControlSession.objects.filter(closed_at__isnull=True).count() == 33
+
+
+@pytest.mark.parametrize(
+    "state, named",
+    [
+        (SchedulingState.SCHEDULABLE, True),
+        (SchedulingState.CORDONED, True),
+        (SchedulingState.ENROLLED, False),  # its report is what makes it schedulable
+        (SchedulingState.GONE, False),  # its report is what brings it back (L1)
+    ],
+)
+def test_the_welcome_names_the_inventory_held_unless_the_node_must_report_it(enroll, state, named):
+    ((node, _),) = enroll(1)
+    Node.objects.filter(pk=node.pk).update(scheduling_state=state, inventory_digest="ab" * 32)
+    serial = node.credentials.get().serial
+
+    opened = sessions.sessions_open(hellos=[sessions.Hello(node.id, serial)], gateway="gw-1")
+
+    assert opened[node.id].inventory_digest == ("ab" * 32 if named else "")
+
+
+def test_a_report_keeps_its_digest_and_a_storage_observation_that_changes_it_drops_it(enroll):
+    ((node, _),) = enroll(1)
+    sessions.session_open(node_id=node.id, serial=node.credentials.get().serial, gateway="gw")
+    control.node_report_inventory(node_id=node.id, inventory=H100_INVENTORY, digest="cd" * 32)
+    assert Node.objects.get(pk=node.pk).inventory_digest == "cd" * 32
+
+    scheduling.node_observe_storage_root(node_id=node.id, visible=False)
+
+    assert Node.objects.get(pk=node.pk).inventory_digest == ""  # no longer the report sent
+
+
+def test_a_beat_agreeing_with_the_storage_state_on_record_writes_nothing(
+    replica, enroll, monkeypatch
+):
+    """The console holds the node's storage state from its last stream: a reconnect's beat
+    saying the same queues no write; one saying otherwise, at once (L6)."""
+    (agreeing, agreeing_pem), (changed, changed_pem) = enroll(2)
+    observed = []
+    real = scheduling.node_observe_storage_root
+
+    def recording(*, node_id, visible):
+        observed.append((node_id, visible))
+        return real(node_id=node_id, visible=visible)
+
+    monkeypatch.setattr(scheduling, "node_observe_storage_root", recording)
+
+    async def scenario():
+        peers = [
+            Peer(replica, node.id, pem, hello(node))
+            for node, pem in ((agreeing, agreeing_pem), (changed, changed_pem))
+        ]
+        for peer, visible in zip(peers, (True, False), strict=True):
+            assert (await peer.next()).WhichOneof("body") == "welcome"
+            peer.send(heartbeat=pb.Heartbeat(sequence=1, storage_root_visible=visible))
+            await peer.next()
+        for _ in range(50):
+            if observed:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        for peer in peers:
+            await peer.hang_up()
+
+    in_own_loop(scenario)  # both joined with H100_INVENTORY: the storage root visible
+
+    assert observed == [(changed.id, False)]

@@ -87,13 +87,14 @@ class Command(BaseCommand):
         background = [asyncio.create_task(work) for work in gateway.background()]
         memory.time_pauses()
         frozen = memory.freeze_start_up()
-        logger.info("%d objects of start-up left out of garbage collection", frozen)
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stopped.set)
         self.stdout.write(f"gateway serving NodeControl on {bind} (mTLS)")
         self.stdout.flush()
+        # After the ready line, which whoever started the gateway waits for first.
+        logger.info("%d objects of start-up left out of garbage collection", frozen)
         await stopped.wait()
         await server.stop(STOP_GRACE_SECONDS)
         for task in background:

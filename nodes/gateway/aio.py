@@ -4,16 +4,19 @@ import inspect
 from functools import update_wrapper
 
 from django_grpc_framework.services import Service, not_implemented
-from django_grpc_framework.signals import grpc_request_finished, grpc_request_started
 
 
 class AsyncService(Service):
     """django-grpc-framework's Service, with handlers grpc.aio can await.
 
-    The framework's own ``as_servicer`` wraps methods in plain functions and
-    fires ``grpc_request_finished`` when a streaming handler returns its
-    generator — before the stream has run. Here the two signals surround the
-    whole call, and async-generator methods stay async generators.
+    The framework's own ``as_servicer`` wraps methods in plain functions, so a streaming
+    handler's generator is returned before the stream has run. Here async-generator methods
+    stay async generators. Its per-request signals are not sent: their receivers reset the
+    queries and close old connections of the calling thread, and on the event loop each
+    send hopped to a thread of asgiref's to do so for a connection no handler uses — twice
+    per stream, a tenth of the loop in a reconnect storm (issue 20). A handler's database
+    work runs on the replica's DatabaseThreads, which look after their connections on every
+    call (``db_threads._call``).
     """
 
     @classmethod
@@ -33,24 +36,12 @@ class AsyncService(Service):
                 if inspect.isasyncgenfunction(method):
 
                     async def handler(request, context):
-                        await grpc_request_started.asend(
-                            sender=handler, request=request, context=context
-                        )
-                        try:
-                            async for reply in bind(action, request, context)(request, context):
-                                yield reply
-                        finally:
-                            await grpc_request_finished.asend(sender=handler)
+                        async for reply in bind(action, request, context)(request, context):
+                            yield reply
                 else:
 
                     async def handler(request, context):
-                        await grpc_request_started.asend(
-                            sender=handler, request=request, context=context
-                        )
-                        try:
-                            return await bind(action, request, context)(request, context)
-                        finally:
-                            await grpc_request_finished.asend(sender=handler)
+                        return await bind(action, request, context)(request, context)
 
                 update_wrapper(handler, method)
                 return handler

@@ -4,8 +4,9 @@ The nodes are ``tests/bench/reconnecting_load.py`` (one subprocess, one mTLS str
 per node with its own certificate, reconnecting with the agent's jittered backoff);
 the gateways are ``manage.py grpcserve`` on PostgreSQL and Redis, with a Celery
 worker and beat sweeping liveness every second. Once every node holds a session,
-one command per node is created through ``node_command_create``: half just before
-the kill, half while the replica is down. The replica is SIGKILLed, left down
+one command per node (of the first ``TUNEPLANE_BENCH_RESTART_COMMANDED``, 1000 by
+default) is created through ``node_command_create``: half just before the kill, half
+while the replica is down. The replica is SIGKILLed, left down
 ``DOWN_SECONDS`` (longer if creating those commands takes longer), and started again
 on the same port, under the same replica name. Then:
 
@@ -75,6 +76,10 @@ COMMANDS_TIMEOUT_SECONDS = 120
 FLEET_STOP_TIMEOUT_SECONDS = 120
 READY = "gateway serving"
 COMMAND = {"argv": ["true"]}
+# Nodes given a command, one each (half before the kill, half while the replica is down):
+# each is created through the service, one transaction each, and at 10,000 creating them
+# all would keep the replica down for a minute, not DOWN_SECONDS.
+COMMANDED = int(os.environ.get("TUNEPLANE_BENCH_RESTART_COMMANDED", "1000"))
 
 
 def celery(*args, env: dict, log: Path) -> subprocess.Popen:
@@ -317,7 +322,7 @@ def restart_scenario(
         figures["ramp_seconds"] = time.monotonic() - started
         time.sleep(2 * int(SETTINGS["TUNEPLANE_HEARTBEAT_INTERVAL"]))  # every stream beat
 
-        created, figures["create_before_seconds"] = command_all(admin_user, nodes[::2])
+        created, figures["create_before_seconds"] = command_all(admin_user, nodes[:COMMANDED:2])
         lost = set(
             ControlSession.objects.filter(
                 closed_at__isnull=True, gateway=replica_name(targets[0])
@@ -326,7 +331,7 @@ def restart_scenario(
         killed_at = time.time()
         victim.kill()
         victim.wait()
-        more, figures["create_during_seconds"] = command_all(admin_user, nodes[1::2])
+        more, figures["create_during_seconds"] = command_all(admin_user, nodes[1:COMMANDED:2])
         created += more
         time.sleep(max(0.0, killed_at + DOWN_SECONDS - time.time()))
         figures["down_seconds"] = time.time() - killed_at

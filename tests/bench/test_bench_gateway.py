@@ -182,17 +182,19 @@ class Sampler(threading.Thread):
 class ServerOutput(threading.Thread):
     """A server's output, drained (the gateway logs every session: a full pipe would stall it)."""
 
-    def __init__(self, process: subprocess.Popen, ready: str):
+    def __init__(self, process: subprocess.Popen, ready: str, log: Path | None = None):
         super().__init__(daemon=True)
-        self.process, self.ready = process, ready
+        self.process, self.ready, self.log = process, ready, log
         self.tail: deque[str] = deque(maxlen=40)
         self.ready_seen = threading.Event()
 
     def run(self) -> None:
-        for line in self.process.stdout:
-            self.tail.append(line)
-            if self.ready in line:
-                self.ready_seen.set()
+        with self.log.open("a") if self.log else open("/dev/null", "w") as kept:
+            for line in self.process.stdout:
+                self.tail.append(line)
+                kept.write(line)
+                if self.ready in line:
+                    self.ready_seen.set()
 
     @property
     def text(self) -> str:
@@ -200,8 +202,9 @@ class ServerOutput(threading.Thread):
 
 
 @contextmanager
-def serving(argv: list[str], env: dict, ready: str):
-    """A server subprocess, from its ready line until it has stopped.
+def serving(argv: list[str], env: dict, ready: str, log: Path | None = None):
+    """A server subprocess, from its ready line until it has stopped; its output kept in
+    ``log`` when given.
 
     Yields the process and a dict that, once the block is left, tells how the
     server stopped.
@@ -212,7 +215,7 @@ def serving(argv: list[str], env: dict, ready: str):
     # A stream is a socket: a low soft limit would cap the server, not the code under test.
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.prlimit(process.pid, resource.RLIMIT_NOFILE, (hard, hard))
-    output = ServerOutput(process, ready)
+    output = ServerOutput(process, ready, log)
     output.start()
     stopped = {}
     try:

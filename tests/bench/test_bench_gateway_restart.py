@@ -19,9 +19,8 @@ on the same port, under the same replica name. Then:
 - every command was run once (the fleet received each id, a redelivered one is not
   re-run, and none came back after the node had forgotten it as reconciled) and
   is recorded succeeded once, with no stray; deliveries beyond the first are counted;
-- the sessions close (a killed replica closes nothing: the restarted one closes what its
-  previous process left open, or a reconnecting stream replaces them) and reopen in the
-  audit log.
+- the sessions close (the restarted replica closes what its killed process left open, or
+  a reconnecting stream replaces them) and reopen in the audit log.
 
 Twice: one replica; two replicas with every node picking one at random per connect,
 killing the first. N is ``TUNEPLANE_BENCH_RESTART_NODES`` (default 1000).
@@ -44,6 +43,7 @@ import pytest
 from django.db.models import Count, Q
 
 from audit.models import AuditEvent
+from audit.services import Actor
 from nodes import pki
 from nodes.choices import CommandState, SchedulingState
 from nodes.models import ControlSession, Node, NodeCommand, StrayCommand
@@ -57,8 +57,7 @@ pytestmark = [pytest.mark.bench, pytest.mark.redis, pytest.mark.django_db(transa
 
 NODES = int(os.environ.get("TUNEPLANE_BENCH_RESTART_NODES", "1000"))
 QUIET_TRAIN_SECONDS = 60
-# Production's heartbeat, lease and serve/env thresholds (issue 20); the train threshold
-# shortened from 300 s, so that holding the fleet past it after the restart takes a minute.
+# Production's heartbeat, lease, serve/env thresholds (issue 20); train's shortened from 300 s.
 SETTINGS = {
     "TUNEPLANE_HEARTBEAT_INTERVAL": "10",
     "TUNEPLANE_LEASE_TTL": "30",
@@ -76,9 +75,8 @@ COMMANDS_TIMEOUT_SECONDS = 120
 FLEET_STOP_TIMEOUT_SECONDS = 120
 READY = "gateway serving"
 COMMAND = {"argv": ["true"]}
-# Nodes given a command, one each (half before the kill, half while the replica is down):
-# each is created through the service, one transaction each, and at 10,000 creating them
-# all would keep the replica down for a minute, not DOWN_SECONDS.
+# Nodes given a command each, one transaction each: at 10,000, creating them all would keep
+# the replica down for a minute, not DOWN_SECONDS.
 COMMANDED = int(os.environ.get("TUNEPLANE_BENCH_RESTART_COMMANDED", "1000"))
 
 
@@ -187,8 +185,9 @@ def reopened(node_ids: set[str], since: float) -> int:
     ).count()
 
 
-def command_all(actor, nodes: list[Node]) -> tuple[list[str], float]:
+def command_all(user, nodes: list[Node]) -> tuple[list[str], float]:
     """One command per node, through the service; the ids and the seconds it took."""
+    actor = Actor.of_user(user)
     started = time.monotonic()
     ids = [
         node_command_create(actor=actor, node=node, kind="run", payload=COMMAND).id
@@ -304,7 +303,10 @@ def restart_scenario(
 
     def gateway(target: str):
         return serving(
-            [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target], env, READY
+            [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target],
+            env,
+            READY,
+            log=tmp_path / f"gateway-{target.rsplit(':', 1)[1]}.log",
         )
 
     figures = {"replicas": replicas, "nodes": NODES}

@@ -29,6 +29,7 @@ import time
 import grpc
 
 from nodes.agent import telemetry, wire
+from nodes.agent.serve import backoff_delay
 
 from .gateway_load import SimulatedNode, raise_fd_limit
 
@@ -59,6 +60,7 @@ SAMPLE = wire.telemetry_message(
 )
 
 
+OPEN_ATTEMPTS = 5
 PRODUCTION_INTERVAL = 15.0  # TUNEPLANE_TELEMETRY_INTERVAL: what one tick stands for
 PHASE_CHANGES_PER_HOUR = 2.0  # a job starting or ending every half hour, per node
 SWINGING = 0.05  # of the nodes: utilisation beyond the deadband at every sample
@@ -142,8 +144,17 @@ async def run(args) -> dict:
     opens = asyncio.Semaphore(20)
 
     async def open_one(node):
-        async with opens:
-            await node.open()
+        # On a loaded machine an open may be turned away: tried again as the agent does.
+        for attempt in range(1, OPEN_ATTEMPTS + 1):
+            try:
+                async with opens:
+                    await node.open()
+                return
+            except grpc.aio.AioRpcError:
+                if attempt == OPEN_ATTEMPTS:
+                    raise
+                await node.reset()
+                await asyncio.sleep(backoff_delay(attempt, 0))
 
     await asyncio.gather(*(open_one(node) for node in nodes))
     print(f"{len(nodes)} streams open", file=sys.stderr, flush=True)

@@ -1,16 +1,19 @@
 """A node's telemetry as the API and the Fleet page show it: the latest sample with its
 observation time, each card with its health (and why, when unhealthy), and stale when no
-sample came for three telemetry intervals — shown as stale, with the last values and when,
-never as zeros."""
+sample came for the refresh period and two intervals more — shown as stale, with the last
+values and when, never as zeros."""
 
 from datetime import timedelta
 
 from django.conf import settings
 
+from .agent.wire import TELEMETRY_REFRESH_INTERVALS
 from .models import NodeTelemetry
 
-# Samples missed before the figures are stale.
-STALE_AFTER_INTERVALS = 3
+# A node sends a sample when its figures move and at least every refresh (the agent's
+# telemetry.Reporter): a steady node is silent in between, and its figures are not stale.
+# Two intervals of grace: a probe slow or failed once, a gateway's flush.
+STALE_AFTER_INTERVALS = TELEMETRY_REFRESH_INTERVALS + 2
 
 
 def telemetry_of(node_ids) -> dict[str, NodeTelemetry]:

@@ -303,16 +303,23 @@ class Agent:
 
     def _telemetry(self, outgoing: queue.Queue, interval: int, call) -> None:
         """A sample of the cards and the host every interval, for this stream, on a thread of
-        its own: a slow probe never delays a heartbeat."""
+        its own: a slow probe never delays a heartbeat. Sent when it says something new, or
+        the refresh is due (telemetry.Reporter); taken on a clock, so the refresh comes on
+        time however long the probe takes."""
         if self.telemetry_source is None:
             self.telemetry_source = telemetry.source(self.telemetry_file)
+        interval = interval or TELEMETRY_INTERVAL
+        reporter = telemetry.Reporter(interval)
+        next_at = time.monotonic()
         while call.is_active() and not self.stopping.is_set():
             try:
                 sample = telemetry.sample(self.telemetry_source, self.host, self.devices())
-                outgoing.put(telemetry_message(sample))
+                if reporter.due(sample, time.monotonic()):
+                    outgoing.put(telemetry_message(sample))
             except Exception:  # a probe's surprise never ends the stream
                 logger.exception("telemetry sample failed")
-            if self.stopping.wait(interval or TELEMETRY_INTERVAL):
+            next_at = max(next_at + interval, time.monotonic())
+            if self.stopping.wait(max(0.0, next_at - time.monotonic())):
                 return
 
     def _watch(self, outgoing: queue.Queue, call) -> None:

@@ -5,6 +5,11 @@ Cards are read through NVML (nvidia-ml-py) where the driver's library loads, thr
 without GPUs, and tests), re-read at every sample. A source that cannot answer this time
 says so (``source`` empty) rather than report no cards: a card missing from a sample that
 had it is a fault the console acts on, a failed probe is not.
+
+A sample is taken every interval but sent only when it says something new (Reporter): the
+first of a stream, a change to the cards' health at once, a figure beyond its deadband, and
+otherwise every wire.TELEMETRY_REFRESH_INTERVALS. Receiving a sample costs a gateway about
+what a heartbeat does (make bench), so a steady node's samples are mostly kept home.
 """
 
 import json
@@ -12,6 +17,7 @@ import logging
 import threading
 from pathlib import Path
 
+from . import wire
 from .inventory import _run
 
 logger = logging.getLogger("tuneplane-node")
@@ -71,16 +77,20 @@ class SmiSource:
 
 class FileSource:
     """``{"cards": [{"index", "uuid", "name", "utilization_percent", ..., "xid_counts":
-    {"79": 1}}]}``, the fields of a CardSample, read afresh each time."""
+    {"79": 1}}]}``, the fields of a CardSample, read afresh each time; with ``"host":
+    {"cpu_percent", "memory_used_bytes", "memory_total_bytes"}`` too, the host's figures
+    are the file's, not the machine's (a test that needs them steady)."""
 
     name = FILE
 
     def __init__(self, path: str):
         self.path = path
+        self.host: dict | None = None
 
     def cards(self, devices: list[dict]) -> list[dict] | None:
         try:
             data = json.loads(Path(self.path).read_text())
+            self.host = data.get("host")
             return [
                 {**card, "xid_counts": {int(k): v for k, v in card.get("xid_counts", {}).items()}}
                 for card in data["cards"]
@@ -227,10 +237,88 @@ def sample(cards_source, host: Host, devices: list[dict]) -> dict:
     """One sample: the cards (None when the source could not answer) and the host."""
     cards = cards_source.cards(devices) if cards_source is not None else None
     used, total = host.memory()
-    return {
-        "source": cards_source.name if cards is not None else "",
-        "cards": cards or [],
+    figures = {
         "cpu_percent": host.cpu_percent(),
         "memory_used_bytes": used,
         "memory_total_bytes": total,
     }
+    given = getattr(cards_source, "host", None) or {}
+    return {
+        "source": cards_source.name if cards is not None else "",
+        "cards": cards or [],
+        **{key: given.get(key, value) for key, value in figures.items()},
+    }
+
+
+# How far a figure may move from the last sent sample before the move is news. Sized to what
+# an operator reads off the Fleet page's bars or a 15 s graph: smaller moves are a steady
+# job's jitter (utilisation flickering a few points, temperature a degree or two, power tens
+# of watts), and would make nearly every sample news. Health is never deadbanded: a card
+# gained or lost, its XID or uncorrectable ECC counts, or the probe failing or recovering
+# (``source``) are sent at once, as the console judges health from them; corrected ECC
+# counts too (a card starting to fail), and a total changing (another card, more memory).
+UTILIZATION_POINTS = 10.0  # a card's utilisation and the host's CPU, percentage points
+MEMORY_SHARE = 0.05  # memory used, a card's or the host's, as a share of its total
+TEMPERATURE_CELSIUS = 5.0
+# Power, as a share of the last sent draw, at least the floor: an idle card's 60 W wanders.
+POWER_SHARE, POWER_FLOOR_WATTS = 0.10, 10.0
+EXACT_CARD_FIELDS = ("index", "name", "memory_total_bytes", "ecc_corrected", "ecc_uncorrected")
+
+
+def _beyond(sent: float, now: float, band: float) -> bool:
+    """Moved by the band or more (any move, where the band is 0: a total not reported)."""
+    return now != sent and abs(now - sent) >= band
+
+
+def _card_moved(sent: dict, card: dict) -> bool:
+    if any(sent.get(key) != card.get(key) for key in EXACT_CARD_FIELDS):
+        return True
+    if (sent.get("xid_counts") or {}) != (card.get("xid_counts") or {}):
+        return True
+    bands = {
+        "utilization_percent": UTILIZATION_POINTS,
+        "memory_used_bytes": MEMORY_SHARE * card["memory_total_bytes"],
+        "temperature_celsius": TEMPERATURE_CELSIUS,
+        "power_watts": max(POWER_SHARE * sent["power_watts"], POWER_FLOOR_WATTS),
+    }
+    return any(_beyond(sent[key], card[key], band) for key, band in bands.items())
+
+
+def news(sent: dict, sample: dict) -> bool:
+    """Whether a sample says something the last sent one did not (the deadbands above)."""
+    if sample["source"] != sent["source"]:
+        return True
+    before = {card["uuid"]: card for card in sent["cards"]}
+    cards = {card["uuid"]: card for card in sample["cards"]}
+    if before.keys() != cards.keys():
+        return True
+    if any(_card_moved(before[uuid], card) for uuid, card in cards.items()):
+        return True
+    total = sample["memory_total_bytes"]
+    return (
+        total != sent["memory_total_bytes"]
+        or _beyond(sent["cpu_percent"], sample["cpu_percent"], UTILIZATION_POINTS)
+        or _beyond(sent["memory_used_bytes"], sample["memory_used_bytes"], MEMORY_SHARE * total)
+    )
+
+
+class Reporter:
+    """Which of one stream's samples are sent: the first; any with news (above); and, when
+    nothing was sent for wire.TELEMETRY_REFRESH_INTERVALS, the next one, so the console's
+    figures are confirmed at least that often. A pure decision: time is given (monotonic
+    seconds). A new stream gets a new Reporter, so its console is told at once."""
+
+    def __init__(self, interval: float):
+        # Half an interval early rather than one late: samples are taken on a clock, and a
+        # probe a little faster than the one before must not put the refresh off by one.
+        self.refresh = (wire.TELEMETRY_REFRESH_INTERVALS - 0.5) * interval
+        self.sent: dict | None = None
+        self.sent_at = 0.0
+
+    def due(self, sample: dict, now: float) -> bool:
+        """Whether to send this sample; when it is, it becomes the last sent."""
+        fresh = self.sent is not None and now - self.sent_at < self.refresh
+        if fresh and not news(self.sent, sample):
+            return False
+        self.sent, self.sent_at = sample, now
+        return True

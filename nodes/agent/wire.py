@@ -105,6 +105,13 @@ CARD_NUMBERS = (
 )
 
 
+# Report by exception (agent/telemetry.py's Reporter): a node whose figures say nothing new
+# still sends a sample every this many telemetry intervals (300 s at the console's 15 s), and
+# the console counts its figures stale only when not even that came (telemetry_shown.py).
+# Counted in the interval the Welcome sends, so one console setting paces both sides.
+TELEMETRY_REFRESH_INTERVALS = 20
+
+
 def telemetry_message(sample: dict) -> pb.NodeMessage:
     """A sample (agent/telemetry.py) as sent on the stream; counts below zero are sent as 0."""
 

@@ -103,7 +103,8 @@ class NodeSerializer(serializers.ModelSerializer):
     address_shared = serializers.SerializerMethodField()
     telemetry = serializers.SerializerMethodField(
         help_text="The latest telemetry sample with its observation time, each card with its "
-        "health; stale: no sample for three telemetry intervals (the last values, not zeros); "
+        "health; stale: no sample for the refresh period (20 telemetry intervals) and two "
+        "intervals more (the last values, not zeros); "
         "null: none ever sent."
     )
 

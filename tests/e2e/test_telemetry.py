@@ -3,9 +3,12 @@ metrics port, the real agent reading a fake telemetry source (a file, as on a ma
 without GPUs), the test's PostgreSQL. Samples arrive on their own message, the console
 keeps the latest, the gateway exports them by node and card, and a fake XID takes a card
 out of placement and puts it back; every card unhealthy cordons the node (gpu-health) and an
-operator's cordon outlives it (L6)."""
+operator's cordon outlives it (L6). The agent sends a sample only when it says something new
+(a health change at once, a figure beyond its deadband) or the refresh is due: an unchanged
+file is not sent again within the refresh period, a change beyond a deadband is."""
 
 import json
+import time
 import urllib.request
 
 import pytest
@@ -13,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from audit.models import AuditEvent
 from audit.services import Actor
+from nodes.agent.wire import TELEMETRY_REFRESH_INTERVALS
 from nodes.choices import CordonSource
 from nodes.models import Node, NodeCordon, NodeTelemetry
 from nodes.services.scheduling import node_cordon
@@ -41,10 +45,12 @@ def card(device: dict, **values) -> dict:
     }
 
 
-def write(path, changed: dict | None = None) -> None:
+def write(path, changed: dict | None = None, host: dict | None = None) -> None:
+    """The cards, ``changed`` by index; the host's figures the file's when given, else the
+    machine's (which may move beyond a deadband, and be sent, at any sample)."""
     changed = changed or {}
     cards = [card(device, **changed.get(device["index"], {})) for device in H100_DEVICES]
-    path.write_text(json.dumps({"cards": cards}))
+    path.write_text(json.dumps({"cards": cards, **({"host": host} if host else {})}))
 
 
 def scrape(target: str) -> dict:
@@ -78,6 +84,9 @@ def test_telemetry_rides_the_stream_and_a_fake_xid_moves_the_card_out_and_back(
         "TUNEPLANE_TELEMETRY_FLUSH_INTERVAL": "1",
         "TUNEPLANE_GPU_HEALTH_QUIET": "4",
     }
+    # Healthy again needs a sample after the quiet period: a steady node's next is its
+    # refresh, 20 intervals (20 s here) after the fault's.
+    lifted_within = TELEMETRY_REFRESH_INTERVALS + 25
     with running_gateway(tmp_path, console_pki, **settings) as target:
         agent = serve(
             env, target, tmp_path, "--telemetry-file", str(source), inventory=H100_DEVICE_INVENTORY
@@ -120,7 +129,7 @@ def test_telemetry_rides_the_stream_and_a_fake_xid_moves_the_card_out_and_back(
             # No new XID: healthy again after the quiet period, by itself.
             wait_until(
                 lambda: Node.objects.get(pk=node.pk).card_count == 8,
-                timeout=30,
+                timeout=lifted_within,
                 what="the card back",
             )
             actions = AuditEvent.objects.filter(target_id=node.id, action__startswith="node.card_")
@@ -137,12 +146,59 @@ def test_telemetry_rides_the_stream_and_a_fake_xid_moves_the_card_out_and_back(
             node_cordon(actor=Actor.of_user(admin_user), node=node, reason="reseat the cards")
             wait_until(
                 lambda: not NodeCordon.objects.filter(node=node, source=CordonSource.GPU_HEALTH),
-                timeout=30,
+                timeout=lifted_within,
                 what="the gpu-health cordon lifted",
             )
             assert list(NodeCordon.objects.filter(node=node).values_list("source", flat=True)) == [
                 CordonSource.OPERATOR
             ]
+        finally:
+            agent.send_signal(15)
+            agent.wait(20)
+    assert "telemetry sample failed" not in agent.output
+
+
+def test_an_unchanged_sample_is_not_sent_again_a_change_beyond_its_deadband_is(
+    tmp_path, console_pki, node_fleet, mint
+):
+    node, env, _ = lay_out_a_joined_node(node_fleet, mint, tmp_path)
+    source = tmp_path / "telemetry.json"
+    host = {"cpu_percent": 12.0, "memory_used_bytes": 2**34, "memory_total_bytes": 2**37}
+    write(source, host=host)
+    metrics = f"127.0.0.1:{free_port()}"
+    settings = {
+        "TUNEPLANE_GATEWAY_METRICS_BIND": metrics,
+        "TUNEPLANE_TELEMETRY_INTERVAL": "1",
+        "TUNEPLANE_TELEMETRY_FLUSH_INTERVAL": "1",
+    }
+
+    def stored():
+        return NodeTelemetry.objects.filter(node=node).first()
+
+    def received() -> float:
+        return labelled(
+            scrape(metrics), "tuneplane_gateway_telemetry_samples_total", outcome="received"
+        )
+
+    with running_gateway(tmp_path, console_pki, **settings) as target:
+        agent = serve(
+            env, target, tmp_path, "--telemetry-file", str(source), inventory=H100_DEVICE_INVENTORY
+        )
+        try:
+            first = wait_until(stored, what="the stream's first sample").observed_at
+            assert stored().host == host
+            time.sleep(5)  # five intervals, well inside the refresh period
+            assert stored().observed_at == first and received() == 1
+
+            write(source, {2: {"utilization_percent": 47.0}}, host=host)  # 42 %: 5 points
+            time.sleep(4)
+            assert stored().observed_at == first and received() == 1
+
+            write(source, {2: {"utilization_percent": 70.0}}, host=host)  # 28 points
+            row = wait_until(
+                lambda: (row := stored()).observed_at > first and row, what="the change sent"
+            )
+            assert row.cards[2]["utilization_percent"] == 70.0 and received() == 2
         finally:
             agent.send_signal(15)
             agent.wait(20)

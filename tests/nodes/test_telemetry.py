@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from nodes.agent import telemetry as agent_telemetry
 from nodes.agent import wire
+from nodes.agent.wire import TELEMETRY_REFRESH_INTERVALS
 from nodes.gateway.db_threads import DatabaseThreads
 from nodes.gateway.streams import Stream, Streams
 from nodes.gateway.telemetry import TelemetryBatcher
@@ -224,8 +225,18 @@ def test_the_api_shows_the_latest_sample_with_its_time_and_stale_as_stale(
     assert body["stale"] is False and body["source"] == "file" and len(body["cards"]) == 8
     assert body["cards"][0]["health"] == "healthy" and body["cards"][0]["utilization_percent"] == 50
     assert body["observed_at"]
-    NodeTelemetry.objects.filter(node=node).update(
-        observed_at=timezone.now() - timedelta(seconds=10 * settings.TUNEPLANE_TELEMETRY_INTERVAL)
-    )
-    body = admin_api.get(f"/api/nodes/{node.id}").json()["telemetry"]
-    assert body["stale"] is True and body["cards"][0]["utilization_percent"] == 50  # not zero
+
+    def silent_for(intervals: int) -> dict:
+        before = timezone.now() - timedelta(
+            seconds=intervals * settings.TUNEPLANE_TELEMETRY_INTERVAL
+        )
+        NodeTelemetry.objects.filter(node=node).update(observed_at=before, cards_observed_at=before)
+        return admin_api.get(f"/api/nodes/{node.id}").json()["telemetry"]
+
+    # A steady node sends a sample only every refresh period: silent for most of one, it is
+    # not stale; silent past it and two intervals' grace, it is.
+    body = silent_for(TELEMETRY_REFRESH_INTERVALS + 1)
+    assert body["stale"] is False and body["cards_stale"] is False
+    body = silent_for(TELEMETRY_REFRESH_INTERVALS + 3)
+    assert body["stale"] is True and body["cards_stale"] is True
+    assert body["cards"][0]["utilization_percent"] == 50  # the last values, not zeros

@@ -107,8 +107,8 @@ def judge(previous: list[dict], sample: dict, devices: list[dict], unhealthy: di
 
     A card is unhealthy on a new fatal XID, on uncorrectable ECC errors rising, or when it
     is missing from a sample while the stored one had it. It is healthy again once present
-    with no fault for TUNEPLANE_GPU_HEALTH_QUIET. Returns (cards, became_unhealthy: {uuid:
-    view}, became_healthy: {uuid: why})."""
+    with no fault for TUNEPLANE_GPU_HEALTH_QUIET (a missing card's counted from its return).
+    Returns (cards, became_unhealthy: {uuid: view}, became_healthy: {uuid: why})."""
     before = {card["uuid"]: card for card in previous}
     in_inventory = {device["uuid"] for device in devices}
     quiet = timedelta(seconds=settings.TUNEPLANE_GPU_HEALTH_QUIET)
@@ -121,7 +121,10 @@ def judge(previous: list[dict], sample: dict, devices: list[dict], unhealthy: di
             faults.append(
                 f"uncorrectable ECC errors {earlier['ecc_uncorrected']} → {card['ecc_uncorrected']}"
             )
-        fault_at = stamp if faults else (earlier or {}).get("fault_at")
+        # A card back from missing was missing until this sample, as far as the console
+        # knows: a node sends a sample when its card set changes, and none in between.
+        back = bool(earlier and earlier.get("missing"))
+        fault_at = stamp if faults or back else (earlier or {}).get("fault_at")
         cards.append({**card, "fault_at": fault_at, "missing": False})
         view = {"index": card["index"], "name": card["name"]}
         if faults and card["uuid"] not in unhealthy:

@@ -144,6 +144,21 @@ def test_healthy_again_only_after_the_quiet_period(node, settings):
     assert [e.action for e in events] == ["node.card_unhealthy", "node.card_healthy"]
 
 
+def test_a_card_back_from_missing_is_quiet_from_its_return_not_its_last_missing_sample(
+    node, settings
+):
+    """A node sends no sample while its cards stay as they were: a card missing at the last
+    sample was missing until the sample that shows it back."""
+    settings.TUNEPLANE_GPU_HEALTH_QUIET = 300
+    now = timezone.now().timestamp()
+    send(node, without=(3,), at=now)
+    send(node, at=now + 290)  # back, after a silence
+    send(node, {0: {"utilization_percent": 90.0}}, at=now + 310)
+    assert refreshed(node).card_count == 7
+    send(node, at=now + 591)
+    assert refreshed(node).card_count == 8
+
+
 def test_every_card_unhealthy_cordons_the_node_and_a_healthy_card_lifts_it(node, settings):
     xids = {i: {"xid_counts": {"79": 1}} for i in range(8)}
     send(node, {i: xids[i] for i in range(7)})

@@ -1,4 +1,5 @@
-"""Services of the control stream: sessions, leases, inventory reports.
+"""Services of the control stream: leases, inventory reports, credential rotation and the
+gateway replicas' own records (sessions are opened and closed in sessions.py).
 
 Every write validated, in one transaction, audited where it changes what an
 operator sees — except heartbeats, which only renew a lease and are written in

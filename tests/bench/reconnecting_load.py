@@ -93,6 +93,7 @@ class KnownCommand:
 
     state: str = RUNNING
     received: int = 1
+    first_received: float = field(default_factory=time.time)  # epoch seconds
     in_hello: bool = True  # False once forgotten: the console has reconciled it finished
     redelivered_after_forgotten: int = 0
     updates: Counter = field(default_factory=Counter)  # CommandUpdates sent, by state
@@ -287,19 +288,25 @@ async def watch(fleet: Fleet, nodes: list[SimulatedNode], started: float) -> Non
     be silent to the console for reasons of its own."""
     loop = asyncio.get_running_loop()
     next_report = loop.time() + PROGRESS_SECONDS
+    lag_in_period = 0.0
     while True:
         due = loop.time() + LAG_TICK_SECONDS
         await asyncio.sleep(LAG_TICK_SECONDS)
-        fleet.loop_lag_max = max(fleet.loop_lag_max, loop.time() - due)
+        lag = loop.time() - due
+        fleet.loop_lag_max = max(fleet.loop_lag_max, lag)
+        lag_in_period = max(lag_in_period, lag)
         if loop.time() >= next_report:
             next_report += PROGRESS_SECONDS
             held = sum(node.held is not None for node in nodes)
+            closed = Counter(stream.closed_by_console for stream in fleet.closed)
             print(
                 f"reconnecting fleet: {held} held, {len(nodes) - held} out, "
-                f"{time.time() - started:.0f} s",
+                f"{time.time() - started:.0f} s; loop late by {lag_in_period:.2f} s at most "
+                f"since the last line; closed by the console {dict(closed) or 0}",
                 file=sys.stderr,
                 flush=True,
             )
+            lag_in_period = 0.0
 
 
 def command_figures(nodes: list[SimulatedNode]) -> dict:
@@ -313,6 +320,7 @@ def command_figures(nodes: list[SimulatedNode]) -> dict:
         updates.update(command.updates)
     return {
         "received": {command_id: command.received for _, command_id, command in commands},
+        "received_at": {command_id: command.first_received for _, command_id, command in commands},
         "states": dict(Counter(command.state for _, _, command in commands)),
         "redelivered": sum(command.received - 1 for _, _, command in commands),
         "redelivered_after_forgotten": sum(

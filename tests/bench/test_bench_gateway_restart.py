@@ -26,16 +26,13 @@ Twice: one replica; two replicas with every node picking one at random per conne
 killing the first. N is ``TUNEPLANE_BENCH_RESTART_NODES`` (default 1000).
 """
 
-import json
 import os
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -48,10 +45,10 @@ from nodes import pki
 from nodes.choices import CommandState, SchedulingState
 from nodes.models import ControlSession, Node, NodeCommand, StrayCommand
 from nodes.services.commands import node_command_create
+from tests.bench.processes import reconnecting_fleet, sweepers, sweeps_run
 from tests.bench.test_bench_gateway import enroll, serving
 from tests.e2e.agents import wait_until
 from tests.e2e.console import ROOT, console_env, free_port
-from tuneplane.schedule import seed_schedule
 
 pytestmark = [pytest.mark.bench, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -72,101 +69,11 @@ HOLD_MARGIN_SECONDS = 5
 RAMP_TIMEOUT_SECONDS = 300
 RECONNECT_TIMEOUT_SECONDS = 300
 COMMANDS_TIMEOUT_SECONDS = 120
-FLEET_STOP_TIMEOUT_SECONDS = 120
 READY = "gateway serving"
 COMMAND = {"argv": ["true"]}
 # Nodes given a command each, one transaction each: at 10,000, creating them all would keep
 # the replica down for a minute, not DOWN_SECONDS.
 COMMANDED = int(os.environ.get("TUNEPLANE_BENCH_RESTART_COMMANDED", "1000"))
-
-
-def celery(*args, env: dict, log: Path) -> subprocess.Popen:
-    """Output to a file: a worker logging every second's sweep would fill a pipe and stall."""
-    with log.open("w") as output:
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tuneplane", *args],
-            env=env,
-            cwd=ROOT,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-
-
-@contextmanager
-def sweepers(env: dict, directory: Path):
-    """A Celery worker and beat, sweeping liveness every second; yields the worker's log."""
-    seed_schedule()
-    log = directory / "worker.log"
-    worker = celery("worker", "-l", "INFO", "--pool", "solo", env=env, log=log)
-    beat = celery(
-        "beat",
-        "-l",
-        "INFO",
-        "-s",
-        str(directory / "beat-schedule"),
-        env=env,
-        log=directory / "beat.log",
-    )
-    try:
-        yield log
-    finally:
-        for process in (beat, worker):
-            process.terminate()
-            process.wait(30)
-
-
-def sweeps_run(log: Path) -> int:
-    return sum(
-        "nodes.liveness_sweep" in line and "succeeded" in line
-        for line in log.read_text().splitlines()
-    )
-
-
-class ReconnectingFleet:
-    """The simulated nodes, as a subprocess whose progress goes to ``fleet.log``."""
-
-    def __init__(self, targets: list[str], credentials: Path, directory: Path):
-        self.log = directory / "fleet.log"
-        with self.log.open("w") as stderr:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.bench.reconnecting_load",
-                    "--credentials",
-                    str(credentials),
-                    "--nodes",
-                    str(NODES),
-                    *[option for target in targets for option in ("--target", target)],
-                ],
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-            )
-
-    def running(self) -> bool:
-        """For waits: a fleet that died fails them at once, with its last words."""
-        assert self.process.poll() is None, self.log.read_text()[-4000:]
-        return True
-
-    def stop(self) -> dict:
-        """SIGTERM: the nodes close their streams; their figures, as JSON."""
-        self.process.send_signal(signal.SIGTERM)
-        out = self.process.communicate(timeout=FLEET_STOP_TIMEOUT_SECONDS)[0]
-        assert self.process.returncode == 0, self.log.read_text()[-4000:]
-        return json.loads(out.strip().splitlines()[-1])
-
-
-@contextmanager
-def reconnecting_fleet(targets: list[str], credentials: Path, directory: Path):
-    fleet = ReconnectingFleet(targets, credentials, directory)
-    try:
-        yield fleet
-    finally:
-        if fleet.process.returncode is None:
-            fleet.process.kill()
-            fleet.process.wait()
 
 
 def epoch(seconds: float) -> datetime:
@@ -314,7 +221,7 @@ def restart_scenario(
         worker_log = stack.enter_context(sweepers(env, tmp_path))
         victim, _ = [stack.enter_context(gateway(target)) for target in targets][0]
         started = time.monotonic()
-        fleet = stack.enter_context(reconnecting_fleet(targets, credentials, tmp_path))
+        fleet = stack.enter_context(reconnecting_fleet(targets, credentials, tmp_path, NODES))
         wait_until(
             lambda: fleet.running()
             and ControlSession.objects.filter(closed_at__isnull=True).count() == NODES,

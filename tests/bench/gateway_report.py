@@ -99,6 +99,11 @@ def rows(interval: float, saturate: float) -> list:
             lambda f: f"{f['server_peak_rss_mb']:.0f} MiB "
             f"(+{f['server_rss_per_stream_kb']:.0f} KiB/stream)",
         ),
+        (
+            "  RSS growth over the steady window",
+            lambda f: f"{f['server_rss_slope_mb_per_hour']:+.1f} MiB/hour "
+            f"({f['server_rss_window_mb'][0]:.0f} to {f['server_rss_window_mb'][1]:.0f} MiB)",
+        ),
         ("server stop after the generator left", stop),
         (
             "GC collections by generation (> 100 ms)",

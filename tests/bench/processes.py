@@ -2,9 +2,12 @@
 and beat sweeping liveness, and ``reconnecting_load``'s simulated fleet."""
 
 import json
+import os
 import signal
+import statistics
 import subprocess
 import sys
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,6 +15,8 @@ from tests.e2e.console import ROOT
 from tuneplane.schedule import seed_schedule
 
 FLEET_STOP_TIMEOUT_SECONDS = 120
+# First opens in flight, over all of a fleet's processes (reconnecting_load's default).
+RAMP_CONCURRENCY = 20
 
 
 def celery(*args, env: dict, log: Path) -> subprocess.Popen:
@@ -56,48 +61,132 @@ def sweeps_run(log: Path) -> int:
     )
 
 
-class ReconnectingFleet:
-    """The simulated nodes, as a subprocess whose progress goes to ``fleet.log``."""
+EXAMPLES = 5
 
-    def __init__(self, targets: list[str], credentials: Path, directory: Path, nodes: int):
+
+def command_figures(commands: list[dict]) -> dict:
+    """What the fleet did with the commands it received (each as ``reconnecting_load``
+    reports one)."""
+    updates = Counter()
+    for command in commands:
+        updates.update(command["updates"])
+    return {
+        "received": {c["command"]: c["received"] for c in commands},
+        "received_at": {c["command"]: c["first_received"] for c in commands},
+        "states": dict(Counter(c["state"] for c in commands)),
+        "redelivered": sum(c["received"] - 1 for c in commands),
+        "redelivered_after_forgotten": sum(c["after_forgotten"] for c in commands),
+        "updates": dict(updates),
+        "updates_repeated": sum(
+            count - 1 for c in commands for count in c["updates"].values() if count > 1
+        ),
+        # What the node went through with the commands it would have run twice.
+        "forgotten_then_received": [
+            {"node": c["node"], "command": c["command"], "history": c["history"]}
+            for c in commands
+            if c["after_forgotten"]
+        ][:EXAMPLES],
+    }
+
+
+def closed_figures(closed: list[list]) -> dict:
+    """By the console's reason: how long the streams it closed were held, the heartbeats
+    the node sent on them and the acks it got back (``closed``: [reason, seconds held,
+    beats, acks] per stream)."""
+    by_reason: dict[str, list[list]] = {}
+    for row in closed:
+        by_reason.setdefault(row[0], []).append(row)
+    return {
+        reason: {
+            "streams": len(rows),
+            "held_seconds_median": round(statistics.median(row[1] for row in rows), 2),
+            "beats_median": statistics.median(row[2] for row in rows),
+            "acks_max": max(row[3] for row in rows),
+        }
+        for reason, rows in by_reason.items()
+    }
+
+
+def merged(shards: list[dict]) -> dict:
+    """One fleet's figures from its shards' results."""
+    welcomed = [shard["ramp_seconds"] for shard in shards if shard["ramp_seconds"] is not None]
+    return {
+        "nodes": sum(shard["nodes"] for shard in shards),
+        "shards": len(shards),
+        "held_at_stop": sum(shard["held_at_stop"] for shard in shards),
+        "ramp_seconds": max(welcomed) if welcomed else None,
+        "outages": [outage for shard in shards for outage in shard["outages"]],
+        "commands": command_figures([c for shard in shards for c in shard["commands"]]),
+        "closed_by_console": closed_figures([row for shard in shards for row in shard["closed"]]),
+        "errors": dict(sum((Counter(shard["errors"]) for shard in shards), Counter())),
+        "loop_lag_max_seconds": max(shard["loop_lag_max_seconds"] for shard in shards),
+    }
+
+
+class ReconnectingFleet:
+    """The simulated nodes, as ``processes`` subprocesses sharing them, whose progress goes
+    to ``fleet.log``."""
+
+    def __init__(
+        self, targets: list[str], credentials: Path, directory: Path, nodes: int, processes: int
+    ):
         self.log = directory / "fleet.log"
         with self.log.open("w") as stderr:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.bench.reconnecting_load",
-                    "--credentials",
-                    str(credentials),
-                    "--nodes",
-                    str(nodes),
-                    *[option for target in targets for option in ("--target", target)],
-                ],
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-            )
+            self.processes = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tests.bench.reconnecting_load",
+                        "--credentials",
+                        str(credentials),
+                        "--nodes",
+                        str(nodes),
+                        "--shard",
+                        str(shard),
+                        "--shards",
+                        str(processes),
+                        "--ramp-concurrency",
+                        str(max(1, RAMP_CONCURRENCY // processes)),
+                        *[option for target in targets for option in ("--target", target)],
+                    ],
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    text=True,
+                )
+                for shard in range(processes)
+            ]
 
     def running(self) -> bool:
         """For waits: a fleet that died fails them at once, with its last words."""
-        assert self.process.poll() is None, self.log.read_text()[-4000:]
+        assert all(p.poll() is None for p in self.processes), self.log.read_text()[-4000:]
         return True
 
     def stop(self) -> dict:
         """SIGTERM: the nodes close their streams; their figures, as JSON."""
-        self.process.send_signal(signal.SIGTERM)
-        out = self.process.communicate(timeout=FLEET_STOP_TIMEOUT_SECONDS)[0]
-        assert self.process.returncode == 0, self.log.read_text()[-4000:]
-        return json.loads(out.strip().splitlines()[-1])
+        for process in self.processes:
+            process.send_signal(signal.SIGTERM)
+        results = []
+        for process in self.processes:
+            out = process.communicate(timeout=FLEET_STOP_TIMEOUT_SECONDS)[0]
+            assert process.returncode == 0, self.log.read_text()[-4000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        return merged(results)
 
 
 @contextmanager
 def reconnecting_fleet(targets: list[str], credentials: Path, directory: Path, nodes: int):
-    fleet = ReconnectingFleet(targets, credentials, directory, nodes)
+    """``TUNEPLANE_BENCH_FLEET_PROCESSES`` processes (default 1). At 10,000 nodes after a
+    SIGKILL, one process took about 20 s to see every stream end; four saw them at once,
+    but their reconnect attempts, four times as many while the replica was down, took
+    from this 2-core machine's CPU what the restarted replica needed."""
+    processes = int(os.environ.get("TUNEPLANE_BENCH_FLEET_PROCESSES", "1"))
+    fleet = ReconnectingFleet(targets, credentials, directory, nodes, processes)
     try:
         yield fleet
     finally:
-        if fleet.process.returncode is None:
-            fleet.process.kill()
-            fleet.process.wait()
+        for process in fleet.processes:
+            if process.returncode is None:
+                process.kill()
+                process.wait()

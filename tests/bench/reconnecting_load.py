@@ -29,6 +29,11 @@ the last of them began and when the next Welcome came. So is every stream the
 console closed: its reason, how long it was held, the heartbeats sent on it and
 the acks that came back. Runs until SIGTERM or SIGINT; progress goes to stderr,
 the result is one JSON line on stdout.
+
+A fleet of 10,000 is more than one event loop can play: after a gateway's SIGKILL, one
+process took 20 s just to see all its streams end, which real machines each see at once.
+``--shard I --shards K`` runs every Kth node from the Ith, so that K processes share the
+fleet (``tests/bench/processes.py`` starts them and merges their results).
 """
 
 import argparse
@@ -36,7 +41,6 @@ import asyncio
 import json
 import random
 import signal
-import statistics
 import sys
 import time
 from collections import Counter
@@ -52,7 +56,6 @@ from tests.bench.gateway_load import describe, raise_fd_limit
 RUNNING, SUCCEEDED = "running", "succeeded"
 PROGRESS_SECONDS = 5
 LAG_TICK_SECONDS = 0.1
-EXAMPLES = 5
 INVENTORY = inventory_message(
     {
         "cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 8}],
@@ -300,7 +303,8 @@ async def watch(fleet: Fleet, nodes: list[SimulatedNode], started: float) -> Non
             held = sum(node.held is not None for node in nodes)
             closed = Counter(stream.closed_by_console for stream in fleet.closed)
             print(
-                f"reconnecting fleet: {held} held, {len(nodes) - held} out, "
+                f"reconnecting fleet {fleet.args.shard + 1}/{fleet.args.shards}: {held} held, "
+                f"{len(nodes) - held} out, "
                 f"{time.time() - started:.0f} s; loop late by {lag_in_period:.2f} s at most "
                 f"since the last line; closed by the console {dict(closed) or 0}",
                 file=sys.stderr,
@@ -309,64 +313,13 @@ async def watch(fleet: Fleet, nodes: list[SimulatedNode], started: float) -> Non
             lag_in_period = 0.0
 
 
-def command_figures(nodes: list[SimulatedNode]) -> dict:
-    commands = [
-        (node.node_id, command_id, command)
-        for node in nodes
-        for command_id, command in node.known.items()
-    ]
-    updates = Counter()
-    for _, _, command in commands:
-        updates.update(command.updates)
-    return {
-        "received": {command_id: command.received for _, command_id, command in commands},
-        "received_at": {command_id: command.first_received for _, command_id, command in commands},
-        "states": dict(Counter(command.state for _, _, command in commands)),
-        "redelivered": sum(command.received - 1 for _, _, command in commands),
-        "redelivered_after_forgotten": sum(
-            command.redelivered_after_forgotten for _, _, command in commands
-        ),
-        "updates": dict(updates),
-        "updates_repeated": sum(
-            count - 1
-            for _, _, command in commands
-            for count in command.updates.values()
-            if count > 1
-        ),
-        # What the node went through with the commands it would have run twice.
-        "forgotten_then_received": [
-            {"node": node_id, "command": command_id, "history": command.history}
-            for node_id, command_id, command in commands
-            if command.redelivered_after_forgotten
-        ][:EXAMPLES],
-    }
-
-
-def closed_figures(closed: list[Held]) -> dict:
-    """By the console's reason: how long the streams it closed were held, the heartbeats
-    the node sent on them and the acks it got back."""
-    by_reason: dict[str, list[Held]] = {}
-    for held in closed:
-        by_reason.setdefault(held.closed_by_console, []).append(held)
-    return {
-        reason: {
-            "streams": len(streams),
-            "held_seconds_median": round(
-                statistics.median(h.ended - h.welcomed for h in streams if h.ended), 2
-            ),
-            "beats_median": statistics.median(h.beats for h in streams),
-            "acks_max": max(h.acks for h in streams),
-        }
-        for reason, streams in by_reason.items()
-    }
-
-
 async def run(args) -> dict:
     with open(args.credentials) as handle:
         bundle = json.load(handle)
     ca = bundle["ca"].encode()
     fleet = Fleet(args)
-    nodes = [SimulatedNode(fleet, ca, node) for node in bundle["nodes"][: args.nodes]]
+    mine = bundle["nodes"][: args.nodes][args.shard :: args.shards]
+    nodes = [SimulatedNode(fleet, ca, node) for node in mine]
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, fleet.stopping.set)
@@ -397,8 +350,25 @@ async def run(args) -> dict:
             for node in nodes
             for outage in node.outages
         ],
-        "commands": command_figures(nodes),
-        "closed_by_console": closed_figures(fleet.closed),
+        "commands": [  # summed up by tests/bench/processes.py, over every shard
+            {
+                "node": node.node_id,
+                "command": command_id,
+                "received": command.received,
+                "first_received": command.first_received,
+                "state": command.state,
+                "after_forgotten": command.redelivered_after_forgotten,
+                "updates": command.updates,
+                "history": command.history,
+            }
+            for node in nodes
+            for command_id, command in node.known.items()
+        ],
+        "closed": [
+            [held.closed_by_console, held.ended - held.welcomed, held.beats, held.acks]
+            for held in fleet.closed
+            if held.ended
+        ],
         "errors": dict(fleet.errors),
         "loop_lag_max_seconds": round(fleet.loop_lag_max, 3),
     }
@@ -414,6 +384,13 @@ def main() -> None:
     )
     parser.add_argument("--credentials", required=True, help="the nodes' JSON bundle")
     parser.add_argument("--nodes", type=int, default=None, help="at most this many nodes")
+    parser.add_argument(
+        "--shard",
+        type=int,
+        default=0,
+        help="with --shards K: this process runs every Kth node from this one",
+    )
+    parser.add_argument("--shards", type=int, default=1, help="processes sharing the nodes")
     parser.add_argument(
         "--ramp-concurrency",
         type=int,

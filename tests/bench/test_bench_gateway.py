@@ -12,7 +12,9 @@ say) with the heartbeat interval and lease TTL of production.
 
 N is ``TUNEPLANE_BENCH_STREAMS`` (default 10000; a comma-separated list runs
 each, e.g. ``1000,10000`` to see whether database load depends on N). The
-steady window is ``TUNEPLANE_BENCH_WINDOW`` seconds (default 60).
+steady window is ``TUNEPLANE_BENCH_WINDOW`` seconds (default 60; the echo server's
+``TUNEPLANE_BENCH_ECHO_WINDOW``, by default the same). The gateway's RSS is sampled every
+second: its growth over the window (least squares) is reported.
 
 Not a timed test: it asserts only that every stream was held, none failed and
 every lease reached the database.
@@ -72,6 +74,8 @@ def stream_counts() -> list[int]:
 
 
 WINDOW_SECONDS = int(os.environ.get("TUNEPLANE_BENCH_WINDOW", "60"))
+# The echo server's, when a long window is for the gateway's memory alone (e.g. 1800 and 60).
+ECHO_WINDOW_SECONDS = int(os.environ.get("TUNEPLANE_BENCH_ECHO_WINDOW", str(WINDOW_SECONDS)))
 
 
 def enroll(fleet, count: int, directory: Path) -> Path:
@@ -137,6 +141,7 @@ class Sample:
     connections: int
     rows_written: int
     cpu: float
+    rss: int  # bytes
 
 
 class Sampler(threading.Thread):
@@ -165,7 +170,14 @@ class Sampler(threading.Thread):
                     [self.database],
                 ).fetchone()
                 self.samples.append(
-                    Sample(time.time(), commits, connections, rows, cpu_seconds(self.pid))
+                    Sample(
+                        time.time(),
+                        commits,
+                        connections,
+                        rows,
+                        cpu_seconds(self.pid),
+                        proc_status(self.pid, "VmRSS"),
+                    )
                 )
                 if stopping:
                     return
@@ -177,6 +189,18 @@ class Sampler(threading.Thread):
         before = [s for s in self.samples if s.at <= start][-1]
         after = next(s for s in self.samples if s.at >= end)
         return (getattr(after, field) - getattr(before, field)) / (after.at - before.at)
+
+    def rss_slope(self, window: list[float]) -> float:
+        """Least-squares growth of the server's RSS over ``window``, in MiB an hour."""
+        points = [(s.at, s.rss / 2**20) for s in self.samples if window[0] <= s.at <= window[1]]
+        mean_t = sum(t for t, _ in points) / len(points)
+        mean_m = sum(m for _, m in points) / len(points)
+        spread = sum((t - mean_t) ** 2 for t, _ in points)
+        return 3600 * sum((t - mean_t) * (m - mean_m) for t, m in points) / spread
+
+    def rss_at(self, at: float) -> float:
+        """The server's RSS in MiB at the sample nearest ``at`` (epoch seconds)."""
+        return min(self.samples, key=lambda s: abs(s.at - at)).rss / 2**20
 
 
 class ServerOutput(threading.Thread):
@@ -235,7 +259,9 @@ def serving(argv: list[str], env: dict, ready: str, log: Path | None = None):
         )
 
 
-def load(target: str, credentials: Path, streams: int, metrics: str | None = None) -> dict:
+def load(
+    target: str, credentials: Path, streams: int, window: int, metrics: str | None = None
+) -> dict:
     """Run the generator against ``target``; its JSON result."""
     done = subprocess.run(
         [
@@ -251,7 +277,7 @@ def load(target: str, credentials: Path, streams: int, metrics: str | None = Non
             "--interval",
             str(INTERVAL_SECONDS),
             "--window",
-            str(WINDOW_SECONDS),
+            str(window),
             "--saturate",
             str(SATURATE_SECONDS),
             "--ramp-concurrency",
@@ -276,6 +302,7 @@ def measure(
     target: str,
     credentials: Path,
     streams: int,
+    window: int,
     metrics: str | None = None,
 ) -> dict:
     """The generator's figures for one server, with the server's own beside them."""
@@ -284,7 +311,7 @@ def measure(
         sampler = Sampler(process.pid)
         sampler.start()
         try:
-            figures = load(target, credentials, streams, metrics)
+            figures = load(target, credentials, streams, window, metrics)
         finally:
             sampler.done.set()
             sampler.join()
@@ -301,6 +328,8 @@ def measure(
         "server_cpu_percent": 100 * sampler.rate("cpu", steady),
         "saturation_server_cpu_percent": 100 * sampler.rate("cpu", saturated),
         "server_peak_rss_mb": peak_rss / 2**20,
+        "server_rss_slope_mb_per_hour": sampler.rss_slope(steady),
+        "server_rss_window_mb": [sampler.rss_at(steady[0]), sampler.rss_at(steady[1])],
         "server_rss_per_stream_kb": (peak_rss - idle_rss) / 1024 / streams,
     }
 
@@ -330,6 +359,7 @@ def test_bench_gateway_streams_beside_a_bare_echo_server(
         target,
         credentials,
         streams,
+        WINDOW_SECONDS,
         metrics,
     )
     gateway["sessions_closed"] = ControlSession.objects.filter(closed_at__isnull=False).count()
@@ -350,6 +380,7 @@ def test_bench_gateway_streams_beside_a_bare_echo_server(
         echo_target,
         credentials,
         streams,
+        ECHO_WINDOW_SECONDS,
     )
     with capsys.disabled():
         print(

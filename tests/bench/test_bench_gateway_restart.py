@@ -312,7 +312,8 @@ def report(f: dict) -> str:
         f"had forgotten them as reconciled (a real agent runs those twice) "
         f"{commands['redelivered_after_forgotten']}; CommandUpdates {commands['updates']} "
         f"(repeated {commands['updates_repeated']}); ramp {f['ramp_seconds']:.1f} s; "
-        f"its loop lagged {fleet['loop_lag_max_seconds']:.2f} s at most",
+        f"{fleet['shards']} fleet processes, their loops late by "
+        f"{fleet['loop_lag_max_seconds']:.2f} s at most",
         f"  audit since the kill: control_session.closed {sum(f['closed_events'].values())} "
         f"({closed}), control_session.opened {f['opened_events']}; open sessions "
         f"{f['open_sessions']}",

@@ -78,23 +78,29 @@ async def listen(gateway: Gateway) -> None:
 
 async def announce(gateway: Gateway) -> None:
     """This replica is listening: said at start, then every half heartbeat interval, so the
-    liveness sweep can tell a console that heard nothing from nodes that said nothing."""
+    liveness sweep can tell a console that heard nothing from nodes that said nothing. A
+    lease after the start, the sessions a killed predecessor left open are closed."""
     started = None
+    left_open_due = time.monotonic() + settings.TUNEPLANE_LEASE_TTL
     while True:
         try:
             if started is None:
-                started = (
-                    await gateway.database.run(
-                        control.gateway_started,
-                        name=gateway.name,
-                        serving_since=gateway.serving_since,
-                        control=True,
-                    )
-                ).started_at
+                replica = await gateway.database.run(
+                    control.gateway_started, name=gateway.name, control=True
+                )
+                started = replica.started_at
             else:
                 await gateway.database.run(
                     control.gateway_alive, name=gateway.name, started_at=started, control=True
                 )
+            if left_open_due is not None and time.monotonic() >= left_open_due:
+                await gateway.database.run(
+                    control.sessions_left_open_close,
+                    gateway=gateway.name,
+                    serving_since=gateway.serving_since,
+                    control=True,
+                )
+                left_open_due = None
         except Exception:  # the database is away: the sweep holds its judgement meanwhile
             logger.exception("announcing this gateway replica failed")
         await asyncio.sleep(max(settings.TUNEPLANE_HEARTBEAT_INTERVAL / 2, 1))

@@ -192,20 +192,11 @@ def node_report_inventory(*, node_id: str, inventory, digest: str = "") -> Node:
     return node
 
 
-def gateway_started(*, name: str, serving_since: datetime | None = None) -> GatewayReplica:
+def gateway_started(*, name: str) -> GatewayReplica:
     """A gateway replica starts listening: audited, as what follows it in the log (sessions
-    reopening) reads against it. Sessions its previous process left open (it was killed, so
-    it closed none) are closed now: a new process holds none of their streams. Only those
-    opened before ``serving_since``, when this process began: its own are live."""
+    reopening) reads against it. The sessions its previous process left open, if it was
+    killed, are closed a lease later (sessions_left_open_close)."""
     now = timezone.now()
-    # Closed first: if this fails, nothing of the start is recorded and the retry begins
-    # again, rather than announcing a start (and moving its time) at every attempt.
-    left_open = ControlSession.objects.filter(gateway=name, opened_at__lt=serving_since or now)
-    closed = sessions_close_matching(left_open, "gateway replica restarted", now)
-    if closed:
-        logger.info(
-            "gateway %s started: closed %d sessions its previous process left open", name, closed
-        )
     with transaction.atomic():
         earlier = GatewayReplica.objects.select_for_update().filter(name=name).first()
         replica, _ = GatewayReplica.objects.update_or_create(
@@ -224,6 +215,28 @@ def gateway_started(*, name: str, serving_since: datetime | None = None) -> Gate
             after={"name": name, "started_at": now.isoformat()},
         )
     return replica
+
+
+def sessions_left_open_close(*, gateway: str, serving_since: datetime) -> int:
+    """Close the sessions the killed process of replica ``gateway`` left open: those opened
+    before ``serving_since``, when this process began, whose lease has run out. Called a
+    lease after the start: by then every reader already counts them dead (a live session
+    is an open one with a live lease), and a node that reconnected has replaced its own in
+    the batch that opened the new one, so a restart under 10,000 nodes does not spend its
+    first seconds closing 10,000 sessions while they reconnect (issue 20)."""
+    now = timezone.now()
+    closed = sessions_close_matching(
+        ControlSession.objects.filter(
+            gateway=gateway, opened_at__lt=serving_since, lease_expires_at__lt=now
+        ),
+        "gateway replica restarted",
+        now,
+    )
+    if closed:
+        logger.info(
+            "gateway %s: closed %d sessions its previous process left open", gateway, closed
+        )
+    return closed
 
 
 def sessions_of_silent_replicas_close(

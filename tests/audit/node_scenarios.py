@@ -150,10 +150,11 @@ def gateway_started_again(w):
     return lambda: control.gateway_started(name="gw-1")
 
 
-def gateway_started_with_sessions_left_open(w):
+def sessions_left_open_close(w):
     session = w.live()  # on gw-1, whose process was then killed
-    return lambda: control.gateway_started(
-        name="gw-1", serving_since=session.opened_at + timedelta(1)
+    ControlSession.objects.filter(pk=session.pk).update(lease_expires_at=timezone.now())
+    return lambda: control.sessions_left_open_close(
+        gateway="gw-1", serving_since=session.opened_at + timedelta(1)
     )
 
 

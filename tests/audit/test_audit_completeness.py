@@ -184,9 +184,8 @@ SCENARIOS = {
     "nodes.services.control.gateway_started/restart": Scenario(
         nodes.gateway_started_again, (changed("gateway.started"),)
     ),
-    "nodes.services.control.gateway_started/sessions-left-open": Scenario(
-        nodes.gateway_started_with_sessions_left_open,
-        (created("gateway.started"), changed("control_session.closed")),
+    "nodes.services.control.sessions_left_open_close": Scenario(
+        nodes.sessions_left_open_close, (changed("control_session.closed"),)
     ),
     "nodes.services.control.sessions_of_silent_replicas_close": Scenario(
         nodes.sessions_of_silent_replicas_close, (changed("control_session.closed"),)

@@ -219,16 +219,15 @@ def gateway_started(*, name: str) -> GatewayReplica:
 
 def sessions_left_open_close(*, gateway: str, serving_since: datetime) -> int:
     """Close the sessions the killed process of replica ``gateway`` left open: those opened
-    before ``serving_since``, when this process began, whose lease has run out. Called a
-    lease after the start: by then every reader already counts them dead (a live session
-    is an open one with a live lease), and a node that reconnected has replaced its own in
-    the batch that opened the new one, so a restart under 10,000 nodes does not spend its
-    first seconds closing 10,000 sessions while they reconnect (issue 20)."""
+    before ``serving_since``, when this process began (no process holds their streams).
+    Called a lease after the start: by then their leases have run out, so every reader
+    already counts them dead (a live session is an open one with a live lease), and a node
+    that reconnected has replaced its own in the batch that opened the new one. So a
+    restart under 10,000 nodes does not spend its first seconds closing 10,000 sessions
+    while they reconnect (issue 20)."""
     now = timezone.now()
     closed = sessions_close_matching(
-        ControlSession.objects.filter(
-            gateway=gateway, opened_at__lt=serving_since, lease_expires_at__lt=now
-        ),
+        ControlSession.objects.filter(gateway=gateway, opened_at__lt=serving_since),
         "gateway replica restarted",
         now,
     )

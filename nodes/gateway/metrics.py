@@ -5,6 +5,8 @@ streams, its database queue, its nodes' latest telemetry) is read at scrape time
 ``GatewayCollector``, so a sample costs nothing more than keeping it.
 """
 
+import sys
+
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -84,6 +86,12 @@ class GatewayCollector:
             "tuneplane_gateway_open_streams",
             "Node streams this replica holds.",
             value=len(gateway.streams.by_node),
+        )
+        yield GaugeMetricFamily(
+            "tuneplane_gateway_python_allocated_blocks",
+            "Memory blocks Python's allocator holds (sys.getallocatedblocks): RSS that grows "
+            "while this does not is native memory (grpc's, the C allocator's), not objects kept.",
+            value=sys.getallocatedblocks(),
         )
         yield GaugeMetricFamily(
             "tuneplane_gateway_database_queue_depth",

@@ -13,8 +13,10 @@ def gc_pauses(metrics: str) -> dict:
     of them paused it for more than 100 ms."""
     with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as response:
         text = response.read().decode()
-    counts, short = {}, {}
+    counts, short, blocks = {}, {}, 0
     for family in text_string_to_metric_families(text):
+        if family.name == "tuneplane_gateway_python_allocated_blocks":
+            blocks = int(family.samples[0].value)
         if family.name != "tuneplane_gateway_gc_pause_seconds":
             continue
         for sample in family.samples:
@@ -26,6 +28,7 @@ def gc_pauses(metrics: str) -> dict:
     return {
         "gc_collections": counts,
         "gc_pauses_over_100ms": {g: counts[g] - short.get(g, 0) for g in counts},
+        "python_blocks": {"all": blocks},
     }
 
 
@@ -98,6 +101,12 @@ def rows(interval: float, saturate: float) -> list:
             "server peak RSS (VmHWM)",
             lambda f: f"{f['server_peak_rss_mb']:.0f} MiB "
             f"(+{f['server_rss_per_stream_kb']:.0f} KiB/stream)",
+        ),
+        (
+            "  Python allocator blocks, growth in it",
+            lambda f: f"{f['window_gc']['python_blocks']['all']:+,}"
+            if f.get("window_gc")
+            else "not measured",
         ),
         (
             "  RSS growth over the steady window",

@@ -109,6 +109,7 @@ def test_a_scrape_of_make_run_shows_the_fleet(tmp_path, empty_database):
             what="the cards on the gateway's metrics",
         )
         assert labelled(seen, "tuneplane_gateway_open_streams") == 1
+        assert labelled(seen, "tuneplane_gateway_python_allocated_blocks") > 100_000
         # The worker's and beat's figures, added up by the web: its sweeps and tasks.
         figures = wait_for(
             lambda: (f := scrape(web)) and labelled(f, "tuneplane_liveness_sweep_seconds_count")

@@ -111,7 +111,8 @@ def rows(interval: float, saturate: float) -> list:
         (
             "  RSS growth over the steady window",
             lambda f: f"{f['server_rss_slope_mb_per_hour']:+.1f} MiB/hour "
-            f"({f['server_rss_window_mb'][0]:.0f} to {f['server_rss_window_mb'][1]:.0f} MiB)",
+            f"({f['server_rss_window_mb'][0]:.0f} to {f['server_rss_window_mb'][1]:.0f} MiB); "
+            f"its second half {f['server_rss_slope_late_mb_per_hour']:+.1f}",
         ),
         ("server stop after the generator left", stop),
         (

@@ -329,6 +329,8 @@ def measure(
         "saturation_server_cpu_percent": 100 * sampler.rate("cpu", saturated),
         "server_peak_rss_mb": peak_rss / 2**20,
         "server_rss_slope_mb_per_hour": sampler.rss_slope(steady),
+        # The window's second half: growth that has stopped is warm-up, not a leak.
+        "server_rss_slope_late_mb_per_hour": sampler.rss_slope([sum(steady) / 2, steady[1]]),
         "server_rss_window_mb": [sampler.rss_at(steady[0]), sampler.rss_at(steady[1])],
         "server_rss_per_stream_kb": (peak_rss - idle_rss) / 1024 / streams,
     }

@@ -23,7 +23,8 @@ def replica_name(bind: str | None = None) -> str:
 class Gateway:
     def __init__(self, *, name: str | None = None, database: DatabaseThreads | None = None):
         self.name = name or replica_name()
-        # When this replica began: every session it opens is younger (control.gateway_started).
+        # When this replica began: every session it opens is younger, and those of its name
+        # that are older, a killed predecessor's (control.sessions_left_open_close).
         self.serving_since = timezone.now()
         self.database = database or DatabaseThreads()
         self.streams = Streams()

@@ -1,7 +1,8 @@
 """`make bench`: SIGKILL a gateway replica under 1,000 connected nodes, start it again.
 
-The nodes are ``tests/bench/reconnecting_load.py`` (one subprocess, one mTLS stream
-per node with its own certificate, reconnecting with the agent's jittered backoff);
+The nodes are ``tests/bench/reconnecting_load.py`` (one subprocess, or
+``TUNEPLANE_BENCH_FLEET_PROCESSES``; one mTLS stream per node with its own certificate,
+reconnecting with the agent's jittered backoff);
 the gateways are ``manage.py grpcserve`` on PostgreSQL and Redis, with a Celery
 worker and beat sweeping liveness every second. Once every node holds a session,
 one command per node (of the first ``TUNEPLANE_BENCH_RESTART_COMMANDED``, 1000 by

@@ -17,6 +17,8 @@ from tuneplane.schedule import seed_schedule
 FLEET_STOP_TIMEOUT_SECONDS = 120
 # First opens in flight, over all of a fleet's processes (reconnecting_load's default).
 RAMP_CONCURRENCY = 20
+# Commands a node would have run twice, told in full.
+EXAMPLES = 5
 
 
 def celery(*args, env: dict, log: Path) -> subprocess.Popen:
@@ -59,9 +61,6 @@ def sweeps_run(log: Path) -> int:
         "nodes.liveness_sweep" in line and "succeeded" in line
         for line in log.read_text().splitlines()
     )
-
-
-EXAMPLES = 5
 
 
 def command_figures(commands: list[dict]) -> dict:

@@ -24,7 +24,9 @@ def test_start_up_is_frozen_and_young_collections_made_rarer(restored_collector)
 
     frozen = memory.freeze_start_up()
 
-    assert frozen == gc.get_freeze_count() >= len(made_at_start)
+    # Not equal to the count read later: a frozen object that dies meanwhile (another
+    # thread's) leaves the permanent generation (seen once in CI).
+    assert frozen >= len(made_at_start) and gc.get_freeze_count() >= len(made_at_start)
     assert gc.get_threshold()[0] == memory.YOUNG_THRESHOLD > 700
     # Left out of every collection: a full one no longer walks them.
     walked = {id(x) for x in gc.get_objects()}

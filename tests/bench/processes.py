@@ -11,7 +11,9 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.e2e.console import ROOT
+from nodes import pki
+from tests.bench.test_bench_gateway import enroll, serving
+from tests.e2e.console import ROOT, console_env
 from tuneplane.schedule import seed_schedule
 
 FLEET_STOP_TIMEOUT_SECONDS = 120
@@ -19,6 +21,34 @@ FLEET_STOP_TIMEOUT_SECONDS = 120
 RAMP_CONCURRENCY = 20
 # Commands a node would have run twice, told in full.
 EXAMPLES = 5
+
+
+def fleet_console(
+    node_fleet, nodes: int, console_pki: Path, redis_url: str, directory: Path, settings: dict
+) -> tuple[Path, dict]:
+    """``nodes`` nodes enrolled in ``node_fleet`` (their credentials' bundle), and the
+    environment of the console processes that serve them."""
+    credentials = enroll(node_fleet, nodes, directory)
+    if not (console_pki / "gateway.pem").exists():  # before replicas race to issue it
+        pki.issue_server_certificate(["127.0.0.1", "localhost"])
+    env = console_env(
+        directory,
+        TUNEPLANE_PKI_DIR=str(console_pki),
+        TUNEPLANE_DEBUG="0",
+        REDIS_URL=redis_url,
+        **settings,
+    )
+    return credentials, env
+
+
+def gateway_replica(target: str, env: dict, directory: Path):
+    """``manage.py grpcserve`` bound to ``target``, its output in ``gateway-PORT.log``."""
+    return serving(
+        [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target],
+        env,
+        "gateway serving",
+        log=directory / f"gateway-{target.rsplit(':', 1)[1]}.log",
+    )
 
 
 def celery(*args, env: dict, log: Path) -> subprocess.Popen:

@@ -18,20 +18,17 @@ only that each command reached its node once and finished.
 import os
 import random
 import statistics
-import sys
 import time
 from contextlib import ExitStack
 
 import pytest
 
-from nodes import pki
 from nodes.choices import CommandState
 from nodes.models import ControlSession, Node, NodeCommand
-from tests.bench.processes import reconnecting_fleet, sweepers
-from tests.bench.test_bench_gateway import enroll, serving
+from tests.bench.processes import fleet_console, gateway_replica, reconnecting_fleet, sweepers
 from tests.conftest import Api
 from tests.e2e.agents import wait_until
-from tests.e2e.console import ROOT, console_env, free_port
+from tests.e2e.console import free_port
 
 pytestmark = [pytest.mark.bench, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -54,15 +51,8 @@ def spread(values: list[float]) -> str:
 def test_bench_command_fanout_through_redis_to_the_replica_holding_the_stream(
     require_redis, node_fleet, admin_user, console_pki, tmp_path, capsys
 ):
-    credentials = enroll(node_fleet, NODES, tmp_path)
-    if not (console_pki / "gateway.pem").exists():  # before replicas race to issue it
-        pki.issue_server_certificate(["127.0.0.1", "localhost"])
-    env = console_env(
-        tmp_path,
-        TUNEPLANE_PKI_DIR=str(console_pki),
-        TUNEPLANE_DEBUG="0",
-        REDIS_URL=require_redis,
-        **SETTINGS,
+    credentials, env = fleet_console(
+        node_fleet, NODES, console_pki, require_redis, tmp_path, SETTINGS
     )
     targets = [f"127.0.0.1:{free_port()}" for _ in range(REPLICAS)]
     api = Api(admin_user)
@@ -71,9 +61,7 @@ def test_bench_command_fanout_through_redis_to_the_replica_holding_the_stream(
     with ExitStack() as stack:
         stack.enter_context(sweepers(env, tmp_path))
         for target in targets:
-            argv = [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target]
-            log = tmp_path / f"gateway-{target.rsplit(':', 1)[1]}.log"
-            stack.enter_context(serving(argv, env, "gateway serving", log=log))
+            stack.enter_context(gateway_replica(target, env, tmp_path))
         started = time.monotonic()
         fleet = stack.enter_context(reconnecting_fleet(targets, credentials, tmp_path, NODES))
         wait_until(

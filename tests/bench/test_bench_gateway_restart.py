@@ -30,7 +30,6 @@ killing the first. N is ``TUNEPLANE_BENCH_RESTART_NODES`` (default 1000).
 import os
 import socket
 import statistics
-import sys
 import time
 from collections import Counter
 from contextlib import ExitStack
@@ -42,14 +41,18 @@ from django.db.models import Count, Q
 
 from audit.models import AuditEvent
 from audit.services import Actor
-from nodes import pki
 from nodes.choices import CommandState, SchedulingState
 from nodes.models import ControlSession, Node, NodeCommand, StrayCommand
 from nodes.services.commands import node_command_create
-from tests.bench.processes import reconnecting_fleet, sweepers, sweeps_run
-from tests.bench.test_bench_gateway import enroll, serving
+from tests.bench.processes import (
+    fleet_console,
+    gateway_replica,
+    reconnecting_fleet,
+    sweepers,
+    sweeps_run,
+)
 from tests.e2e.agents import wait_until
-from tests.e2e.console import ROOT, console_env, free_port
+from tests.e2e.console import free_port
 
 pytestmark = [pytest.mark.bench, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -70,7 +73,6 @@ HOLD_MARGIN_SECONDS = 5
 RAMP_TIMEOUT_SECONDS = 300
 RECONNECT_TIMEOUT_SECONDS = 300
 COMMANDS_TIMEOUT_SECONDS = 120
-READY = "gateway serving"
 COMMAND = {"argv": ["true"]}
 # Nodes given a command each, one transaction each: at 10,000, creating them all would keep
 # the replica down for a minute, not DOWN_SECONDS.
@@ -196,31 +198,15 @@ def restart_scenario(
     *, replicas: int, node_fleet, admin_user, console_pki, redis_url, tmp_path
 ) -> dict:
     """Start ``replicas`` gateways and the fleet, kill the first replica, restart it."""
-    credentials = enroll(node_fleet, NODES, tmp_path)
-    if not (console_pki / "gateway.pem").exists():  # before replicas race to issue it
-        pki.issue_server_certificate(["127.0.0.1", "localhost"])
+    credentials, env = fleet_console(node_fleet, NODES, console_pki, redis_url, tmp_path, SETTINGS)
     nodes = list(Node.objects.order_by("hostname"))
-    env = console_env(
-        tmp_path,
-        TUNEPLANE_PKI_DIR=str(console_pki),
-        TUNEPLANE_DEBUG="0",
-        REDIS_URL=redis_url,
-        **SETTINGS,
-    )
     targets = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
-
-    def gateway(target: str):
-        return serving(
-            [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target],
-            env,
-            READY,
-            log=tmp_path / f"gateway-{target.rsplit(':', 1)[1]}.log",
-        )
 
     figures = {"replicas": replicas, "nodes": NODES}
     with ExitStack() as stack:
         worker_log = stack.enter_context(sweepers(env, tmp_path))
-        victim, _ = [stack.enter_context(gateway(target)) for target in targets][0]
+        replicas_up = [stack.enter_context(gateway_replica(t, env, tmp_path)) for t in targets]
+        victim, _ = replicas_up[0]
         started = time.monotonic()
         fleet = stack.enter_context(reconnecting_fleet(targets, credentials, tmp_path, NODES))
         wait_until(
@@ -246,7 +232,7 @@ def restart_scenario(
         time.sleep(max(0.0, killed_at + DOWN_SECONDS - time.time()))
         figures["down_seconds"] = time.time() - killed_at
 
-        stack.enter_context(gateway(targets[0]))
+        stack.enter_context(gateway_replica(targets[0], env, tmp_path))
         ready_at = time.time()
         wait_until(
             lambda: fleet.running() and reopened(lost, killed_at) == len(lost),

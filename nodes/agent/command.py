@@ -49,6 +49,9 @@ class Command:
     restart_at: float | None = None
     backoff: int = 0
     launched_at: float | None = None
+    # A container member with a memory limit: the node's OOM-kill count at its launch
+    # (containers.oom_ended).
+    oom_kills: int | None = None
 
     def reported(self) -> tuple:
         """What the console is told: a change in any of it is reported."""

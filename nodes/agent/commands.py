@@ -210,6 +210,7 @@ class Commands(replicas.ServingCommands):
             # The runtime confines the container; the wrapper and the runtime's client are
             # still in a cgroup named after the member (no limits), as any member is.
             command.container = self.runtime()
+            command.oom_kills = containers.node_oom_kills() if limits[1] else None
             limits, argv = (
                 (None, None),
                 containers.run_argv(
@@ -274,7 +275,6 @@ class Commands(replicas.ServingCommands):
             return command
         command.state = SUCCEEDED if code == 0 and reason == "exit" else FAILED
         command.exit_code, command.reason = code, reason
-        self.children.pop(command.command_id, None)
         if command.cleanup_wanted:
             self._clean(command)
         self.save(command)
@@ -370,7 +370,7 @@ class Commands(replicas.ServingCommands):
         """Whether the kernel's OOM killer ended it: in its container, or in its cgroup."""
         if command.container:
             found = containers.inspect(command.container, command.command_id)
-            return bool(found and found["oom_killed"])
+            return containers.oom_ended(found, command.oom_kills, command.stop_at is not None)
         return members.oom_killed(self.cgroup(command.command_id))
 
     def cgroup(self, member_id: str) -> str:

@@ -18,6 +18,7 @@ import logging
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 logger = logging.getLogger("tuneplane-node")
 
@@ -160,6 +161,35 @@ def inspect(runtime: str, member_id: str) -> dict | None:
         "exit_code": int(parts[1]) if parts[1].lstrip("-").isdigit() else -1,
         "oom_killed": parts[2] == "true",
     }
+
+
+def node_oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has ended on this node since its boot."""
+    try:
+        lines = Path("/proc/vmstat").read_text().splitlines()
+        counts = dict(line.split(maxsplit=1) for line in lines)
+        return int(counts["oom_kill"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def oom_ended(found: dict | None, kills_at_launch: int | None, stopping: bool) -> bool:
+    """Whether the kernel's OOM killer ended a container ``inspect`` found exited.
+
+    The runtime's flag says so, except when it lost the event: on cgroup v1, containerd's
+    shim drops an OOM event it reads after the container's cgroup is gone (seen here under
+    CPU load, once in 20 OOMs). So an exit by SIGKILL (137) that no stop of ours sent, while
+    the node's OOM-kill count rose since the launch of a member with a memory limit, is one.
+    """
+    if found is None or found["oom_killed"]:
+        return found is not None
+    now = node_oom_kills()
+    return (
+        found["exit_code"] == 137
+        and not stopping
+        and None not in (kills_at_launch, now)
+        and now > kills_at_launch
+    )
 
 
 def stop(runtime: str, member_id: str, grace: float) -> None:

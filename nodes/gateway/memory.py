@@ -7,12 +7,20 @@ latency (issue 20). Two measures: once the replica is built, everything made at 
 collector's sight (``gc.freeze``): it lives as long as the process, so no collection could
 free any of it. And every collection's pause is timed, by generation, for Prometheus
 (``tuneplane_gateway_gc_pause_seconds``), so a long one is seen, not guessed at.
+
+Below Python, the C allocator's heap: its arenas capped and its free pages handed back on a
+timer (``limit_arenas``, ``Trimmer``).
 """
 
+import ctypes
+import ctypes.util
+import functools
 import gc
+import os
+import threading
 import time
 
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 
 GC_PAUSE = Histogram(
     "tuneplane_gateway_gc_pause_seconds",
@@ -56,3 +64,73 @@ class PauseTimer:
 def time_pauses() -> None:
     if not any(isinstance(callback, PauseTimer) for callback in gc.callbacks):
         gc.callbacks.append(PauseTimer())
+
+
+# glibc's malloc, which grpc's core (and every C extension) allocates from. By default it gives
+# each thread that contends for a heap an arena of its own, up to eight per core, and returns a
+# freed page to the kernel only from the top of a heap: under 10,000 long-lived streams the
+# gateway's RSS went on growing by 70–100 MiB an hour while Python's own blocks did not (README,
+# "A gateway at fleet scale"). Two arenas, and the free pages handed back once a minute.
+M_ARENA_MAX = -8  # malloc.h
+NATIVE_ARENAS = 2
+TRIM_SECONDS = 60.0
+
+MALLOC_TRIM = Histogram(
+    "tuneplane_gateway_malloc_trim_seconds",
+    "One malloc_trim(0) of the gateway's native heap (on a thread of its own, not the loop's).",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+)
+MALLOC_TRIM_RELEASED = Counter(
+    "tuneplane_gateway_malloc_trim_released_bytes_total",
+    "Resident memory the periodic malloc_trim handed back to the kernel.",
+)
+
+
+@functools.cache
+def _glibc():
+    """The C library, where it is glibc (musl has neither mallopt's arenas nor malloc_trim)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
+def limit_arenas(count: int = NATIVE_ARENAS) -> bool:
+    """Cap glibc's arenas, before the server's threads start. Whether the C library took it."""
+    libc = _glibc()
+    return bool(libc and libc.mallopt(M_ARENA_MAX, count))
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def trim() -> int:
+    """Hand the native heap's free pages back to the kernel; the resident bytes released.
+    ctypes lets go of the GIL for the call, so Python threads run on meanwhile."""
+    libc = _glibc()
+    if libc is None:
+        return 0
+    before = resident_bytes()
+    with MALLOC_TRIM.time():
+        libc.malloc_trim(0)
+    released = max(before - resident_bytes(), 0)
+    MALLOC_TRIM_RELEASED.inc(released)
+    return released
+
+
+class Trimmer(threading.Thread):
+    """``trim`` every ``every`` seconds until ``stop``."""
+
+    def __init__(self, every: float = TRIM_SECONDS):
+        super().__init__(name="malloc-trim", daemon=True)
+        self.every, self.stopping = every, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.every):
+            trim()
+
+    def stop(self) -> None:
+        self.stopping.set()

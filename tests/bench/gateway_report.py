@@ -13,10 +13,17 @@ def gc_pauses(metrics: str) -> dict:
     of them paused it for more than 100 ms."""
     with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as response:
         text = response.read().decode()
-    counts, short, blocks = {}, {}, 0
+    counts, short, blocks, trims = {}, {}, 0, {"count": 0, "seconds": 0, "released": 0}
     for family in text_string_to_metric_families(text):
         if family.name == "tuneplane_gateway_python_allocated_blocks":
             blocks = int(family.samples[0].value)
+        for sample in family.samples:
+            if sample.name == "tuneplane_gateway_malloc_trim_seconds_count":
+                trims["count"] = int(sample.value)
+            elif sample.name == "tuneplane_gateway_malloc_trim_seconds_sum":
+                trims["seconds"] = sample.value
+            elif sample.name == "tuneplane_gateway_malloc_trim_released_bytes_total":
+                trims["released"] = int(sample.value)
         if family.name != "tuneplane_gateway_gc_pause_seconds":
             continue
         for sample in family.samples:
@@ -29,7 +36,18 @@ def gc_pauses(metrics: str) -> dict:
         "gc_collections": counts,
         "gc_pauses_over_100ms": {g: counts[g] - short.get(g, 0) for g in counts},
         "python_blocks": {"all": blocks},
+        "malloc_trim": trims,
     }
+
+
+def malloc_trims(f: dict) -> str:
+    trims = (f.get("window_gc") or {}).get("malloc_trim")
+    if not trims or not trims["count"]:
+        return "not measured"
+    return (
+        f"{trims['count']} trims, {trims['released'] / 2**20:.0f} MiB handed back, "
+        f"{1000 * trims['seconds'] / trims['count']:.1f} ms each on average"
+    )
 
 
 def acks_per_cpu_second(f: dict) -> float:
@@ -108,6 +126,7 @@ def rows(interval: float, saturate: float) -> list:
             if f.get("window_gc")
             else "not measured",
         ),
+        ("  malloc_trim in the steady window", malloc_trims),
         (
             "  RSS growth over the steady window",
             lambda f: f"{f['server_rss_slope_mb_per_hour']:+.1f} MiB/hour "

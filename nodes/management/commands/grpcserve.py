@@ -70,6 +70,7 @@ class Command(BaseCommand):
         if not (pki.pki_dir() / "gateway.pem").exists():
             host = bind.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
             pki.issue_server_certificate(sorted({host, "127.0.0.1", "localhost"}))
+        memory.limit_arenas()  # before grpc's threads and the database threads start
         asyncio.run(self._serve(bind))
 
     async def _serve(self, bind: str) -> None:
@@ -87,6 +88,8 @@ class Command(BaseCommand):
         background = [asyncio.create_task(work) for work in gateway.background()]
         memory.time_pauses()
         frozen = memory.freeze_start_up()
+        trimmer = memory.Trimmer()
+        trimmer.start()
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -100,4 +103,5 @@ class Command(BaseCommand):
         for task in background:
             task.cancel()
         await gateway.stopped()
+        trimmer.stop()
         self.stdout.write("gateway stopped")

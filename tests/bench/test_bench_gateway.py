@@ -289,7 +289,7 @@ def load(
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
-        timeout=LOAD_TIMEOUT_SECONDS,
+        timeout=LOAD_TIMEOUT_SECONDS + window,  # the ramp and saturation, then the window
     )
     assert done.returncode == 0, "the load generator failed: see its captured stderr"
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -25,6 +25,7 @@ from django.utils import timezone
 from audit.services import Actor, audit_record_by_each
 from fleets.choices import FleetDelivery
 from fleets.models import Fleet
+from tuneplane import bulk_insert
 from tuneplane.errors import ApplicationError
 
 from ..choices import SchedulingState
@@ -180,7 +181,7 @@ def sessions_open(
             node.lease_expires_at = lease_until(now)
             if node.pk in replacing:
                 node.last_session_closed_at, node.last_session_close_reason = now, REPLACED
-        ControlSession.objects.bulk_create(sessions)
+        bulk_insert.insert(sessions)
         _nodes_opened(nodes, replacing, now)
         for session in sessions:
             node_id = session.node_id

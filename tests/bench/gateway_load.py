@@ -106,6 +106,9 @@ class Clock:
         self.all_arrived = asyncio.Event()
         self.open_latencies: list[float] = []
         self.retried: Counter = Counter()
+        # How long each failed open had run when it failed: the server gave up at once, or
+        # late (a timeout), says which (README, "A gateway at fleet scale").
+        self.failed_after: list[float] = []
         # Set when heartbeats stop following the interval, to wake streams sleeping on it.
         self.paced_no_more = asyncio.Event()
         self.recording: Window | None = None
@@ -260,6 +263,7 @@ async def opened(node: SimulatedNode, opens: asyncio.Semaphore, clock: Clock, re
             if not retry:
                 raise
             clock.retried[f"open: {describe(error)}"] += 1
+            clock.failed_after.append(time.perf_counter() - started)
             attempt += 1
             await node.reset()
             await asyncio.sleep(backoff_delay(attempt, 0))
@@ -344,6 +348,8 @@ async def run(args) -> dict:
         "open_p50_ms": percentile_ms(sorted(clock.open_latencies), 0.50),
         "open_p99_ms": percentile_ms(sorted(clock.open_latencies), 0.99),
         "open_retries": dict(clock.retried),
+        "open_failed_after_p50_ms": percentile_ms(sorted(clock.failed_after), 0.50),
+        "open_failed_after_max_ms": percentile_ms(sorted(clock.failed_after), 1.0),
         "window_gc": collections_in_window,
         "interval_seconds": args.interval,
         "warmup_seconds": args.warmup,

@@ -91,6 +91,13 @@ def rows(interval: float, saturate: float) -> list:
             lambda f: f"{sum(f['open_retries'].values())} {f['open_retries'] or ''}".strip(),
         ),
         (
+            "  a failed open had run for, p50 / max",
+            lambda f: f"{f['open_failed_after_p50_ms'] / 1000:.1f} / "
+            f"{f['open_failed_after_max_ms'] / 1000:.1f} s"
+            if f.get("open_failed_after_p50_ms") is not None
+            else "none failed",
+        ),
+        (
             f"heartbeats/s, each stream every {interval} s",
             lambda f: f"{f['heartbeats_per_second']:.1f}",
         ),

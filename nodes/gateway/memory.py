@@ -8,8 +8,9 @@ collector's sight (``gc.freeze``): it lives as long as the process, so no collec
 free any of it. And every collection's pause is timed, by generation, for Prometheus
 (``tuneplane_gateway_gc_pause_seconds``), so a long one is seen, not guessed at.
 
-Below Python, the C allocator's heap: its arenas capped and its free pages handed back on a
-timer (``limit_arenas``, ``Trimmer``).
+Below Python, the C allocator's heap: its free pages handed back on a timer (``Trimmer``).
+Its arenas are left as glibc sizes them: capped at two, they cost a restart of 10,000 nodes
+30 s more (issue 20; README, "A gateway at fleet scale").
 """
 
 import ctypes
@@ -66,13 +67,10 @@ def time_pauses() -> None:
         gc.callbacks.append(PauseTimer())
 
 
-# glibc's malloc, which grpc's core (and every C extension) allocates from. By default it gives
-# each thread that contends for a heap an arena of its own, up to eight per core, and returns a
-# freed page to the kernel only from the top of a heap: under 10,000 long-lived streams the
+# glibc's malloc, which grpc's core (and every C extension) allocates from, returns a freed
+# page to the kernel only from the top of a heap: under 10,000 long-lived streams the
 # gateway's RSS went on growing by 70–100 MiB an hour while Python's own blocks did not (README,
-# "A gateway at fleet scale"). Two arenas, and the free pages handed back once a minute.
-M_ARENA_MAX = -8  # malloc.h
-NATIVE_ARENAS = 2
+# "A gateway at fleet scale"). The free pages are handed back once a minute.
 TRIM_SECONDS = 60.0
 
 MALLOC_TRIM = Histogram(
@@ -88,18 +86,12 @@ MALLOC_TRIM_RELEASED = Counter(
 
 @functools.cache
 def _glibc():
-    """The C library, where it is glibc (musl has neither mallopt's arenas nor malloc_trim)."""
+    """The C library, where it is glibc (musl has no malloc_trim)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
-    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
-
-
-def limit_arenas(count: int = NATIVE_ARENAS) -> bool:
-    """Cap glibc's arenas, before the server's threads start. Whether the C library took it."""
-    libc = _glibc()
-    return bool(libc and libc.mallopt(M_ARENA_MAX, count))
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 def resident_bytes() -> int:

@@ -70,7 +70,6 @@ class Command(BaseCommand):
         if not (pki.pki_dir() / "gateway.pem").exists():
             host = bind.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
             pki.issue_server_certificate(sorted({host, "127.0.0.1", "localhost"}))
-        memory.limit_arenas()  # before grpc's threads and the database threads start
         asyncio.run(self._serve(bind))
 
     async def _serve(self, bind: str) -> None:

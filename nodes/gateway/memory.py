@@ -8,9 +8,10 @@ collector's sight (``gc.freeze``): it lives as long as the process, so no collec
 free any of it. And every collection's pause is timed, by generation, for Prometheus
 (``tuneplane_gateway_gc_pause_seconds``), so a long one is seen, not guessed at.
 
-Below Python, the C allocator's heap: its free pages handed back on a timer (``Trimmer``).
-Its arenas are left as glibc sizes them: capped at two, they cost a restart of 10,000 nodes
-30 s more (issue 20; README, "A gateway at fleet scale").
+Below Python, the C allocator's heap: its free pages handed back on a timer (``Trimmer``), and
+its arenas capped where the operator says (``limit_arenas``, TUNEPLANE_GATEWAY_MALLOC_ARENAS):
+two keep the RSS flat, and cost a restart of 10,000 nodes 30 s (issue 20; README, "A gateway
+at fleet scale"), so glibc's own limit is the default.
 """
 
 import ctypes
@@ -72,6 +73,7 @@ def time_pauses() -> None:
 # gateway's RSS went on growing by 70–100 MiB an hour while Python's own blocks did not (README,
 # "A gateway at fleet scale"). The free pages are handed back once a minute.
 TRIM_SECONDS = 60.0
+M_ARENA_MAX = -8  # malloc.h
 
 MALLOC_TRIM = Histogram(
     "tuneplane_gateway_malloc_trim_seconds",
@@ -86,12 +88,19 @@ MALLOC_TRIM_RELEASED = Counter(
 
 @functools.cache
 def _glibc():
-    """The C library, where it is glibc (musl has no malloc_trim)."""
+    """The C library, where it is glibc (musl has neither malloc_trim nor mallopt's arenas)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
-    return libc if hasattr(libc, "malloc_trim") else None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
+def limit_arenas(count: int) -> bool:
+    """Cap glibc's arenas at ``count``, before the server's threads start (0: glibc's own
+    limit, left alone). Whether the C library took it."""
+    libc = _glibc()
+    return bool(count and libc and libc.mallopt(M_ARENA_MAX, count))
 
 
 def resident_bytes() -> int:

@@ -1,6 +1,7 @@
 """A gateway replica's garbage collector (issue 20): start-up's objects are left out of
 every collection, young collections are made rarer, and every collection's pause is timed
-for Prometheus; below Python, glibc's free pages handed back."""
+for Prometheus; below Python, glibc's free pages are handed back, and its arenas capped
+where an operator says."""
 
 import ctypes
 import gc
@@ -84,3 +85,8 @@ def test_the_trimmer_trims_on_its_timer_until_stopped():
     trimmer.stop()
     trimmer.join(timeout=5)
     assert not trimmer.is_alive()
+
+
+def test_glibc_takes_an_arena_cap_and_none_is_left_alone():
+    assert memory.limit_arenas(0) is False  # the default: glibc's own limit
+    assert memory.limit_arenas(64)  # glibc's limit on two cores is 16: this changes nothing

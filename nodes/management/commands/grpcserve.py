@@ -70,6 +70,8 @@ class Command(BaseCommand):
         if not (pki.pki_dir() / "gateway.pem").exists():
             host = bind.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
             pki.issue_server_certificate(sorted({host, "127.0.0.1", "localhost"}))
+        # Before grpc's threads and the database threads start.
+        memory.limit_arenas(settings.TUNEPLANE_GATEWAY_MALLOC_ARENAS)
         asyncio.run(self._serve(bind))
 
     async def _serve(self, bind: str) -> None:

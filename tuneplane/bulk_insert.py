@@ -43,6 +43,9 @@ def insert(objs: list[models.Model], *, batch_size: int = 5000) -> None:
         for field in model._meta.concrete_fields
         if not (field.primary_key and isinstance(field, _GENERATED))
     ]
+    if any(field.has_db_default() for field in fields):  # an expression, which COPY cannot take
+        model.objects.bulk_create(objs, batch_size=batch_size)
+        return
     quote = connection.ops.quote_name
     statement = "COPY {} ({}) FROM STDIN".format(
         quote(model._meta.db_table), ", ".join(quote(field.column) for field in fields)

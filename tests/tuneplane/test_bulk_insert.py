@@ -100,3 +100,15 @@ def test_few_rows_and_sqlite_go_through_bulk_create(monkeypatch):
     if many:
         bulk_insert.insert(events("many", many))
     assert calls == [bulk_insert.COPY_FROM - 1, *([many] if many else [])]
+
+
+@pytest.mark.postgres
+def test_a_database_default_goes_through_bulk_create(monkeypatch):
+    """A db_default is an expression, which COPY cannot carry."""
+    calls = []
+    monkeypatch.setattr(AuditEvent._meta.get_field("forced"), "has_db_default", lambda: True)
+    monkeypatch.setattr(
+        AuditEvent.objects, "bulk_create", lambda objs, **kw: calls.append(len(objs))
+    )
+    bulk_insert.insert(events("default", bulk_insert.COPY_FROM))
+    assert calls == [bulk_insert.COPY_FROM]

@@ -35,15 +35,16 @@ def insert(objs: list[models.Model], *, batch_size: int = 5000) -> None:
     if not objs:
         return
     model = type(objs[0])
-    if connection.vendor != "postgresql" or len(objs) < COPY_FROM:
-        model.objects.bulk_create(objs, batch_size=batch_size)
-        return
     fields = [
         field
         for field in model._meta.concrete_fields
         if not (field.primary_key and isinstance(field, _GENERATED))
     ]
-    if any(field.has_db_default() for field in fields):  # an expression, which COPY cannot take
+    if (
+        connection.vendor != "postgresql"
+        or len(objs) < COPY_FROM
+        or any(field.has_db_default() for field in fields)  # an expression: COPY cannot take it
+    ):
         model.objects.bulk_create(objs, batch_size=batch_size)
         return
     quote = connection.ops.quote_name

@@ -50,6 +50,18 @@ def malloc_trims(f: dict) -> str:
     )
 
 
+def resident_kinds(f: dict) -> str:
+    """Which part of the RSS moved over the window (tests/bench/resident.py)."""
+    start, end = f["server_resident_window"]
+    return (
+        ", ".join(
+            f"{kind} {start[kind]:.0f} / {end[kind]:.0f}"
+            for kind in ("main heap", "thread heaps", "other anonymous")
+        )
+        + f" MiB ({end['thread heap count']} thread heaps)"
+    )
+
+
 def acks_per_cpu_second(f: dict) -> float:
     """Closed-loop acks per second of server CPU: the generator shares this machine's two
     cores, so the raw maximum is partly the generator's; this is the server's own cost."""
@@ -140,6 +152,7 @@ def rows(interval: float, saturate: float) -> list:
             f"({f['server_rss_window_mb'][0]:.0f} to {f['server_rss_window_mb'][1]:.0f} MiB); "
             f"its second half {f['server_rss_slope_late_mb_per_hour']:+.1f}",
         ),
+        ("  resident at the window's start / end", resident_kinds),
         ("server stop after the generator left", stop),
         (
             "GC collections by generation (> 100 ms)",

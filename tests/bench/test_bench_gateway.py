@@ -49,6 +49,7 @@ from tests.conftest import make_csr
 from tests.e2e.console import ROOT, console_env, database_url, free_port
 
 from . import gateway_report
+from .resident import resident_by_kind
 
 pytestmark = [pytest.mark.bench, pytest.mark.django_db(transaction=True)]
 
@@ -63,6 +64,9 @@ ARRIVE_WITHIN_SECONDS = float(os.environ.get("TUNEPLANE_BENCH_ARRIVE_WITHIN", "1
 LEASE_TTL_SECONDS = 30
 SATURATE_SECONDS = 10
 SAMPLE_SECONDS = 1.0
+# The server's resident memory by kind (tests/bench/resident.py) is read less often: a
+# reading walks every mapping.
+KINDS_EVERY_SAMPLES = 30
 READY_TIMEOUT_SECONDS = 60
 # Past this the server is killed: at N=10,000 the gateway can spend minutes closing sessions.
 STOP_TIMEOUT_SECONDS = 60
@@ -142,6 +146,7 @@ class Sample:
     rows_written: int
     cpu: float
     rss: int  # bytes
+    kinds: dict | None = None  # MiB by kind, every KINDS_EVERY_SAMPLES samples
 
 
 class Sampler(threading.Thread):
@@ -177,6 +182,9 @@ class Sampler(threading.Thread):
                         rows,
                         cpu_seconds(self.pid),
                         proc_status(self.pid, "VmRSS"),
+                        resident_by_kind(self.pid)
+                        if stopping or len(self.samples) % KINDS_EVERY_SAMPLES == 0
+                        else None,
                     )
                 )
                 if stopping:
@@ -201,6 +209,11 @@ class Sampler(threading.Thread):
     def rss_at(self, at: float) -> float:
         """The server's RSS in MiB at the sample nearest ``at`` (epoch seconds)."""
         return min(self.samples, key=lambda s: abs(s.at - at)).rss / 2**20
+
+    def kinds_at(self, at: float) -> dict:
+        """The server's resident MiB by kind at the reading nearest ``at``."""
+        read = [s for s in self.samples if s.kinds is not None]
+        return min(read, key=lambda s: abs(s.at - at)).kinds
 
 
 class ServerOutput(threading.Thread):
@@ -332,6 +345,7 @@ def measure(
         # The window's second half: growth that has stopped is warm-up, not a leak.
         "server_rss_slope_late_mb_per_hour": sampler.rss_slope([sum(steady) / 2, steady[1]]),
         "server_rss_window_mb": [sampler.rss_at(steady[0]), sampler.rss_at(steady[1])],
+        "server_resident_window": [sampler.kinds_at(steady[0]), sampler.kinds_at(steady[1])],
         "server_rss_per_stream_kb": (peak_rss - idle_rss) / 1024 / streams,
     }
 

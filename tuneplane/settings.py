@@ -297,9 +297,8 @@ TUNEPLANE_HEARTBEAT_FLUSH_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_FLUSH_INTE
 # Database threads of one gateway replica (opening sessions, inventory, commands); heartbeats
 # do not need them: they are written in one batch a second.
 TUNEPLANE_GATEWAY_DB_THREADS = int(os.environ.get("TUNEPLANE_GATEWAY_DB_THREADS", "4"))
-# glibc malloc arenas a gateway may use; 0 leaves glibc's own limit (eight a core). Two keep
-# its RSS flat under 10,000 streams but slow a reconnect storm (README, "A gateway at fleet
-# scale").
+# glibc malloc arenas a gateway may use; 0 leaves glibc's own limit (eight a core). Two narrow
+# the band its RSS settles in under 10,000 streams (README, "A gateway at fleet scale").
 TUNEPLANE_GATEWAY_MALLOC_ARENAS = int(os.environ.get("TUNEPLANE_GATEWAY_MALLOC_ARENAS", "0"))
 # How often a gateway replica looks for pending commands of its nodes. With Redis a command
 # is delivered at once; this is what delivers it when an event was missed, or without Redis.

@@ -9,9 +9,10 @@ free any of it. And every collection's pause is timed, by generation, for Promet
 (``tuneplane_gateway_gc_pause_seconds``), so a long one is seen, not guessed at.
 
 Below Python, the C allocator's heap: its free pages handed back on a timer (``Trimmer``), and
-its arenas capped where the operator says (``limit_arenas``, TUNEPLANE_GATEWAY_MALLOC_ARENAS):
-two keep the RSS flat, and cost a restart of 10,000 nodes 30 s (issue 20; README, "A gateway
-at fleet scale"), so glibc's own limit is the default.
+its arenas capped where the operator says (``limit_arenas``, TUNEPLANE_GATEWAY_MALLOC_ARENAS).
+glibc's own limit is the default: under 10,000 streams the RSS grows for ten minutes and then
+stays in a band with or without a cap, and on a quiet machine a cap did not change a
+10,000-node restart (issue 20; README, "A gateway at fleet scale").
 """
 
 import ctypes

@@ -49,6 +49,7 @@ from tests.conftest import make_csr
 from tests.e2e.console import ROOT, console_env, database_url, free_port
 
 from . import gateway_report
+from .machine import MachineCpu
 from .resident import resident_by_kind
 
 pytestmark = [pytest.mark.bench, pytest.mark.django_db(transaction=True)]
@@ -358,6 +359,8 @@ def test_bench_gateway_streams_beside_a_bare_echo_server(
     if not (console_pki / "gateway.pem").exists():  # the echo server uses the gateway's
         pki.issue_server_certificate(["127.0.0.1", "localhost"])
 
+    machine = MachineCpu()
+    machine.start()
     target = f"127.0.0.1:{free_port()}"
     env = console_env(
         tmp_path,
@@ -402,6 +405,7 @@ def test_bench_gateway_streams_beside_a_bare_echo_server(
         print(
             gateway_report.report(gateway, echo, INTERVAL_SECONDS, SATURATE_SECONDS, WINDOW_SECONDS)
         )
+        print(machine.stop())
 
     for name, figures in (("gateway", gateway), ("echo server", echo)):
         assert figures["streams_held"] == figures["streams_open_at_end"] == streams, (

@@ -44,6 +44,7 @@ from audit.services import Actor
 from nodes.choices import CommandState, SchedulingState
 from nodes.models import ControlSession, Node, NodeCommand, StrayCommand
 from nodes.services.commands import node_command_create
+from tests.bench.machine import MachineCpu
 from tests.bench.processes import (
     fleet_console,
     gateway_replica,
@@ -321,6 +322,8 @@ def test_bench_gateway_sigkill_and_restart_under_connected_nodes(
 ):
     settings.TUNEPLANE_SWEEP_INTERVAL = 1  # the schedule seeded for the beat
     started = time.monotonic()
+    machine = MachineCpu()
+    machine.start()
     f = restart_scenario(
         replicas=replicas,
         node_fleet=node_fleet,
@@ -330,7 +333,7 @@ def test_bench_gateway_sigkill_and_restart_under_connected_nodes(
         tmp_path=tmp_path,
     )
     with capsys.disabled():
-        print(report(f) + f"\n  scenario {time.monotonic() - started:.0f} s")
+        print(report(f) + f"\n  scenario {time.monotonic() - started:.0f} s; {machine.stop()}")
 
     assert f["lost_streams"] == f["lost_expected"] > 0
     assert f["not_back"] == 0 and f["fleet"]["held_at_stop"] == NODES, "nodes still out"

@@ -11,9 +11,9 @@ SAMPLE_SECONDS = 10.0
 
 def cpu_times(stat: str) -> tuple[int, int, int]:
     """All, steal and idle (idle + iowait) ticks of the machine, from /proc/stat's text."""
-    ticks = [int(value) for value in stat.splitlines()[0].split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq, steal = (ticks + [0] * 8)[:8]
-    return sum(ticks[:8]), steal, idle + iowait
+    # user nice system idle iowait irq softirq steal; guest time after them is already in user.
+    ticks = [int(value) for value in stat.splitlines()[0].split()[1:9]]
+    return sum(ticks), ticks[7], ticks[3] + ticks[4]
 
 
 class MachineCpu(threading.Thread):

@@ -15,10 +15,13 @@ THREAD_HEAP_SIZE = 64 * 2**20
 KINDS = ("main heap", "thread heaps", "other anonymous", "files")
 
 
-def resident_by_kind(pid: int, smaps: str | None = None) -> dict[str, float]:
-    """Resident MiB by kind (KINDS), and ``thread heap count``. ``smaps``: the text of
-    /proc/PID/smaps, read when not given."""
-    text = smaps if smaps is not None else Path(f"/proc/{pid}/smaps").read_text()
+def resident_of(pid: int) -> dict[str, float]:
+    return resident_by_kind(Path(f"/proc/{pid}/smaps").read_text())
+
+
+def resident_by_kind(text: str) -> dict[str, float]:
+    """Resident MiB by kind (KINDS), and ``thread heap count``, from the text of
+    /proc/PID/smaps."""
     resident = dict.fromkeys(KINDS, 0)
     heaps = 0
     kind = None

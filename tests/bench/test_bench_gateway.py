@@ -50,7 +50,7 @@ from tests.e2e.console import ROOT, console_env, database_url, free_port
 
 from . import gateway_report
 from .machine import MachineCpu
-from .resident import resident_by_kind
+from .resident import resident_of
 
 pytestmark = [pytest.mark.bench, pytest.mark.django_db(transaction=True)]
 
@@ -183,7 +183,7 @@ class Sampler(threading.Thread):
                         rows,
                         cpu_seconds(self.pid),
                         proc_status(self.pid, "VmRSS"),
-                        resident_by_kind(self.pid)
+                        resident_of(self.pid)
                         if stopping or len(self.samples) % KINDS_EVERY_SAMPLES == 0
                         else None,
                     )

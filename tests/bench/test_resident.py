@@ -2,7 +2,7 @@
 
 import os
 
-from tests.bench.resident import resident_by_kind
+from tests.bench.resident import resident_by_kind, resident_of
 
 SMAPS = """\
 55d0c0a00000-55d0c0c00000 rw-p 00000000 00:00 0                          [heap]
@@ -26,7 +26,7 @@ Rss:                 256 kB
 
 
 def test_each_mapping_counted_by_its_kind():
-    kinds = resident_by_kind(0, SMAPS)
+    kinds = resident_by_kind(SMAPS)
     assert kinds == {
         "main heap": 1.0,
         # 64 MiB-aligned and at most 64 MiB: the partly used heap (its PROT_NONE tail
@@ -40,5 +40,5 @@ def test_each_mapping_counted_by_its_kind():
 
 
 def test_reads_a_live_process():
-    kinds = resident_by_kind(os.getpid())
+    kinds = resident_of(os.getpid())
     assert kinds["files"] > 0 and kinds["main heap"] + kinds["other anonymous"] > 0

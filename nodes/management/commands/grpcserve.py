@@ -23,6 +23,22 @@ from tuneplane.metrics import serve_metrics_on
 STOP_GRACE_SECONDS = 5
 logger = logging.getLogger("tuneplane.gateway")
 GATEWAY_CONN_MAX_AGE = 300
+# grpc core holds a call whose headers have arrived until the application asks for it, and
+# grpc.aio asks for one at a time. Past 1,000 held calls (core's default) core ends new ones
+# at random with CANCELLED, and every one past 3,000 (grpc 1.85's pending-request backlog
+# protector). In a reconnect storm on a busy machine that sent thousands of nodes back
+# through another TLS handshake each, which made the machine busier still: the restart's
+# slow mode (issue 20). A held call is a stream the replica would hold anyway, and core
+# still ends one held past grpc.server_max_unrequested_time_in_server (30 s).
+PENDING_CALLS = 100_000
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 1024 * 1024),
+    # No SO_REUSEPORT: two processes on one address would share a replica name, and
+    # the second to start would close the first's sessions (control.gateway_started).
+    ("grpc.so_reuseport", 0),
+    ("grpc.server.max_pending_requests", PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
+]
 
 
 def server_credentials() -> grpc.ServerCredentials:
@@ -75,11 +91,7 @@ class Command(BaseCommand):
         asyncio.run(self._serve(bind))
 
     async def _serve(self, bind: str) -> None:
-        # No SO_REUSEPORT: two processes on one address would share a replica name, and
-        # the second to start would close the first's sessions (control.gateway_started).
-        server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", 1024 * 1024), ("grpc.so_reuseport", 0)]
-        )
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         gateway = Gateway(name=replica_name(bind))
         grpc_settings.ROOT_HANDLERS_HOOK(server, gateway)
         server.add_secure_port(bind, server_credentials())

@@ -4,7 +4,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -15,6 +15,7 @@ from nodes.services.liveness import liveness_sweep
 from nodes.services.scheduling import node_cordon
 from nodes.services.sessions import session_open
 from tests.conftest import H100_INVENTORY, SYSTEM
+from tests.e2e.agents import wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -159,6 +160,61 @@ def test_two_sweeps_at_once_make_each_transition_once(fleet_nodes):
     assert Node.objects.filter(scheduling_state=SchedulingState.GONE).count() == 200
     assert AuditEvent.objects.filter(action="node.gone").count() == 200
     assert AuditEvent.objects.filter(action="node.quiet").count() == 400
+
+
+def waiting_for_a_row_lock() -> bool:
+    with connection.cursor() as cursor:  # pg_locks is read anew, unlike pg_stat_activity
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_takes_its_nodes_in_the_gateways_lock_order(make_fleet):
+    """A sweep locks the nodes it judges in id order, as a gateway's batch does (sessions
+    opened or closed, leases renewed): in the plan's order, a sweep during a restart's
+    reconnect storm deadlocked a batch of 500 Hellos in every 10,000-node restart (issue
+    20). Here the plan's order is the reverse of the ids', and a gateway's transaction holds
+    the middle node when the sweep starts; then it takes the next one up."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's")
+    fleet = make_fleet("gpu", kind="node", capabilities=["train", "serve"])
+    now = timezone.now()
+    # Stored, and last seen, in the reverse of id order: a scan meets n-3 first.
+    Node.objects.bulk_create(
+        Node(
+            id=f"n-{i}",
+            fleet=fleet,
+            hostname=f"gpu-{i}",
+            scheduling_state=SchedulingState.SCHEDULABLE,
+            last_seen_at=now - timedelta(seconds=400 - i),
+        )
+        for i in (3, 2, 1)
+    )
+    swept, errors = threading.Event(), []
+
+    def sweep():
+        try:
+            liveness_sweep()
+            swept.set()
+        except Exception as error:
+            errors.append(error)
+        finally:
+            connection.close()
+
+    sweeper = threading.Thread(target=sweep)
+    try:
+        with transaction.atomic():
+            list(Node.objects.select_for_update().filter(pk="n-2"))
+            sweeper.start()
+            wait_until(waiting_for_a_row_lock, what="the sweep waiting for n-2")
+            list(Node.objects.select_for_update().filter(pk="n-3"))  # deadlocked here before
+    except DatabaseError as error:
+        errors.append(error)
+    sweeper.join(30)
+
+    assert errors == [] and swept.is_set()
+    assert Node.objects.filter(scheduling_state=SchedulingState.GONE).count() == 3
 
 
 # -- a console outage is not a fleet outage -------------------------------------------------

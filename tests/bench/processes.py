@@ -83,7 +83,12 @@ def sweepers(env: dict, directory: Path):
     finally:
         for process in (beat, worker):
             process.terminate()
-            process.wait(30)
+        for process in (beat, worker):
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:  # beat once ignored SIGTERM for 30 s; the
+                process.kill()  # run's figures are worth more than its stop
+                process.wait()
 
 
 def sweeps_run(log: Path) -> int:
@@ -136,6 +141,28 @@ def closed_figures(closed: list[list]) -> dict:
     }
 
 
+def failed_open_figures(shards: list[dict[str, list[float]]]) -> dict:
+    """By error: how many opens ended before their Welcome, and how long they had run
+    (p50 and max seconds from the connect)."""
+    by_error: dict[str, list[float]] = {}
+    for shard in shards:
+        for error, seconds in shard.items():
+            by_error.setdefault(error, []).extend(seconds)
+    return {
+        error: [len(seconds), round(statistics.median(seconds), 1), max(seconds)]
+        for error, seconds in by_error.items()
+    }
+
+
+def failed_open_ends(shards: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """By error: when the opens that ended before their Welcome ended, in order."""
+    by_error: dict[str, list[float]] = {}
+    for shard in shards:
+        for error, ends in shard.items():
+            by_error.setdefault(error, []).extend(ends)
+    return {error: sorted(ends) for error, ends in by_error.items()}
+
+
 def merged(shards: list[dict]) -> dict:
     """One fleet's figures from its shards' results."""
     welcomed = [shard["ramp_seconds"] for shard in shards if shard["ramp_seconds"] is not None]
@@ -148,6 +175,8 @@ def merged(shards: list[dict]) -> dict:
         "commands": command_figures([c for shard in shards for c in shard["commands"]]),
         "closed_by_console": closed_figures([row for shard in shards for row in shard["closed"]]),
         "errors": dict(sum((Counter(shard["errors"]) for shard in shards), Counter())),
+        "failed_opens": failed_open_figures([shard["failed_opens"] for shard in shards]),
+        "failed_open_ends": failed_open_ends([shard["failed_open_ends"] for shard in shards]),
         "loop_lag_max_seconds": max(shard["loop_lag_max_seconds"] for shard in shards),
     }
 

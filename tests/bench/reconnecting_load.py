@@ -113,6 +113,10 @@ class Fleet:
         self.args = args
         self.stopping = asyncio.Event()
         self.errors: Counter = Counter()
+        # Opens that ended before their Welcome: by error, the seconds each had run, and
+        # when each ended (epoch seconds).
+        self.failed_opens: dict[str, list[float]] = {}
+        self.failed_open_ends: dict[str, list[float]] = {}
         self.closed: list[Held] = []  # streams the console closed with a reason
         self.running: set[asyncio.Task] = set()  # commands being "run", kept from the collector
         self.loop_lag_max = 0.0
@@ -159,6 +163,7 @@ class SimulatedNode:
     async def stream(self, target: str, outage: Outage | None) -> bool:
         """One stream, until it ends. Returns whether it got as far as a Welcome."""
         self.streams += 1
+        started = time.time()
         outgoing: asyncio.Queue = asyncio.Queue()
         told = {
             command_id: command.state
@@ -210,6 +215,10 @@ class SimulatedNode:
         except grpc.aio.AioRpcError as error:
             when = "stream" if self.held else "open"
             self.fleet.errors[f"{when}: {describe(error)}"] += 1
+            if not self.held:
+                ended, error_text = time.time(), describe(error)[:40]
+                self.fleet.failed_opens.setdefault(error_text, []).append(round(ended - started, 2))
+                self.fleet.failed_open_ends.setdefault(error_text, []).append(round(ended, 2))
         finally:
             if self.held is not None:
                 self.held.ended = time.time()
@@ -370,6 +379,8 @@ async def run(args) -> dict:
             if held.ended
         ],
         "errors": dict(fleet.errors),
+        "failed_opens": fleet.failed_opens,
+        "failed_open_ends": fleet.failed_open_ends,
         "loop_lag_max_seconds": round(fleet.loop_lag_max, 3),
     }
 

@@ -21,13 +21,13 @@ from tests.nodes.agent_process import inventory_file, machine
 from .console import ROOT, console_env, free_port
 
 
-def wait_until(check, timeout=20.0, what="condition"):
+def wait_until(check, timeout=20.0, what="condition", interval=0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
 
 

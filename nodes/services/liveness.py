@@ -118,20 +118,28 @@ def _sweep_with_the_orm(hearing: "Hearing", capabilities_of: dict) -> dict[str, 
 
 
 # Every transition of a sweep in one statement: judge the rows that may change (an index
-# range on last_seen_at, plus the few already quiet), lock them — FOR UPDATE re-judges a
-# row another sweep changed meanwhile, so each transition happens once — update them by
-# primary key, and return one audit event per transition, written by the audit service in
-# the same transaction (one INSERT per 5,000 events). The rows are locked in id order, the
-# order every gateway write takes its nodes in: in the plan's order, a sweep during a
-# reconnect storm deadlocked a batch of 500 Hellos in every 10,000-node restart (issue 20).
-_JUDGE = """
-    (n.fleet_id = ANY(%(f_train)s) AND n.last_seen_at < %(t_train)s
-     AND (%(j_train)s OR n.quiet_train)) AS train,
-    (n.fleet_id = ANY(%(f_serve)s) AND n.last_seen_at < %(t_serve)s
-     AND (%(j_serve)s OR n.quiet_serve)) AS serve,
-    (n.fleet_id = ANY(%(f_env)s) AND n.last_seen_at < %(t_env)s
-     AND (%(j_env)s OR n.quiet_env)) AS env,
-    (n.scheduling_state = ANY(%(gone_from)s) AND n.last_seen_at < r.gone_cut) AS gone"""
+# range on last_seen_at, plus the few already quiet), lock those whose verdict changes —
+# FOR UPDATE re-judges a row another sweep changed meanwhile, so each transition happens
+# once — update them by primary key, and return one audit event per transition, written by
+# the audit service in the same transaction (one INSERT per 5,000 events). Rows are locked
+# in id order, the order every gateway write takes its nodes in, and only where a verdict
+# changes: in a restart's first minutes, while silence is not yet evidence, a sweep that
+# locked every silent node each second in the plan's order held up the gateway's batches of
+# the nodes coming back, and deadlocked them in every 10,000-node restart (issue 20).
+_VERDICTS = {
+    "train": """(n.fleet_id = ANY(%(f_train)s) AND n.last_seen_at < %(t_train)s
+     AND (%(j_train)s OR n.quiet_train))""",
+    "serve": """(n.fleet_id = ANY(%(f_serve)s) AND n.last_seen_at < %(t_serve)s
+     AND (%(j_serve)s OR n.quiet_serve))""",
+    "env": """(n.fleet_id = ANY(%(f_env)s) AND n.last_seen_at < %(t_env)s
+     AND (%(j_env)s OR n.quiet_env))""",
+    "gone": "(n.scheduling_state = ANY(%(gone_from)s) AND n.last_seen_at < r.gone_cut)",
+}
+_JUDGE = ",\n    ".join(f"{verdict} AS {name}" for name, verdict in _VERDICTS.items())
+_CHANGES = " OR ".join(
+    [f"{_VERDICTS[cap]} <> n.quiet_{cap}" for cap in ("train", "serve", "env")]
+    + [_VERDICTS["gone"]]
+)
 _EVENT = """(CASE WHEN c.{cap} THEN 'node.quiet' ELSE 'node.answering' END,
      jsonb_build_object('capability', '{cap}', 'liveness',
                         CASE WHEN c.{cap} THEN 'ok' ELSE 'quiet' END),
@@ -147,6 +155,7 @@ WITH rule AS (
   FROM nodes_node n JOIN rule r ON r.fleet_id = n.fleet_id
   WHERE n.scheduling_state <> 'removed'
     AND (n.last_seen_at < %(recent_cut)s OR n.quiet_train OR n.quiet_serve OR n.quiet_env)
+    AND ({_CHANGES})
   ORDER BY n.id
   FOR UPDATE OF n
 ), changing AS (

@@ -217,6 +217,40 @@ def test_a_sweep_takes_its_nodes_in_the_gateways_lock_order(make_fleet):
     assert Node.objects.filter(scheduling_state=SchedulingState.GONE).count() == 3
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_grace_a_sweep_locks_no_node_whose_verdict_stands(fleet_nodes, console_listening):
+    """While silence is not yet evidence (a restarted console's first lease), a sweep judges
+    every silent node and changes none, so it locks none: a gateway writing the nodes that
+    are coming back is not held up behind it (issue 20)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's")
+    console_listening.started_at = timezone.now()
+    console_listening.save()
+    node = fleet_nodes("gpu-lab", ["train", "serve"], silent_for=400)[0]
+    swept, errors = threading.Event(), []
+
+    def sweep():
+        try:
+            liveness_sweep()
+            swept.set()
+        except Exception as error:
+            errors.append(error)
+        finally:
+            connection.close()
+
+    sweeper = threading.Thread(target=sweep)
+    with transaction.atomic():
+        list(Node.objects.select_for_update().filter(pk=node.pk))  # a gateway's batch holds it
+        sweeper.start()
+        sweeper.join(10)
+        held_up = sweeper.is_alive()
+    sweeper.join(30)
+
+    assert not held_up and swept.is_set() and errors == []
+    assert not AuditEvent.objects.filter(action__in=["node.quiet", "node.gone"]).exists()
+
+
 # -- a console outage is not a fleet outage -------------------------------------------------
 
 

@@ -57,6 +57,16 @@ BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 10.0
 
 
+# A connection's TCP and TLS handshakes get this long before the attempt is given up
+# (grpc's own default is 20 s). After a gateway restart every node's handshake arrives at
+# once and the replica shares its cores among them all, so they finish late, together: at
+# 20 s thousands were given up just short of finishing and begun again, and on a slow day a
+# 10,000-node restart took 80-88 s with thousands of nodes declared gone (issue 20). The
+# option's name is grpc's: it sets the connect timeout, not the backoff.
+CONNECT_TIMEOUT_SECONDS = 60
+CHANNEL_OPTIONS = [("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_SECONDS * 1000)]
+
+
 def backoff_delay(attempt: int, heartbeat_interval: float) -> float:
     """Seconds before reconnect attempt ``attempt``: doubling, capped by the heartbeat
     interval, jittered downwards so a fleet does not come back in lockstep."""
@@ -182,7 +192,9 @@ class Agent:
                 yield message
 
         welcomed = False
-        with grpc.secure_channel(self.target, channel_credentials(self.directory)) as channel:
+        with grpc.secure_channel(
+            self.target, channel_credentials(self.directory), options=CHANNEL_OPTIONS
+        ) as channel:
             stub = control_pb2_grpc.NodeControlStub(channel)
             self.call = stub.Connect(requests())
             try:

@@ -3,9 +3,14 @@ every node that is up is back inside the grace the console gives (at least a lea
 the console-outage grace rule in test_liveness.py), and after a gateway restart within an
 interval of its being ready, not a lease (issue 20)."""
 
+import contextlib
+import socket
+import threading
+
+import grpc
 import pytest
 
-from nodes.agent.serve import BACKOFF_MAX, backoff_delay
+from nodes.agent.serve import BACKOFF_MAX, CHANNEL_OPTIONS, backoff_delay
 
 
 @pytest.mark.parametrize("interval", [1, 2, 10])
@@ -26,3 +31,37 @@ def test_the_delay_doubles_and_is_jittered_downwards():
     assert min(first) >= 0.5 and max(first) <= 1.0
     assert min(fourth) >= 4.0 and max(fourth) <= 8.0
     assert len(set(fourth)) > 100  # jittered: a fleet does not come back in lockstep
+
+
+def test_a_handshake_that_takes_long_is_waited_for_past_grpcs_20_s():
+    """After a gateway restart every node's TLS handshake arrives at once and they finish
+    late, together: the agent's channel gives one a minute, where grpc's default 20 s gave
+    thousands up just short of finishing (issue 20). A listener that accepts and never
+    answers stands in for a replica deep in such a storm; the control, a channel with
+    grpc's defaults, has given up while the agent's still waits."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    accepted, stop = [], threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(listener.accept()[0])  # held open, never answered
+
+    threading.Thread(target=accept, daemon=True).start()
+    target = f"127.0.0.1:{listener.getsockname()[1]}"
+    credentials = grpc.ssl_channel_credentials()
+    agents = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+    grpcs = grpc.secure_channel(target, credentials)
+    agents_call = agents.unary_unary("/probe.Probe/Call").future(b"")
+    try:
+        control = grpcs.unary_unary("/probe.Probe/Call").future(b"")
+        assert control.exception(timeout=60).code() == grpc.StatusCode.UNAVAILABLE  # at 20 s
+        assert not agents_call.done()
+    finally:
+        agents_call.cancel()
+        for channel in (agents, grpcs):
+            channel.close()
+        stop.set()
+        for connection in (listener, *accepted):
+            connection.close()

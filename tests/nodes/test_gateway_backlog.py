@@ -5,8 +5,9 @@ grpc core holds a call whose headers have arrived until the application asks for
 grpc.aio asks for one at a time. With core's defaults, past 1,000 held calls it ends new
 ones at random with CANCELLED, and every one past 3,000, before the application has seen
 them: in a 10,000-node restart each such node went back through another TLS handshake.
-``grpcserve``'s server options raise both limits. Here a grpc.aio server's loop is held
-busy while thousands of calls arrive, as the gateway's is in a storm.
+``grpcserve``'s server options raise both limits, and the time a call may wait (core's
+30 s). Here a grpc.aio server's loop is held busy while thousands of calls arrive, as the
+gateway's is in a storm.
 """
 
 import asyncio

@@ -26,11 +26,12 @@ GATEWAY_CONN_MAX_AGE = 300
 # grpc core holds a call whose headers have arrived until the application asks for it, and
 # grpc.aio asks for one at a time. Past 1,000 held calls (core's default) core ends new ones
 # at random with CANCELLED, and every one past 3,000 (grpc 1.85's pending-request backlog
-# protector). In a reconnect storm on a busy machine that sent thousands of nodes back
-# through another TLS handshake each, which made the machine busier still: the restart's
-# slow mode (issue 20). A held call is a stream the replica would hold anyway, and core
-# still ends one held past grpc.server_max_unrequested_time_in_server (30 s).
+# protector); one held for 30 s it ends too. In a reconnect storm on a busy machine that
+# sent thousands of nodes back through another TLS handshake each, which made the machine
+# busier still (issue 20). A held call is a stream the replica would hold anyway: here it
+# waits its turn, up to 5 minutes.
 PENDING_CALLS = 100_000
+PENDING_SECONDS = 300
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", 1024 * 1024),
     # No SO_REUSEPORT: two processes on one address would share a replica name, and
@@ -38,6 +39,7 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.server.max_pending_requests", PENDING_CALLS),
     ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
+    ("grpc.server_max_unrequested_time_in_server", PENDING_SECONDS),
 ]
 
 

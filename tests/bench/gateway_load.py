@@ -41,7 +41,7 @@ import grpc
 
 from nodes.agent.proto import control_pb2 as pb
 from nodes.agent.proto import control_pb2_grpc
-from nodes.agent.serve import backoff_delay
+from nodes.agent.serve import CHANNEL_OPTIONS, backoff_delay
 from tests.bench.gateway_report import gc_pauses
 
 OPEN_TIMEOUT_SECONDS = 120
@@ -164,8 +164,10 @@ class SimulatedNode:
 
     def _channel(self):
         # A subchannel pool of its own: no chance of two nodes sharing one connection.
-        return grpc.aio.secure_channel(
-            self.target, self.credentials, options=[("grpc.use_local_subchannel_pool", 1)]
+        return grpc.aio.secure_channel(  # the agent's channel, one per stream
+            self.target,
+            self.credentials,
+            options=[("grpc.use_local_subchannel_pool", 1), *CHANNEL_OPTIONS],
         )
 
     async def reset(self) -> None:

@@ -50,7 +50,12 @@ import grpc
 
 from nodes.agent.proto import control_pb2 as pb
 from nodes.agent.proto import control_pb2_grpc
-from nodes.agent.serve import backoff_delay, inventory_digest, inventory_message
+from nodes.agent.serve import (
+    CHANNEL_OPTIONS,
+    backoff_delay,
+    inventory_digest,
+    inventory_message,
+)
 from tests.bench.gateway_load import describe, raise_fd_limit
 
 RUNNING, SUCCEEDED = "running", "succeeded"
@@ -190,8 +195,10 @@ class SimulatedNode:
             while (message := await outgoing.get()) is not None:
                 yield message
 
-        channel = grpc.aio.secure_channel(
-            target, self.credentials, options=[("grpc.use_local_subchannel_pool", 1)]
+        channel = grpc.aio.secure_channel(  # the agent's channel, one per stream
+            target,
+            self.credentials,
+            options=[("grpc.use_local_subchannel_pool", 1), *CHANNEL_OPTIONS],
         )
         beating = None
         try:
@@ -217,6 +224,8 @@ class SimulatedNode:
             self.fleet.errors[f"{when}: {describe(error)}"] += 1
             if not self.held:
                 ended, error_text = time.time(), describe(error)[:40]
+                if error.code() == grpc.StatusCode.UNAVAILABLE:  # which connect failure
+                    error_text = f"{error_text}: {error.details()[-60:]}"
                 self.fleet.failed_opens.setdefault(error_text, []).append(round(ended - started, 2))
                 self.fleet.failed_open_ends.setdefault(error_text, []).append(round(ended, 2))
         finally:

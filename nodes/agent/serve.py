@@ -59,9 +59,8 @@ BACKOFF_MAX = 10.0
 
 # A connection's TCP and TLS handshakes get this long before the attempt is given up
 # (grpc's own default is 20 s). After a gateway restart every node's handshake arrives at
-# once and the replica shares its cores among them all, so they finish late, together: at
-# 20 s thousands were given up just short of finishing and begun again, and on a slow day a
-# 10,000-node restart took 80-88 s with thousands of nodes declared gone (issue 20). The
+# once and the replica shares its cores among them all, so they finish late, together; one
+# given up is begun again from nothing, which makes the storm longer (issue 20). The
 # option's name is grpc's: it sets the connect timeout, not the backoff.
 CONNECT_TIMEOUT_SECONDS = 60
 CHANNEL_OPTIONS = [("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_SECONDS * 1000)]

@@ -35,10 +35,10 @@ def test_the_delay_doubles_and_is_jittered_downwards():
 
 def test_a_handshake_that_takes_long_is_waited_for_past_grpcs_20_s():
     """After a gateway restart every node's TLS handshake arrives at once and they finish
-    late, together: the agent's channel gives one a minute, where grpc's default 20 s gave
-    thousands up just short of finishing (issue 20). A listener that accepts and never
-    answers stands in for a replica deep in such a storm; the control, a channel with
-    grpc's defaults, has given up while the agent's still waits."""
+    late, together: the agent's channel gives one a minute, not grpc's default 20 s, so
+    one is not given up and begun again from nothing (issue 20). A listener that accepts
+    and never answers stands in for a replica deep in such a storm; the control, a channel
+    with grpc's defaults, has given up while the agent's still waits."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.5)
     accepted, stop = [], threading.Event()

@@ -141,26 +141,22 @@ def closed_figures(closed: list[list]) -> dict:
     }
 
 
-def failed_open_figures(shards: list[dict[str, list[float]]]) -> dict:
+def by_error(shards: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """The shards' figures of failed opens, by error, each list in order."""
+    merged: dict[str, list[float]] = {}
+    for shard in shards:
+        for error, values in shard.items():
+            merged.setdefault(error, []).extend(values)
+    return {error: sorted(values) for error, values in merged.items()}
+
+
+def failed_open_figures(seconds_run: dict[str, list[float]]) -> dict:
     """By error: how many opens ended before their Welcome, and how long they had run
     (p50 and max seconds from the connect)."""
-    by_error: dict[str, list[float]] = {}
-    for shard in shards:
-        for error, seconds in shard.items():
-            by_error.setdefault(error, []).extend(seconds)
     return {
-        error: [len(seconds), round(statistics.median(seconds), 1), max(seconds)]
-        for error, seconds in by_error.items()
+        error: [len(seconds), round(statistics.median(seconds), 1), seconds[-1]]
+        for error, seconds in seconds_run.items()
     }
-
-
-def failed_open_ends(shards: list[dict[str, list[float]]]) -> dict[str, list[float]]:
-    """By error: when the opens that ended before their Welcome ended, in order."""
-    by_error: dict[str, list[float]] = {}
-    for shard in shards:
-        for error, ends in shard.items():
-            by_error.setdefault(error, []).extend(ends)
-    return {error: sorted(ends) for error, ends in by_error.items()}
 
 
 def merged(shards: list[dict]) -> dict:
@@ -175,8 +171,8 @@ def merged(shards: list[dict]) -> dict:
         "commands": command_figures([c for shard in shards for c in shard["commands"]]),
         "closed_by_console": closed_figures([row for shard in shards for row in shard["closed"]]),
         "errors": dict(sum((Counter(shard["errors"]) for shard in shards), Counter())),
-        "failed_opens": failed_open_figures([shard["failed_opens"] for shard in shards]),
-        "failed_open_ends": failed_open_ends([shard["failed_open_ends"] for shard in shards]),
+        "failed_opens": failed_open_figures(by_error([shard["failed_opens"] for shard in shards])),
+        "failed_open_ends": by_error([shard["failed_open_ends"] for shard in shards]),
         "loop_lag_max_seconds": max(shard["loop_lag_max_seconds"] for shard in shards),
     }
 

@@ -48,7 +48,8 @@ def test_a_handshake_that_takes_long_is_waited_for_past_grpcs_20_s():
             with contextlib.suppress(TimeoutError):
                 accepted.append(listener.accept()[0])  # held open, never answered
 
-    threading.Thread(target=accept, daemon=True).start()
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
     target = f"127.0.0.1:{listener.getsockname()[1]}"
     credentials = grpc.ssl_channel_credentials()
     agents = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
@@ -63,5 +64,6 @@ def test_a_handshake_that_takes_long_is_waited_for_past_grpcs_20_s():
         for channel in (agents, grpcs):
             channel.close()
         stop.set()
+        acceptor.join(5)  # out of accept() before its socket closes
         for connection in (listener, *accepted):
             connection.close()

@@ -162,6 +162,23 @@ def test_two_sweeps_at_once_make_each_transition_once(fleet_nodes):
     assert AuditEvent.objects.filter(action="node.quiet").count() == 400
 
 
+def a_sweep_in_a_thread() -> tuple[threading.Thread, threading.Event, list]:
+    """A liveness sweep on a thread (and database connection) of its own, not yet started;
+    the event is set once it has finished, and the list holds what it raised."""
+    swept, errors = threading.Event(), []
+
+    def sweep():
+        try:
+            liveness_sweep()
+            swept.set()
+        except Exception as error:
+            errors.append(error)
+        finally:
+            connection.close()
+
+    return threading.Thread(target=sweep), swept, errors
+
+
 def waiting_for_a_row_lock() -> bool:
     with connection.cursor() as cursor:  # pg_locks is read anew, unlike pg_stat_activity
         cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
@@ -191,18 +208,7 @@ def test_a_sweep_takes_its_nodes_in_the_gateways_lock_order(make_fleet):
         )
         for i in (3, 2, 1)
     )
-    swept, errors = threading.Event(), []
-
-    def sweep():
-        try:
-            liveness_sweep()
-            swept.set()
-        except Exception as error:
-            errors.append(error)
-        finally:
-            connection.close()
-
-    sweeper = threading.Thread(target=sweep)
+    sweeper, swept, errors = a_sweep_in_a_thread()
     try:
         with transaction.atomic():
             list(Node.objects.select_for_update().filter(pk="n-2"))
@@ -228,18 +234,7 @@ def test_grace_a_sweep_locks_no_node_whose_verdict_stands(fleet_nodes, console_l
     console_listening.started_at = timezone.now()
     console_listening.save()
     node = fleet_nodes("gpu-lab", ["train", "serve"], silent_for=400)[0]
-    swept, errors = threading.Event(), []
-
-    def sweep():
-        try:
-            liveness_sweep()
-            swept.set()
-        except Exception as error:
-            errors.append(error)
-        finally:
-            connection.close()
-
-    sweeper = threading.Thread(target=sweep)
+    sweeper, swept, errors = a_sweep_in_a_thread()
     with transaction.atomic():
         list(Node.objects.select_for_update().filter(pk=node.pk))  # a gateway's batch holds it
         sweeper.start()

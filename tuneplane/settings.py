@@ -292,6 +292,9 @@ TUNEPLANE_EPISODE_MAX_TIMEOUT = env_seconds("TUNEPLANE_EPISODE_MAX_TIMEOUT", 86_
 # The control stream: how often a node heartbeats, and how long a lease outlives silence.
 TUNEPLANE_HEARTBEAT_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_INTERVAL", 10)
 TUNEPLANE_LEASE_TTL = env_seconds("TUNEPLANE_LEASE_TTL", 30)
+# How long a new stream may take to send its Hello. In a storm of reconnects the gateway's loop
+# reads Hellos late; a refused open costs the node another handshake at both ends.
+TUNEPLANE_HELLO_TIMEOUT = env_seconds("TUNEPLANE_HELLO_TIMEOUT", 30)
 # Heartbeats are written in one batch per replica per flush interval, never one per message.
 TUNEPLANE_HEARTBEAT_FLUSH_INTERVAL = env_seconds("TUNEPLANE_HEARTBEAT_FLUSH_INTERVAL", 1)
 # Database threads of one gateway replica (opening sessions, inventory, commands); heartbeats

@@ -29,7 +29,6 @@ from .streams import Stream
 
 logger = logging.getLogger("tuneplane.gateway")
 
-HELLO_TIMEOUT_SECONDS = 10
 # Messages of one stream waiting for the database; beyond this, the stream is closed.
 STORE_QUEUE = 256
 # Command states one Hello may carry (L5): a node runs far fewer; more closes the stream.
@@ -73,9 +72,15 @@ class NodeControlService(AsyncService):
         peer = peer_of(context)
         if peer is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a node certificate is required")
+        timeout = settings.TUNEPLANE_HELLO_TIMEOUT
         try:
-            first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_SECONDS)
-        except (TimeoutError, StopAsyncIteration):
+            first = await asyncio.wait_for(anext(request_iterator), timeout)
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the stream opens with Hello, sent within {timeout} s (TUNEPLANE_HELLO_TIMEOUT)",
+            )
+        except StopAsyncIteration:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stream opens with Hello")
         if first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stream opens with Hello")

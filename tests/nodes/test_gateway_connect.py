@@ -37,11 +37,13 @@ class Context:
 
     def __init__(self, pem: str):
         self.pem = pem.encode()
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
 
     def auth_context(self):
         return {"x509_pem_cert": [self.pem]}
 
     async def abort(self, code: grpc.StatusCode, details: str):
+        self.aborted = (code, details)
         raise AssertionError(f"aborted: {code} {details}")
 
 
@@ -49,12 +51,14 @@ class Peer:
     """A node's side of one stream: messages it sends, and what the gateway yields to it,
     taken as grpc takes it: as soon as it is yielded."""
 
-    def __init__(self, gateway: Gateway, node_id: str, pem: str, hello: pb.Hello):
+    def __init__(self, gateway: Gateway, node_id: str, pem: str, hello: pb.Hello | None):
         self.node_id = node_id
         self.sending: asyncio.Queue = asyncio.Queue()
-        self.sending.put_nowait(pb.NodeMessage(hello=hello))
+        if hello is not None:  # None: the test sends it, when it chooses
+            self.sending.put_nowait(pb.NodeMessage(hello=hello))
         self.received: asyncio.Queue = asyncio.Queue()
-        self.replies = NodeControlService(gateway=gateway).Connect(self._messages(), Context(pem))
+        self.context = Context(pem)
+        self.replies = NodeControlService(gateway=gateway).Connect(self._messages(), self.context)
         self.pump = asyncio.ensure_future(self._pump())
 
     async def _messages(self):
@@ -231,6 +235,39 @@ def test_L5_a_report_the_database_cannot_take_ends_the_stream_to_be_told_again(
 
     # Not dropped quietly: the stream ends, and the reconnect's Hello reports it again.
     assert closed.close.reason == "the console could not store a command_update"
+    assert not ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()
+
+
+def test_a_hello_later_than_the_hello_timeout_is_refused_and_one_within_it_welcomed(
+    replica, joined, settings
+):
+    node, pem = joined
+    settings.TUNEPLANE_HELLO_TIMEOUT = 1
+    hello = pb.Hello(node_id=node.id, agent_version="test")
+
+    async def opened(hello_after: float):
+        peer = Peer(replica, node.id, pem, hello=None)
+        await asyncio.sleep(hello_after)
+        peer.send(hello=hello)
+        reply = asyncio.ensure_future(peer.next())
+        await asyncio.wait([reply, peer.pump], timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        welcomed = reply.done() and reply.result().WhichOneof("body") == "welcome"
+        reply.cancel()
+        if welcomed:
+            await peer.hang_up()
+        else:  # the pump ends with the abort
+            await asyncio.gather(peer.pump, return_exceptions=True)
+        return welcomed, peer.context.aborted
+
+    async def scenario():
+        return await opened(hello_after=0.3), await opened(hello_after=1.6)
+
+    (within, within_aborted), (late, late_aborted) = in_own_loop(scenario)
+
+    assert within and within_aborted is None
+    assert not late
+    assert late_aborted[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "TUNEPLANE_HELLO_TIMEOUT" in late_aborted[1]
     assert not ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()
 
 

@@ -3,6 +3,7 @@ how much of their time the hypervisor took (``steal``). Runs on a shared VM vary
 neighbours: a restart of 10,000 nodes took 43.0 s in a run with up to 47% steal and 26.8–31.7 s
 with none (README, "A gateway at fleet scale"), so each run says what it ran on."""
 
+import os
 import threading
 from pathlib import Path
 
@@ -14,6 +15,18 @@ def cpu_times(stat: str) -> tuple[int, int, int]:
     # user nice system idle iowait irq softirq steal; guest time after them is already in user.
     ticks = [int(value) for value in stat.splitlines()[0].split()[1:9]]
     return sum(ticks), ticks[7], ticks[3] + ticks[4]
+
+
+def process_cpu_seconds(*pids: int, proc: Path = Path("/proc")) -> float:
+    """User and system CPU the processes have used so far, from /proc/PID/stat. The machine's
+    speed moved 2× within an hour here, so a bench says what its work cost as well as how
+    long it took."""
+    ticks = 0
+    for pid in pids:
+        # After the command's ")": state is field 3, utime 14 and stime 15 (proc(5)).
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class MachineCpu(threading.Thread):

@@ -44,7 +44,7 @@ from audit.services import Actor
 from nodes.choices import CommandState, SchedulingState
 from nodes.models import ControlSession, Node, NodeCommand, StrayCommand
 from nodes.services.commands import node_command_create
-from tests.bench.machine import MachineCpu
+from tests.bench.machine import MachineCpu, process_cpu_seconds
 from tests.bench.processes import (
     fleet_console,
     gateway_replica,
@@ -224,6 +224,8 @@ def restart_scenario(
             what="every node holding a session",
         )
         figures["ramp_seconds"] = time.monotonic() - started
+        fleet_pids = [process.pid for process in fleet.processes]
+        figures["ramp_fleet_cpu"] = process_cpu_seconds(*fleet_pids)
         time.sleep(2 * int(SETTINGS["TUNEPLANE_HEARTBEAT_INTERVAL"]))  # every stream beat
 
         created, figures["create_before_seconds"] = command_all(admin_user, nodes[:COMMANDED:2])
@@ -240,8 +242,8 @@ def restart_scenario(
         time.sleep(max(0.0, killed_at + DOWN_SECONDS - time.time()))
         figures["down_seconds"] = time.time() - killed_at
 
-        stack.enter_context(gateway_replica(targets[0], env, tmp_path))
-        ready_at = time.time()
+        restarted, _ = stack.enter_context(gateway_replica(targets[0], env, tmp_path))
+        ready_at, fleet_cpu_at_ready = time.time(), process_cpu_seconds(*fleet_pids)
         wait_until(
             lambda: fleet.running() and reopened(replica_name(targets[0]), killed_at) == len(lost),
             RECONNECT_TIMEOUT_SECONDS,
@@ -249,6 +251,10 @@ def restart_scenario(
             interval=POLL_SECONDS,
         )
         figures["sessions_open_after_ready"] = time.time() - ready_at
+        figures["back_cpu"] = (
+            process_cpu_seconds(*fleet_pids) - fleet_cpu_at_ready,
+            process_cpu_seconds(restarted.pid),
+        )
         wait_until(
             lambda: NodeCommand.objects.filter(
                 state__in=[CommandState.SUCCEEDED, CommandState.FAILED]
@@ -316,7 +322,10 @@ def report(f: dict) -> str:
         f"not received), delivered again {commands['redelivered']}, of which after the node "
         f"had forgotten them as reconciled (a real agent runs those twice) "
         f"{commands['redelivered_after_forgotten']}; CommandUpdates {commands['updates']} "
-        f"(repeated {commands['updates_repeated']}); ramp {f['ramp_seconds']:.1f} s; "
+        f"(repeated {commands['updates_repeated']}); ramp {f['ramp_seconds']:.1f} s, "
+        f"{f['ramp_fleet_cpu']:.1f} CPU-s of the fleet; from ready to all back, CPU-s of the "
+        f"fleet {f['back_cpu'][0]:.1f}, of the restarted replica (since it started) "
+        f"{f['back_cpu'][1]:.1f}; "
         f"{fleet['shards']} fleet processes, their loops late by "
         f"{fleet['loop_lag_max_seconds']:.2f} s at most",
         f"  audit since the kill: control_session.closed {sum(f['closed_events'].values())} "

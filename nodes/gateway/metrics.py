@@ -32,6 +32,12 @@ SESSION_BATCH = Histogram(
     buckets=(1, 2, 5, 10, 50, 100, 500, 1_000),
 )
 STREAMS_CLOSED = Counter("tuneplane_gateway_streams_closed", "Streams ended, by why.", ["reason"])
+OPENS_REFUSED = Counter(
+    "tuneplane_gateway_opens_refused",
+    "Streams ended before their Welcome, by why: in a reconnect storm, many 'hello timeout' "
+    "say TUNEPLANE_HELLO_TIMEOUT is shorter than the gateway takes to read a Hello.",
+    ["reason"],
+)
 TELEMETRY_SAMPLES = Counter(
     "tuneplane_gateway_telemetry_samples",
     "Telemetry samples by what became of them: received; replaced by a newer one of the "

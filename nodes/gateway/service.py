@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
 from cryptography import x509
@@ -22,7 +23,7 @@ from ..agent.proto import control_pb2 as pb
 from ..pki import NODE_URI_PREFIX
 from ..services import commands, control, logs, scheduling, sessions
 from .aio import AsyncService
-from .metrics import ACK_LATENCY, HEARTBEATS, HELLOS, STREAMS_CLOSED, close_reason
+from .metrics import ACK_LATENCY, HEARTBEATS, HELLOS, OPENS_REFUSED, STREAMS_CLOSED, close_reason
 from .replica import Gateway
 from .storage_watch import StorageWatch
 from .streams import Stream
@@ -65,32 +66,52 @@ def peer_of(context) -> Peer | None:
     return Peer(node_id=ids[0], serial=format(cert.serial_number, "x")) if len(ids) == 1 else None
 
 
+async def refuse(context, reason: str, code: grpc.StatusCode, details: str) -> NoReturn:
+    """End an open before its Welcome, counted by ``reason`` (a few fixed ones, never free text)."""
+    OPENS_REFUSED.labels(reason).inc()
+    await context.abort(code, details)
+
+
 class NodeControlService(AsyncService):
     gateway: Gateway | None = None  # given by as_servicer(gateway=...)
 
     async def Connect(self, request_iterator, context):
         peer = peer_of(context)
         if peer is None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a node certificate is required")
+            await refuse(
+                context,
+                "no node certificate",
+                grpc.StatusCode.UNAUTHENTICATED,
+                "a node certificate is required",
+            )
         timeout = settings.TUNEPLANE_HELLO_TIMEOUT
         try:
             first = await asyncio.wait_for(anext(request_iterator), timeout)
         except TimeoutError:
-            await context.abort(
+            await refuse(
+                context,
+                "hello timeout",
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"the stream opens with Hello, sent within {timeout} s (TUNEPLANE_HELLO_TIMEOUT)",
             )
         except StopAsyncIteration:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stream opens with Hello")
+            await refuse(
+                context, "no hello", grpc.StatusCode.INVALID_ARGUMENT, "the stream opens with Hello"
+            )
         if first.WhichOneof("body") != "hello":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stream opens with Hello")
+            await refuse(
+                context, "no hello", grpc.StatusCode.INVALID_ARGUMENT, "the stream opens with Hello"
+            )
         hello = first.hello
         if hello.node_id != peer.node_id:
             logger.warning(
                 "node %s sent a Hello naming %s; refused", peer.node_id, hello.node_id[:64]
             )
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED, "Hello names a node other than the certificate's"
+            await refuse(
+                context,
+                "hello names another node",
+                grpc.StatusCode.PERMISSION_DENIED,
+                "Hello names a node other than the certificate's",
             )
         if len(hello.commands) > MAX_HELLO_COMMANDS:
             logger.warning(
@@ -98,7 +119,9 @@ class NodeControlService(AsyncService):
                 peer.node_id,
                 len(hello.commands),
             )
-            await context.abort(
+            await refuse(
+                context,
+                "too many command states",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"a Hello carries at most {MAX_HELLO_COMMANDS} command states",
             )
@@ -109,8 +132,11 @@ class NodeControlService(AsyncService):
             )
         except ApplicationError as error:
             logger.warning("node %s refused: %s", peer.node_id, error.message)
-            await context.abort(
-                _STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED), error.message
+            await refuse(
+                context,
+                "refused by the console",
+                _STATUS.get(error.status, grpc.StatusCode.PERMISSION_DENIED),
+                error.message,
             )
         HELLOS.inc()
         session = opened.session

@@ -8,11 +8,26 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 
+def scraped(metrics: str) -> str:
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def opens_refused(metrics: str) -> dict[str, int]:
+    """The streams the gateway ended before their Welcome, by why (its /metrics)."""
+    return {
+        sample.labels["reason"]: int(sample.value)
+        for family in text_string_to_metric_families(scraped(metrics))
+        if family.name == "tuneplane_gateway_opens_refused"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
 def gc_pauses(metrics: str) -> dict:
     """The gateway's garbage collections (its /metrics): how many by generation, and how many
     of them paused it for more than 100 ms."""
-    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    text = scraped(metrics)
     counts, short, blocks, trims = {}, {}, 0, {"count": 0, "seconds": 0, "released": 0}
     for family in text_string_to_metric_families(text):
         if family.name == "tuneplane_gateway_python_allocated_blocks":
@@ -101,6 +116,10 @@ def rows(interval: float, saturate: float) -> list:
         (
             "  opens tried again (the agent's backoff)",
             lambda f: f"{sum(f['open_retries'].values())} {f['open_retries'] or ''}".strip(),
+        ),
+        (
+            "  of them refused by the server, by why",
+            lambda f: str(f["opens_refused"] or 0) if "opens_refused" in f else "not measured",
         ),
         (
             "  a failed open had run for, p50 / max",

@@ -41,10 +41,12 @@ def fleet_console(
     return credentials, env
 
 
-def gateway_replica(target: str, env: dict, directory: Path):
-    """``manage.py grpcserve`` bound to ``target``, its output in ``gateway-PORT.log``."""
+def gateway_replica(target: str, env: dict, directory: Path, metrics: str | None = None):
+    """``manage.py grpcserve`` bound to ``target``, its output in ``gateway-PORT.log``; its
+    /metrics on ``metrics`` when given."""
+    serve_metrics = ["--metrics-bind", metrics] if metrics else []
     return serving(
-        [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target],
+        [sys.executable, str(ROOT / "manage.py"), "grpcserve", "--bind", target, *serve_metrics],
         env,
         "gateway serving",
         log=directory / f"gateway-{target.rsplit(':', 1)[1]}.log",

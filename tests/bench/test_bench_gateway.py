@@ -331,6 +331,7 @@ def measure(
             sampler.join()
         if metrics:
             figures.update(gateway_report.gc_pauses(metrics))
+            figures["opens_refused"] = gateway_report.opens_refused(metrics)
         peak_rss = proc_status(process.pid, "VmHWM")
     steady, saturated = figures["window"], figures["saturation_window"]
     return {

@@ -44,6 +44,7 @@ from audit.services import Actor
 from nodes.choices import CommandState, SchedulingState
 from nodes.models import ControlSession, Node, NodeCommand, StrayCommand
 from nodes.services.commands import node_command_create
+from tests.bench.gateway_report import opens_refused
 from tests.bench.machine import MachineCpu, process_cpu_seconds
 from tests.bench.processes import (
     fleet_console,
@@ -242,7 +243,8 @@ def restart_scenario(
         time.sleep(max(0.0, killed_at + DOWN_SECONDS - time.time()))
         figures["down_seconds"] = time.time() - killed_at
 
-        restarted, _ = stack.enter_context(gateway_replica(targets[0], env, tmp_path))
+        metrics = f"127.0.0.1:{free_port()}"
+        restarted, _ = stack.enter_context(gateway_replica(targets[0], env, tmp_path, metrics))
         ready_at, fleet_cpu_at_ready = time.time(), process_cpu_seconds(*fleet_pids)
         wait_until(
             lambda: fleet.running() and reopened(replica_name(targets[0]), killed_at) == len(lost),
@@ -268,6 +270,7 @@ def restart_scenario(
         time.sleep(max(0.0, ready_at + QUIET_TRAIN_SECONDS + HOLD_MARGIN_SECONDS - time.time()))
 
         figures.update(database_figures(killed_at, created, worker_log))
+        figures["opens_refused"] = opens_refused(metrics)
         result = fleet.stop()
         for example in result["commands"]["forgotten_then_received"]:
             example["console"] = console_record(example["node"], example["command"])
@@ -331,7 +334,8 @@ def report(f: dict) -> str:
         f"  audit since the kill: control_session.closed {sum(f['closed_events'].values())} "
         f"({closed}), control_session.opened {f['opened_events']}; open sessions "
         f"{f['open_sessions']}",
-        f"  streams the console closed: {fleet['closed_by_console'] or 0}",
+        f"  streams the console closed: {fleet['closed_by_console'] or 0}; opens the restarted "
+        f"replica refused, by why: {f['opens_refused'] or 'none'}",
         f"  stream errors: {sum(fleet['errors'].values())} {fleet['errors'] or ''}".rstrip(),
         "  opens that ended before their Welcome, by error: count; seconds they had run, p50 "
         "and max; when they ended, first / p50 / last, seconds after the restarted replica "

@@ -9,11 +9,13 @@ transport is replaced by a queue of messages and a context holding the node's ce
 import asyncio
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 from django.db import OperationalError
+from prometheus_client import REGISTRY
 
 from audit.services import Actor
 from nodes.agent.proto import control_pb2 as pb
@@ -102,6 +104,19 @@ def held(monkeypatch, module, name: str) -> tuple[threading.Event, threading.Eve
 
     monkeypatch.setattr(module, name, waiting)
     return entered, release
+
+
+def refused_opens() -> Counter:
+    """The gateway's ``tuneplane_gateway_opens_refused_total`` by reason, as scraped."""
+    return Counter(
+        {
+            sample.labels["reason"]: sample.value
+            for metric in REGISTRY.collect()
+            if metric.name == "tuneplane_gateway_opens_refused"
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        }
+    )
 
 
 def in_own_loop(scenario):
@@ -244,6 +259,7 @@ def test_a_hello_later_than_the_hello_timeout_is_refused_and_one_within_it_welco
     node, pem = joined
     settings.TUNEPLANE_HELLO_TIMEOUT = 1
     hello = pb.Hello(node_id=node.id, agent_version="test")
+    refused_before = refused_opens()
 
     async def opened(hello_after: float):
         peer = Peer(replica, node.id, pem, hello=None)
@@ -268,6 +284,7 @@ def test_a_hello_later_than_the_hello_timeout_is_refused_and_one_within_it_welco
     assert not late
     assert late_aborted[0] == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "TUNEPLANE_HELLO_TIMEOUT" in late_aborted[1]
+    assert refused_opens() - refused_before == Counter({"hello timeout": 1})  # for operators
     assert not ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()
 
 

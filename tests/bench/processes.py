@@ -176,6 +176,8 @@ def merged(shards: list[dict]) -> dict:
         "failed_opens": failed_open_figures(by_error([shard["failed_opens"] for shard in shards])),
         "failed_open_ends": by_error([shard["failed_open_ends"] for shard in shards]),
         "loop_lag_max_seconds": max(shard["loop_lag_max_seconds"] for shard in shards),
+        "held_loop_lag_max_seconds": max(s["held_loop_lag_max_seconds"] for s in shards),
+        "held_gc_pause_max_seconds": max(s["held_gc_pause_max_seconds"] for s in shards),
     }
 
 
@@ -184,7 +186,13 @@ class ReconnectingFleet:
     to ``fleet.log``."""
 
     def __init__(
-        self, targets: list[str], credentials: Path, directory: Path, nodes: int, processes: int
+        self,
+        targets: list[str],
+        credentials: Path,
+        directory: Path,
+        nodes: int,
+        processes: int,
+        options: tuple[str, ...] = (),
     ):
         self.log = directory / "fleet.log"
         with self.log.open("w") as stderr:
@@ -205,6 +213,7 @@ class ReconnectingFleet:
                         "--ramp-concurrency",
                         str(max(1, RAMP_CONCURRENCY // processes)),
                         *[option for target in targets for option in ("--target", target)],
+                        *options,
                     ],
                     cwd=ROOT,
                     stdout=subprocess.PIPE,
@@ -232,13 +241,19 @@ class ReconnectingFleet:
 
 
 @contextmanager
-def reconnecting_fleet(targets: list[str], credentials: Path, directory: Path, nodes: int):
+def reconnecting_fleet(
+    targets: list[str],
+    credentials: Path,
+    directory: Path,
+    nodes: int,
+    options: tuple[str, ...] = (),
+):
     """``TUNEPLANE_BENCH_FLEET_PROCESSES`` processes (default 1). At 10,000 nodes after a
     SIGKILL, one process took about 20 s to see every stream end; four saw them at once,
     but their reconnect attempts, four times as many while the replica was down, took
     from this 2-core machine's CPU what the restarted replica needed."""
     processes = int(os.environ.get("TUNEPLANE_BENCH_FLEET_PROCESSES", "1"))
-    fleet = ReconnectingFleet(targets, credentials, directory, nodes, processes)
+    fleet = ReconnectingFleet(targets, credentials, directory, nodes, processes, options)
     try:
         yield fleet
     finally:

@@ -38,7 +38,6 @@ fleet (``tests/bench/processes.py`` starts them and merges their results).
 
 import argparse
 import asyncio
-import gc
 import json
 import random
 import signal
@@ -57,6 +56,7 @@ from nodes.agent.serve import (
     inventory_digest,
     inventory_message,
 )
+from tests.bench.collector import Collections
 from tests.bench.gateway_load import describe, raise_fd_limit
 
 RUNNING, SUCCEEDED = "running", "succeeded"
@@ -126,11 +126,10 @@ class Fleet:
         self.closed: list[Held] = []  # streams the console closed with a reason
         self.running: set[asyncio.Task] = set()  # commands being "run", kept from the collector
         self.loop_lag_max = 0.0
-        # Since every node's first open was done: this process's longest garbage collection
-        # and how late its loop ran at most, in seconds (a bench's window comes after that).
+        # Since every node's first open was done: how late the loop ran, its collections.
         self.all_held = False
-        self.gc_pause_max_held = 0.0
         self.loop_lag_max_held = 0.0
+        self.collections = Collections()
 
         self.heartbeat_interval = 0.0  # until a Welcome gives it, the agent's default cap
 
@@ -357,27 +356,11 @@ async def run(args) -> dict:
             node.life = asyncio.create_task(node.live())
             await node.settled.wait()
 
-    collecting = 0.0
-
-    def timed_collection(phase: str, info: dict) -> None:
-        nonlocal collecting
-        if phase == "start":
-            collecting = time.perf_counter()
-        elif fleet.all_held:
-            pause = time.perf_counter() - collecting
-            fleet.gc_pause_max_held = max(fleet.gc_pause_max_held, pause)
-
-    gc.callbacks.append(timed_collection)
-
     async def ramp_then_freeze() -> None:
         await asyncio.gather(*(first_open(node) for node in nodes))
         if args.freeze_when_held:
-            # Every stream's objects now live until the end: frozen, this process's full
-            # collections no longer re-scan them and pause its loop (up to a second at
-            # 10,000 streams), which a bench would count against the console.
-            gc.collect()
-            gc.freeze()
-        fleet.all_held = True
+            fleet.collections.freeze()
+        fleet.all_held = fleet.collections.counting = True
 
     watching = asyncio.create_task(watch(fleet, nodes, started))
     ramp = asyncio.ensure_future(ramp_then_freeze())
@@ -422,7 +405,7 @@ async def run(args) -> dict:
         "failed_open_ends": fleet.failed_open_ends,
         "loop_lag_max_seconds": round(fleet.loop_lag_max, 3),
         "held_loop_lag_max_seconds": round(fleet.loop_lag_max_held, 3),
-        "held_gc_pause_max_seconds": round(fleet.gc_pause_max_held, 3),
+        "held_gc_pause_max_seconds": round(fleet.collections.pause_max, 3),
     }
 
 
@@ -455,11 +438,8 @@ def main() -> None:
         default=3.0,
         help="a command runs for uniform(0, this) seconds",
     )
-    parser.add_argument(
-        "--freeze-when-held",
-        action="store_true",
-        help="once every node's first open is done, freeze its objects out of garbage collection",
-    )
+    freeze = "once every node is held, freeze the objects alive out of garbage collection"
+    parser.add_argument("--freeze-when-held", action="store_true", help=freeze)
     args = parser.parse_args()
     raise_fd_limit()
     print(json.dumps(asyncio.run(run(args))), flush=True)

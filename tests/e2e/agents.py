@@ -155,7 +155,10 @@ class AgentProcess:
         return self.process.wait(timeout)
 
     def communicate(self, timeout=None) -> tuple[str, None]:
-        self.process.wait(timeout)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:  # what it printed says where it stopped
+            raise AssertionError(f"the agent ran on past {timeout} s:\n{self.output}") from None
         self._reader.join(5)
         return self.output, None
 

@@ -9,8 +9,9 @@ every ``1 / RATE`` seconds, each for a node drawn at random: the replica that ho
 stream learns of it from Redis. Printed, per command: from the start of the API call to
 the node's receipt (p50 / p99 / max), split where the event is seen on Redis (by a
 subscriber of the bench's own: the API's transaction and publish before it, the replica and
-the node after it), the API call's own time, and how late the fleet's loop ran (a fleet
-behind on reading would be counted against the console).
+the node after it), the API call's own time, and, once every node is held, how late the
+fleet's loop ran and its longest garbage collection (a fleet behind on reading would be
+counted against the console: it freezes its streams' objects out of its collector then).
 
 N is ``TUNEPLANE_BENCH_FANOUT_NODES`` (default 1000; issue 20's figure is at 10000), the
 commands ``TUNEPLANE_BENCH_FANOUT_COMMANDS`` (default 200). Not a timed test: it asserts

@@ -6,8 +6,8 @@ import time
 
 
 class Collections:
-    """Times this process's collections once ``counting`` is set (``pause_max``, seconds);
-    ``freeze`` keeps the objects alive now out of them."""
+    """Times this process's collections once ``counting`` is set, when its streams are all
+    up (``pause_max``, seconds); ``freeze`` keeps the objects alive now out of them."""
 
     def __init__(self):
         self.counting = False

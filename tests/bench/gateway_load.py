@@ -28,7 +28,6 @@ Progress goes to stderr; the result is one JSON line on stdout.
 
 import argparse
 import asyncio
-import gc
 import json
 import random
 import resource
@@ -42,6 +41,7 @@ import grpc
 from nodes.agent.proto import control_pb2 as pb
 from nodes.agent.proto import control_pb2_grpc
 from nodes.agent.serve import CHANNEL_OPTIONS, backoff_delay
+from tests.bench.collector import Collections
 from tests.bench.gateway_report import gc_pauses
 
 OPEN_TIMEOUT_SECONDS = 120
@@ -317,11 +317,9 @@ async def run(args) -> dict:
     await clock.all_arrived.wait()
     ramp_seconds = time.perf_counter() - clock.started
     held = clock.held
-    # The streams' objects live until the end. Frozen, the collector stops re-scanning them:
-    # at 10,000 streams its full passes pause this loop for hundreds of milliseconds,
-    # which would be counted as the server's ack latency.
-    gc.collect()
-    gc.freeze()
+    # The streams' objects live until the end: the collector's passes over them would be
+    # counted as the server's ack latency.
+    Collections.freeze()
 
     await asyncio.sleep(args.warmup)
     steady, saturation = Window(""), Window("saturation_")

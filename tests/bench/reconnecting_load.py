@@ -127,7 +127,6 @@ class Fleet:
         self.running: set[asyncio.Task] = set()  # commands being "run", kept from the collector
         self.loop_lag_max = 0.0
         # Since every node's first open was done: how late the loop ran, its collections.
-        self.all_held = False
         self.loop_lag_max_held = 0.0
         self.collections = Collections()
 
@@ -320,7 +319,7 @@ async def watch(fleet: Fleet, nodes: list[SimulatedNode], started: float) -> Non
         await asyncio.sleep(LAG_TICK_SECONDS)
         lag = loop.time() - due
         fleet.loop_lag_max = max(fleet.loop_lag_max, lag)
-        if fleet.all_held:
+        if fleet.collections.counting:  # every node held
             fleet.loop_lag_max_held = max(fleet.loop_lag_max_held, lag)
         lag_in_period = max(lag_in_period, lag)
         if loop.time() >= next_report:
@@ -360,7 +359,7 @@ async def run(args) -> dict:
         await asyncio.gather(*(first_open(node) for node in nodes))
         if args.freeze_when_held:
             fleet.collections.freeze()
-        fleet.all_held = fleet.collections.counting = True
+        fleet.collections.counting = True
 
     watching = asyncio.create_task(watch(fleet, nodes, started))
     ramp = asyncio.ensure_future(ramp_then_freeze())

@@ -25,7 +25,15 @@ from .models import (
     StrayCommand,
 )
 from .selectors import addresses_shared, commands_active_on, live_sessions_of
-from .services import drains, join, scheduling
+from .services import cordons, drains, join, removal
+
+# What the admin's actions on nodes call: the same services as the API's verbs.
+NODE_VERBS = {
+    "cordon": cordons.node_cordon,
+    "uncordon": cordons.node_uncordon,
+    "drain": drains.node_drain,
+    "remove": removal.node_remove,
+}
 
 
 @admin.register(JoinToken)
@@ -287,9 +295,7 @@ class NodeAdmin(ReadOnlyAdmin):
         done = []
         for node in queryset:
             try:
-                getattr(scheduling, f"node_{verb}")(
-                    actor=Actor.of_user(request.user), node=node, **kwargs
-                )
+                NODE_VERBS[verb](actor=Actor.of_user(request.user), node=node, **kwargs)
             except ApplicationError as error:
                 self.message_user(request, f"{node.id}: {error.message}", messages.ERROR)
             else:

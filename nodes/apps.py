@@ -15,7 +15,7 @@ class NodesConfig(AppConfig):
         from .fleet_page import fleet_cluster_section, fleet_nodes_section
         from .metrics import NodesCollector
         from .selectors import fleet_nodes_blocking_deletion
-        from .services.scheduling import removed_nodes_detach
+        from .services.removal import removed_nodes_detach
 
         register_deletion_blocker(fleet_nodes_blocking_deletion)
         register_deletion_release(removed_nodes_detach)

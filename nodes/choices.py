@@ -1,6 +1,7 @@
 from django.db import models
 
 from fleets.choices import FleetCapability
+from tuneplane.lifecycle import Lifecycle
 
 # Labels are the values: the admin shows the product page's own words.
 
@@ -35,6 +36,26 @@ class CommandState(models.TextChoices):
     FAILED = "failed", "failed"
     LOST = "lost", "lost"  # the console had it running; the node, reconnecting, did not know it
 
+
+# pending ──► running ──► succeeded | failed
+#    │          │
+#    └──────────┴──► lost ──► running | succeeded | failed
+# "lost": the console's word for a command its node no longer knows (L5, R8) or left behind
+# on a node removed by force (D3); a node that comes back and reports it has the last word.
+# A command's cleanup (a member's, R7) is a column of its own, not a state.
+COMMAND_LIFECYCLE = Lifecycle.of(
+    "node_command",
+    {
+        CommandState.PENDING: {
+            CommandState.RUNNING,
+            CommandState.SUCCEEDED,
+            CommandState.FAILED,
+            CommandState.LOST,
+        },
+        CommandState.RUNNING: {CommandState.SUCCEEDED, CommandState.FAILED, CommandState.LOST},
+        CommandState.LOST: {CommandState.RUNNING, CommandState.SUCCEEDED, CommandState.FAILED},
+    },
+)
 
 # The capabilities with a liveness rule of their own (L2–L4).
 LIVENESS_CAPABILITIES = (FleetCapability.TRAIN, FleetCapability.SERVE, FleetCapability.ENV)

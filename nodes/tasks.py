@@ -3,9 +3,9 @@
 from celery import shared_task
 
 from .services.clusters import clusters_refresh
+from .services.cordons import storage_cordon_sweep
 from .services.drains import drains_overdue_mark
 from .services.liveness import liveness_sweep
-from .services.scheduling import storage_cordon_sweep
 
 
 @shared_task(name="nodes.liveness_sweep", ignore_result=True)

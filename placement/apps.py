@@ -20,18 +20,13 @@ class PlacementConfig(AppConfig):
         from .fleet_page import fleet_work_section
         from .metrics import QueueCollector
         from .services import live_deployments_blocking_deletion, workload_records_blocking_deletion
-        from .services.episodes import episode_command_observed
-        from .services.runs import member_command_observed
-        from .services.serving import replica_command_observed, stopped_deployments_release
-        from .services.sessions import session_command_observed
+        from .services.reports import command_observed
+        from .services.serving import stopped_deployments_release
 
         register_deletion_blocker(live_deployments_blocking_deletion)
         register_deletion_blocker(workload_records_blocking_deletion)
         register_deletion_release(stopped_deployments_release)
         # nodes carries the agents' reports; placement follows its members in them.
-        register_command_observer(member_command_observed)
-        register_command_observer(replica_command_observed)
-        register_command_observer(session_command_observed)
-        register_command_observer(episode_command_observed)
+        register_command_observer(command_observed)
         register_fleet_page_section(fleet_work_section)
         register_scrape_collector(QueueCollector())

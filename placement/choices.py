@@ -1,6 +1,32 @@
+"""The choices of placement's records and, beside each record's states, its lifecycle: the
+moves those states allow, written once (``tuneplane.lifecycle``; ``move`` makes one, audited).
+
+A job (training or lifecycle; on a cluster Fleet its manager's state read back)::
+
+    queued ──► starting ──► running ──► succeeded | failed | cancelled
+      │  ▲        │  ▲         │
+      │  └────────┴──┼─────────┘   retried after a lost attempt or a missed gang deadline (R9);
+      │              │             a cluster manager may put a running job back in its queue
+      └──────────────┴──► running (a cluster manager's), succeeded | failed | cancelled
+
+An attempt; a member (``unknown``: its node is gone, R8)::
+
+    starting ──► running ──► succeeded | failed | lost | cancelled        (an attempt)
+    starting ──► running ──► succeeded | failed | lost | cancelled | abandoned
+        │   ▲       │   ▲
+        └───┴► unknown ─┘──► succeeded | failed | lost | cancelled | abandoned   (a member)
+
+A revision: ``live ──► retired | rolled_back | stopped``. A deployment and a playground
+session: ``live ──► stopped``. An episode::
+
+    queued ──► starting ──► running ──► succeeded | failed | timed_out | cancelled
+      └──────────┴──► timed_out | cancelled; starting ──► succeeded | failed
+"""
+
 from django.db import models
 
 from fleets.choices import FleetCapability
+from tuneplane.lifecycle import Lifecycle
 
 # Labels are the values: the admin shows the product page's own words.
 
@@ -32,6 +58,17 @@ class RevisionState(models.TextChoices):
     RETIRED = "retired", "retired"
     ROLLED_BACK = "rolled_back", "rolled_back"
     STOPPED = "stopped", "stopped"
+
+
+REVISION_LIFECYCLE = Lifecycle.of(
+    "revision",
+    {RevisionState.LIVE: {RevisionState.RETIRED, RevisionState.ROLLED_BACK, RevisionState.STOPPED}},
+)
+# A deployment's and a playground session's: live until stopped, never live again.
+DEPLOYMENT_LIFECYCLE = Lifecycle.of("deployment", {DeploymentState.LIVE: {DeploymentState.STOPPED}})
+SESSION_LIFECYCLE = Lifecycle.of(
+    "playgroundsession", {DeploymentState.LIVE: {DeploymentState.STOPPED}}
+)
 
 
 class DeploymentStatus(models.TextChoices):
@@ -66,6 +103,16 @@ class JobState(models.TextChoices):
 
 JOB_ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
+# ``name`` is the audit action's prefix; a job's is its model's (trainingjob, lifecycle job).
+JOB_LIFECYCLE = Lifecycle.of(
+    "job",
+    {
+        JobState.QUEUED: {JobState.STARTING, JobState.RUNNING, *JOB_ENDED},
+        JobState.STARTING: {JobState.QUEUED, JobState.RUNNING, *JOB_ENDED},
+        JobState.RUNNING: {JobState.QUEUED, *JOB_ENDED},
+    },
+)
+
 
 class RunState(models.TextChoices):
     """An attempt's and a member's (DESIGN §7)."""
@@ -81,6 +128,24 @@ class RunState(models.TextChoices):
 
 
 RUN_LIVE = (RunState.STARTING, RunState.RUNNING, RunState.UNKNOWN)
+
+_ATTEMPT_ENDS = {RunState.SUCCEEDED, RunState.FAILED, RunState.LOST, RunState.CANCELLED}
+ATTEMPT_LIFECYCLE = Lifecycle.of(
+    "attempt",
+    {
+        RunState.STARTING: {RunState.RUNNING, *_ATTEMPT_ENDS},
+        RunState.RUNNING: _ATTEMPT_ENDS,
+    },
+)
+_MEMBER_ENDS = {*_ATTEMPT_ENDS, RunState.ABANDONED}
+MEMBER_LIFECYCLE = Lifecycle.of(
+    "member",
+    {
+        RunState.STARTING: {RunState.RUNNING, RunState.UNKNOWN, *_MEMBER_ENDS},
+        RunState.RUNNING: {RunState.UNKNOWN, *_MEMBER_ENDS},
+        RunState.UNKNOWN: {RunState.RUNNING, *_MEMBER_ENDS},
+    },
+)
 
 
 class Cleanup(models.TextChoices):
@@ -105,4 +170,26 @@ EPISODE_ENDED = (
     EpisodeState.FAILED,
     EpisodeState.TIMED_OUT,
     EpisodeState.CANCELLED,
+)
+EPISODE_LIFECYCLE = Lifecycle.of(
+    "episode",
+    {
+        EpisodeState.QUEUED: {
+            EpisodeState.STARTING,
+            EpisodeState.TIMED_OUT,
+            EpisodeState.CANCELLED,
+        },
+        EpisodeState.STARTING: {EpisodeState.RUNNING, *EPISODE_ENDED},
+        EpisodeState.RUNNING: set(EPISODE_ENDED),
+    },
+)
+
+LIFECYCLES = (
+    JOB_LIFECYCLE,
+    ATTEMPT_LIFECYCLE,
+    MEMBER_LIFECYCLE,
+    REVISION_LIFECYCLE,
+    DEPLOYMENT_LIFECYCLE,
+    SESSION_LIFECYCLE,
+    EPISODE_LIFECYCLE,
 )

@@ -71,7 +71,8 @@ class Command:
         return self.kind == START and not self.cleaned
 
 
-def _started(pid: int) -> str | None:
+def process_start_time(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot: with the boot id, who it is (R6)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):

@@ -32,7 +32,7 @@ from .command import (  # noqa: F401 -- the names the agent's other modules impo
     VANISHED,
     WRAPPER,
     Command,
-    _started,
+    process_start_time,
 )
 
 logger = logging.getLogger("tuneplane-node")
@@ -103,7 +103,7 @@ class Commands(replicas.ServingCommands):
         exit_file = self._path(command.command_id, ".exit")
         if exit_file.exists():
             code = int(exit_file.read_text().strip() or VANISHED)
-        elif command.pid and _started(command.pid) == command.started:
+        elif command.pid and process_start_time(command.pid) == command.started:
             return command
         else:
             code = VANISHED
@@ -166,7 +166,7 @@ class Commands(replicas.ServingCommands):
             command.reason = "start_failed" if command.kind == START else ""
         else:
             self.children[command.command_id] = child
-            command.pid, command.started = child.pid, _started(child.pid)
+            command.pid, command.started = child.pid, process_start_time(child.pid)
         finally:
             log.close()
 
@@ -362,7 +362,7 @@ class Commands(replicas.ServingCommands):
         """The member's process group, if its leader is still the process it started (a pid
         reused by another job's wrapper is never signalled)."""
         pid = command.pid
-        if pid and _started(pid) == command.started and not members.zombie(pid):
+        if pid and process_start_time(pid) == command.started and not members.zombie(pid):
             return pid
         return None
 

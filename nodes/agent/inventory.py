@@ -13,7 +13,8 @@ from . import containers
 PROBE_TIMEOUT = 10
 
 
-def _run(*command: str) -> str | None:
+def probe_output(*command: str) -> str | None:
+    """What a probe command prints, or None if it is missing, fails or hangs."""
     if shutil.which(command[0]) is None:
         return None
     try:
@@ -40,7 +41,7 @@ def cards_of(devices: list[dict]) -> list[dict]:
 
 
 def probe_gpus() -> Gpus:
-    out = _run(
+    out = probe_output(
         "nvidia-smi",
         "--query-gpu=index,name,driver_version,uuid,pci.bus_id",
         "--format=csv,noheader",

@@ -5,7 +5,8 @@ container's name and labels (``tuneplane.member``, ``tuneplane.scope``)."""
 import logging
 
 from . import containers, members
-from .commands import COMMAND_ID, START, Command, Commands, _started
+from .command import process_start_time
+from .commands import COMMAND_ID, START, Command, Commands
 
 logger = logging.getLogger("tuneplane-node")
 
@@ -30,7 +31,7 @@ def adopt_orphans(commands: Commands) -> list[str]:
                 kind=START,
                 argv=[],
                 pid=leader,
-                started=_started(leader),
+                started=process_start_time(leader),
                 boot_id=members.boot_id(),
                 confinement=members.cgroup_paths(cgroup)[0],
                 reason="adopted",

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from . import wire
-from .inventory import _run
+from .inventory import probe_output
 
 logger = logging.getLogger("tuneplane-node")
 
@@ -71,7 +71,9 @@ class SmiSource:
     name = NVIDIA_SMI
 
     def cards(self, devices: list[dict]) -> list[dict] | None:
-        out = _run("nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits")
+        out = probe_output(
+            "nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"
+        )
         return None if out is None else parse_smi(out, devices)
 
 

@@ -26,7 +26,7 @@ from ..selectors import (
     nodes_visible_to,
     work_left_on,
 )
-from ..services import commands, drains, join, scheduling
+from ..services import commands, cordons, drains, join, removal
 from ..services.join import join_commands
 from ..telemetry_shown import telemetry_of
 from .serializers import (
@@ -230,7 +230,7 @@ class NodeDetailView(GenericAPIView):
         responses={200: NodeSerializer, **errors(400, 401, 403, 404, 409)},
     )
     def delete(self, request, node_id: str):
-        node = scheduling.node_remove(
+        node = removal.node_remove(
             actor=Actor.of_user(request.user),
             node=_node(request, node_id),
             force=_flag(request, "force"),
@@ -251,7 +251,7 @@ class NodeCordonView(GenericAPIView):
         node = _node(request, node_id)
         serializer = CordonRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        scheduling.node_cordon(
+        cordons.node_cordon(
             actor=Actor.of_user(request.user), node=node, reason=serializer.validated_data["reason"]
         )
         return _shown(node.pk, request.user)
@@ -267,7 +267,7 @@ class NodeUncordonView(GenericAPIView):
         responses={200: NodeSerializer, **errors(401, 403, 404, 409)},
     )
     def post(self, request, node_id: str):
-        node = scheduling.node_uncordon(
+        node = cordons.node_uncordon(
             actor=Actor.of_user(request.user), node=_node(request, node_id)
         )
         return _shown(node.pk, request.user)
@@ -288,9 +288,7 @@ class NodeDrainView(GenericAPIView):
         node = _node(request, node_id)
         serializer = DrainRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        scheduling.node_drain(
-            actor=Actor.of_user(request.user), node=node, **serializer.validated_data
-        )
+        drains.node_drain(actor=Actor.of_user(request.user), node=node, **serializer.validated_data)
         return _shown(node.pk, request.user)
 
 

@@ -21,7 +21,7 @@ from tuneplane.errors import ApplicationError, ValidationFailed
 from ..agent import wire
 from ..agent.proto import control_pb2 as pb
 from ..pki import NODE_URI_PREFIX
-from ..services import commands, control, logs, scheduling, sessions
+from ..services import commands, control, cordons, logs, sessions
 from .aio import AsyncService
 from .metrics import ACK_LATENCY, HEARTBEATS, HELLOS, OPENS_REFUSED, STREAMS_CLOSED, close_reason
 from .replica import Gateway
@@ -271,7 +271,7 @@ class NodeControlService(AsyncService):
             try:
                 if observed:
                     await self.gateway.database.run(
-                        scheduling.node_observe_storage_root,
+                        cordons.node_observe_storage_root,
                         node_id=node_id,
                         visible=storage.take(),
                     )

@@ -18,11 +18,18 @@ from audit.services import Actor, audit_record, audit_record_many
 from tuneplane.errors import Conflict, ValidationFailed
 
 from .. import bus
-from ..choices import ACTIVE_COMMAND_STATES, CommandKind, CommandState, SchedulingState
+from ..choices import (
+    ACTIVE_COMMAND_STATES,
+    COMMAND_LIFECYCLE,
+    CommandKind,
+    CommandState,
+    SchedulingState,
+)
 from ..models import Node, NodeCommand
+from .cordons import node_observe_unkillable
+from .drains import node_drain_settle
 from .observers import command_changed
 from .payloads import member_payload, member_ref_payload, run_payload
-from .scheduling import node_drain_settle, node_observe_unkillable
 from .strays import node_strays_flag
 
 # What a node may say of a command; "pending" and "lost" are the console's words.
@@ -208,6 +215,7 @@ def _apply(command: NodeCommand, reported: Reported, now: datetime) -> bool:
     member's cleanup (once) and a reason that comes later (unkillable) still move it."""
     before = _view(command)
     if command.state not in FINISHED:
+        COMMAND_LIFECYCLE.check(command.state, reported.state, target=command.pk)
         command.state, command.exit_code = reported.state, reported.exit_code
     if command.kind == CommandKind.START:
         if reported.reason and (command.state == reported.state or reported.state == "running"):

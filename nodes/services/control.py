@@ -23,8 +23,8 @@ from ..choices import SchedulingState
 from ..inventory import normalize_inventory
 from ..models import ControlSession, GatewayReplica, Node, NodeCredential
 from ..selectors import cards_summary
+from .cordons import node_observe_storage_root
 from .hardware import card_names_remember
-from .scheduling import node_observe_storage_root
 from .sessions import authenticated_node, lease_until, sessions_close_matching
 
 logger = logging.getLogger("tuneplane.gateway")

@@ -17,7 +17,7 @@ from audit.services import Actor, audit_record
 from ..choices import CordonSource, SchedulingState
 from ..models import Node, NodeCordon
 from ..selectors import cards_summary
-from .scheduling import _add_cordon, _lift_cordon
+from .cordons import cordon_add, cordon_lift
 
 logger = logging.getLogger("tuneplane.nodes")
 
@@ -90,8 +90,8 @@ def _cordon_follows(node: Node, unhealthy: dict) -> None:
     every = bool(devices) and all(uuid in unhealthy for uuid in devices)
     cordon = NodeCordon.objects.filter(node=node, source=CordonSource.GPU_HEALTH).first()
     if every and cordon is None:
-        _add_cordon(node, CordonSource.GPU_HEALTH, _cordon_reason(unhealthy), GPU_HEALTH)
+        cordon_add(node, CordonSource.GPU_HEALTH, _cordon_reason(unhealthy), GPU_HEALTH)
         logger.warning("node %s: every card unhealthy: cordoned", node.id)
     elif not every and cordon is not None:
-        _lift_cordon(node, cordon, GPU_HEALTH)
+        cordon_lift(node, cordon, GPU_HEALTH)
         logger.info("node %s: a card is healthy again: gpu-health cordon lifted", node.id)

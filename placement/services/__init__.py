@@ -12,11 +12,19 @@ from audit.services import Actor, audit_record
 from fleets.choices import FleetCapability, FleetKind, FleetState
 from fleets.selectors import fleet_not_found, fleets_open_to
 from tuneplane.errors import NotFound, PlacementRefused, ValidationFailed
+from tuneplane.lifecycle import move
 from tuneplane.models import Membership, Project
 from tuneplane.permissions import is_admin
 
 from ..admission import Admitted, Need, admit_automatically, admit_deployment, admit_named
-from ..choices import LIFECYCLE_CAPABILITY, Cleanup, DeploymentState, LifecycleKind, Refusal
+from ..choices import (
+    DEPLOYMENT_LIFECYCLE,
+    LIFECYCLE_CAPABILITY,
+    Cleanup,
+    DeploymentState,
+    LifecycleKind,
+    Refusal,
+)
 from ..handover import handover_on_commit
 from ..models import (
     Dataset,
@@ -275,15 +283,12 @@ def deployment_update(
                     "state: a stopped deployment stays stopped; submit a new one.",
                     field="state",
                 )
-            before = {"state": deployment.state}
-            deployment.state = state
-            deployment.save(update_fields=["state"])
-            audit_record(
+            move(
+                deployment,
+                DEPLOYMENT_LIFECYCLE,
+                state,
                 actor=actor,
                 action="deployment.state_changed",
-                target=deployment,
-                before=before,
-                after={"state": state},
             )
             revisions_stop(deployment=deployment, actor=actor)
     return deployment

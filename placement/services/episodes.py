@@ -20,17 +20,16 @@ from django.utils import timezone
 
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind, FleetState
-from nodes.choices import CommandKind, CommandState
 from nodes.models import NodeCommand
 from nodes.services.logs import log_tail_fetch
 from tuneplane.errors import Conflict, NotFound
+from tuneplane.lifecycle import move
 
-from ..choices import EPISODE_ENDED, RUN_LIVE, EpisodeState, RunState
+from ..choices import EPISODE_ENDED, EPISODE_LIFECYCLE, RUN_LIVE, EpisodeState, RunState
 from ..models import Environment, Episode, Member
 from ..runspec import checked_episode
 from .allocator import allocate_on_commit
-from .runs import ENDED_AS, RUNS, _cleaned, _send
-from .serving import _grace
+from .members import member_follow, members_clean, members_stop
 
 EPISODES = Actor.system("episodes")
 
@@ -86,66 +85,45 @@ def _locked(episode_id: int):
     return episode, list(episode.members.select_for_update().order_by("pk"))
 
 
-def _moved(episode: Episode, before: dict, actor: Actor = EPISODES) -> None:
-    episode.save(update_fields=["state", "reason", "exit_code", "started_at", "ended_at"])
-    audit_record(
-        actor=actor,
-        action=f"episode.{episode.state}",
-        target=episode,
-        before=before,
-        after={"state": episode.state, "reason": episode.reason, "exit_code": episode.exit_code},
-    )
-
-
-def episode_command_observed(command: NodeCommand, before: dict) -> None:
-    """A node's report moved an episode's start command: its member, then the episode
-    (registered with nodes by placement.apps)."""
-    if command.kind != CommandKind.START:
-        return
-    episode_id = (
-        Member.objects.filter(command=command, episode__isnull=False)
-        .values_list("episode_id", flat=True)
-        .first()
-    )
-    if episode_id is None:
-        return
+def episode_member_reported(episode_id: int, command: NodeCommand, before: dict) -> None:
+    """A node's report moved an episode's start command: its member follows
+    (members.member_follow), then the episode; what ended is cleaned up."""
     now = timezone.now()
     episode, members = _locked(episode_id)
     member = next(m for m in members if m.command_id == command.pk)
-    moved = {"state": member.state, "reason": member.reason}
-    if member.state in RUN_LIVE and command.state == CommandState.RUNNING:
-        member.state, member.started_at = RunState.RUNNING, member.started_at or now
-    elif member.state in RUN_LIVE and command.state in ENDED_AS:
-        member.state, member.reason = ENDED_AS[command.state], command.reason or "vanished"
-        member.exit_code, member.ended_at = command.exit_code, now
-    member.confinement = command.confinement or member.confinement
-    member.save()
-    _cleaned(member, command, RUNS, lambda: episode.environment.fleet_id)
-    if {"state": member.state, "reason": member.reason} != moved:
-        audit_record(
-            actor=RUNS,
-            action=f"episode_member.{member.state}",
-            target=member,
-            before=moved,
-            after={"state": member.state, "reason": member.reason},
-        )
+    member_follow(
+        member, command, before, actor=EPISODES, fleet_id=lambda: episode.environment.fleet_id
+    )
     _settle(episode, member, now)
-    _send(CommandKind.CLEANUP, [m for m in members if m.state not in RUN_LIVE], now)
+    members_clean(members, now)
 
 
 def _settle(episode: Episode, member: Member, now) -> None:
     if episode.state in EPISODE_ENDED:
         return  # timed out or cancelled already: how its process ends changes nothing
-    before = {"state": episode.state, "reason": episode.reason}
     if member.state == RunState.RUNNING and episode.state != EpisodeState.RUNNING:
-        episode.state, episode.started_at = EpisodeState.RUNNING, now
+        _move(episode, EpisodeState.RUNNING, reason=episode.reason, started_at=now)
     elif member.state not in RUN_LIVE:
         succeeded = member.state == RunState.SUCCEEDED
-        episode.state = EpisodeState.SUCCEEDED if succeeded else EpisodeState.FAILED
-        episode.reason, episode.exit_code = member.reason, member.exit_code
-        episode.ended_at = now
-    if episode.state != before["state"]:
-        _moved(episode, before)
+        _move(
+            episode,
+            EpisodeState.SUCCEEDED if succeeded else EpisodeState.FAILED,
+            reason=member.reason,
+            exit_code=member.exit_code,
+            ended_at=now,
+        )
+
+
+def _move(episode: Episode, state: str, *, reason: str, actor: Actor = EPISODES, **fields):
+    move(
+        episode,
+        EPISODE_LIFECYCLE,
+        state,
+        actor=actor,
+        reason=reason[:64],
+        fields=fields,
+        after={"exit_code": fields.get("exit_code", episode.exit_code)},
+    )
 
 
 def episodes_time_out(*, now=None) -> dict[str, int]:
@@ -168,15 +146,13 @@ def episodes_time_out(*, now=None) -> dict[str, int]:
             episode, members = _locked(episode_id)
             if episode.state in EPISODE_ENDED:
                 continue
-            before = {"state": episode.state, "reason": episode.reason}
-            episode.state, episode.reason, episode.ended_at = (
+            _move(
+                episode,
                 EpisodeState.TIMED_OUT,
-                f"timed_out after {episode.timeout_seconds}s (rule S5)",
-                now,
+                reason=f"timed_out after {episode.timeout_seconds}s (rule S5)",
+                ended_at=now,
             )
-            _moved(episode, before)
-            live = [m for m in members if m.state in RUN_LIVE]
-            _send(CommandKind.STOP, live, now, grace_seconds=_grace())
+            members_stop(members, now)
             timed_out += 1
     return {"timed_out": timed_out}
 

@@ -21,27 +21,18 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit.services import audit_record
 from nodes.choices import CommandState, SchedulingState
 from nodes.models import NodeCommand
 from nodes.services.commands import node_command_lost
+from tuneplane.lifecycle import move
 
-from ..choices import RunState
+from ..choices import ATTEMPT_LIFECYCLE, MEMBER_LIFECYCLE, RunState
 from ..models import Attempt, Member
-from .runs import RUNS, _attempt_settle, locked_run
+from .members import RUNS, member_kind
+from .runs import attempt_settle, locked_run
 
 BACKOFF_FIRST = 60
 BACKOFF_MAX = 3600
-
-
-def _moved(record, action: str, before: dict) -> None:
-    audit_record(
-        actor=RUNS,
-        action=action,
-        target=record,
-        before=before,
-        after={"state": record.state, "reason": record.reason},
-    )
 
 
 def backoff(attempt_number: int) -> timedelta:
@@ -95,11 +86,15 @@ def members_reconcile(*, now=None) -> dict[str, int]:
                 member = next(m for m in locked[2] if m.pk == member_id)
                 if not members.filter(pk=member_id).exists():
                     continue  # moved meanwhile: a report came first
-                before = {"state": member.state, "reason": member.reason}
-                member.state, member.reason = state, reason
-                member.save(update_fields=["state", "reason"])
-                _moved(member, f"member.{state}", before)
-                _attempt_settle(attempt_id, locked=locked)
+                move(
+                    member,
+                    MEMBER_LIFECYCLE,
+                    state,
+                    actor=RUNS,
+                    reason=reason,
+                    action=f"{member_kind(member)}.{state}",
+                )
+                attempt_settle(attempt_id, locked=locked)
                 done[counted] += 1
     past = Member.objects.filter(
         attempt__isnull=False,
@@ -131,16 +126,16 @@ def _gangs_past_deadline(now) -> int:
                 or attempt.created_at + timedelta(seconds=deadline) > now
             ):
                 continue
-            before = {"state": attempt.state, "reason": attempt.reason}
-            attempt.state, attempt.reason, attempt.ended_at = (
+            move(
+                attempt,
+                ATTEMPT_LIFECYCLE,
                 RunState.FAILED,
-                "gang_deadline",
-                now,
+                actor=RUNS,
+                reason="gang_deadline",
+                fields={"ended_at": now},
             )
-            attempt.save(update_fields=["state", "reason", "ended_at"])
-            _moved(attempt, "attempt.failed", before)
             job.not_before = now + backoff(attempt.number)
             job.save(update_fields=["not_before"])
-            _attempt_settle(attempt_id, locked=(job, attempt, members))
+            attempt_settle(attempt_id, locked=(job, attempt, members))
             failed += 1
     return failed

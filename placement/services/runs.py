@@ -1,37 +1,30 @@
 """Attempts and members as their nodes report them, and a job's state from its attempts.
 
-nodes carries the reports and never imports placement: ``member_command_observed`` is
-registered with it (placement.apps) and called inside the transaction that stored a
-command's change. From a member's change follow its attempt's and its job's, each one audit
-event (R10, A1): every member running → the attempt and the job run; a member failing
-fails the attempt and stops the others (R3); an ended member is cleaned up, and its cards
-are released only when the node confirms it (R7), which starts an allocation pass.
+nodes carries the reports and never imports placement: placement.services.reports hears
+them inside the transaction that stored a command's change and hands a job's member to
+``attempt_member_reported``. The member moves (members.member_follow); its attempt and its
+job follow, each move one audit event (R10, A1) through their lifecycles (placement.choices):
+every member running → the attempt and the job run; a member failing fails the attempt and
+stops the others (R3); an ended member is cleaned up, and its cards are released only when
+the node confirms it (R7), which starts an allocation pass.
 """
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
-from nodes.choices import CommandKind, CommandState
 from nodes.models import NodeCommand
-from nodes.services.commands import node_command_cleaned_by_id, node_commands_create_many
 from nodes.services.logs import log_tail_fetch
 from tuneplane.errors import Conflict, NotFound
+from tuneplane.lifecycle import move
 
-from ..choices import JOB_ENDED, RUN_LIVE, Cleanup, JobState, RunState
+from ..choices import ATTEMPT_LIFECYCLE, JOB_ENDED, JOB_LIFECYCLE, RUN_LIVE, JobState, RunState
 from ..handover import cluster_job_cancel_on_commit
-from ..models import Attempt, CardHold, LifecycleJob, Member, TrainingJob
+from ..models import Attempt, LifecycleJob, Member, TrainingJob
 from .allocator import allocate_on_commit
+from .members import RUNS, member_follow, members_clean, members_stop
 
-RUNS = Actor.system("runs")
-# Why a member ended, in the node's words, and what the member's state becomes.
-ENDED_AS = {
-    CommandState.SUCCEEDED: RunState.SUCCEEDED,
-    CommandState.FAILED: RunState.FAILED,
-    CommandState.LOST: RunState.FAILED,
-}
 # An attempt that ended for one of these is the machine's fault, not the job's: the job
 # gets another attempt while it has attempts left (R9). A non-zero exit or an OOM is not.
 RETRIED = {
@@ -43,16 +36,6 @@ RETRIED = {
     "refused",
     "start_failed",
 }
-
-
-def _audit(record, action: str, before: dict, actor: Actor = RUNS) -> None:
-    audit_record(
-        actor=actor,
-        action=action,
-        target=record,
-        before=before,
-        after={"state": record.state, "reason": record.reason},
-    )
 
 
 def locked_run(attempt_id: int):
@@ -73,152 +56,63 @@ def locked_run(attempt_id: int):
     return job, attempt, members
 
 
-def member_command_observed(command: NodeCommand, before: dict) -> None:
-    """A node's report moved one of its commands: follow it in the member it stands for."""
-    if (
-        command.kind == CommandKind.CLEANUP
-        and command.state == CommandState.SUCCEEDED
-        and command.reason == "unknown_member"
-    ):
-        # The node did not know the member (its state was lost) and cleaned up by its id:
-        # nothing of it is left there. A member it knows says so itself (R7).
-        start = (
-            NodeCommand.objects.select_for_update()
-            .filter(pk=command.payload.get("member"), node_id=command.node_id)
-            .first()
-        )
-        if start is not None:
-            node_command_cleaned_by_id(command=start)
-        return
-    if command.kind != CommandKind.START:
-        return
-    attempt_id = Member.objects.filter(command=command).values_list("attempt_id", flat=True).first()
-    if attempt_id is not None:
-        job, attempt, members = locked_run(attempt_id)
-        member = next(m for m in members if m.command_id == command.pk)
-        _member_moved(member, command, before)
-        _attempt_settle(attempt_id, locked=(job, attempt, members))
+def attempt_member_reported(attempt_id: int, command: NodeCommand, before: dict) -> None:
+    """A node's report moved the start command of one of this attempt's members: the member
+    follows (members.member_follow), then the attempt and its job."""
+    job, attempt, members = locked_run(attempt_id)
+    member = next(m for m in members if m.command_id == command.pk)
+    member_follow(member, command, before, actor=RUNS, fleet_id=attempt.fleet_id)
+    attempt_settle(attempt_id, locked=(job, attempt, members))
 
 
-def _member_moved(member: Member, command: NodeCommand, before_command: dict) -> None:
-    """The member as its start command now says; its attempt is settled by the caller."""
-    now = timezone.now()
-    before = {"state": member.state, "reason": member.reason}
-    if member.state in RUN_LIVE:
-        if command.state == CommandState.RUNNING and command.reason == "unkillable":
-            member.reason = "unkillable"  # its node is cordoned for it; cards stay held
-        if command.state == CommandState.RUNNING and member.state != RunState.RUNNING:
-            member.state, member.started_at = RunState.RUNNING, member.started_at or now
-        elif command.state in ENDED_AS:
-            given_up = command.state == CommandState.LOST and command.reason == "lost"
-            abandoned = command.state == CommandState.LOST and command.reason == "abandoned"
-            member.state = (
-                RunState.LOST
-                if given_up
-                else RunState.ABANDONED
-                if abandoned
-                else ENDED_AS[command.state]
-            )
-            member.exit_code = command.exit_code
-            member.reason = command.reason or "vanished"
-            member.ended_at = now
-    elif command.state == CommandState.RUNNING and before_command.get("state") != "running":
-        # R9: a given-up member still running on a node that came back. It never counts
-        # again; the cleanup sent when it was given up stops it.
-        audit_record(
-            actor=RUNS,
-            action="member.leftover_running",
-            target=member,
-            before={"state": member.state},
-            after={"state": member.state, "node_reports": "running"},
-        )
-    member.confinement = command.confinement
-    if (member.state, member.reason) != (before["state"], before["reason"]):
-        member.save()
-        _audit(member, f"member.{member.state}", before)
-    elif member.confinement:
-        member.save(update_fields=["confinement"])
-    _cleaned(member, command, RUNS, lambda: member.attempt.fleet_id)
-
-
-def _cleaned(member: Member, command: NodeCommand, actor: Actor, fleet_id) -> None:
-    """R7: once its node confirms the cleanup, a member's cards are released (audited) and
-    its Fleet gets an allocation pass. Every kind of member — a job's, a replica, a
-    session's, an episode's — is released here. ``fleet_id`` is called only then."""
-    if command.cleaned_at is None or member.cleanup == Cleanup.CLEANED:
-        return
-    member.cleanup = Cleanup.CLEANED
-    member.save(update_fields=["cleanup"])
-    CardHold.objects.filter(member=member).delete()
-    audit_record(
-        actor=actor,
-        action="member.cleaned",
-        target=member,
-        before={"cleanup": Cleanup.PENDING},
-        after={"cleanup": Cleanup.CLEANED, "cards_released": member.cards},
-    )
-    allocate_on_commit(fleet_id())
-
-
-def _send(kind: str, members: list[Member], now, **extra) -> None:
-    """Stop or cleanup commands for members, recorded on them so none is sent twice."""
-    stamp = "stop_requested_at" if kind == CommandKind.STOP else "cleanup_requested_at"
-    # An abandoned member's node is removed (D3): it takes no commands, and its cards with it.
-    members = [
-        member
-        for member in members
-        if getattr(member, stamp) is None and member.state != RunState.ABANDONED
-    ]
-    if not members:
-        return
-    node_commands_create_many(
-        actor=RUNS,
-        commands=[(m.node_id, kind, {"member": m.command_id, **extra}) for m in members],
-    )
-    Member.objects.filter(pk__in=[m.pk for m in members]).update(**{stamp: now})
-    for member in members:
-        setattr(member, stamp, now)
-
-
-def _attempt_settle(attempt_id: int, locked=None) -> None:
-    """An attempt follows its members; its job follows it."""
+def attempt_settle(attempt_id: int, locked=None) -> None:
+    """An attempt follows its members; its job follows it; what ended is cleaned up and, once
+    the attempt has ended, what still runs of it is stopped (R3, R7). Call inside a
+    transaction; ``locked`` is ``locked_run``'s answer when the caller has it."""
     now = timezone.now()
     job, attempt, members = locked or locked_run(attempt_id)
-    before = {"state": attempt.state, "reason": attempt.reason}
     live = [m for m in members if m.state in RUN_LIVE]
-    ended = [m for m in members if m.state not in RUN_LIVE]
     if attempt.state in RUN_LIVE:
-        failed = next(
-            (m for m in members if m.state in (RunState.FAILED, RunState.LOST, RunState.ABANDONED)),
-            None,
-        )
-        if job.cancel_requested_at is not None and failed is None and not live:
-            attempt.state, attempt.reason = RunState.CANCELLED, "cancelled"
-        elif failed is not None:
-            cancelled = job.cancel_requested_at is not None and failed.reason == "stopped"
-            attempt.state = (
-                RunState.CANCELLED
-                if cancelled
-                else RunState.LOST
-                if failed.state in (RunState.LOST, RunState.ABANDONED)
-                else RunState.FAILED
+        state, reason = attempt_state(job, attempt, members)
+        if state != attempt.state:
+            move(
+                attempt,
+                ATTEMPT_LIFECYCLE,
+                state,
+                actor=RUNS,
+                reason=reason,
+                fields={"started_at": attempt.started_at or now}
+                if state == RunState.RUNNING
+                else {"ended_at": now}
+                if state not in RUN_LIVE
+                else {},
             )
-            attempt.reason = "cancelled" if cancelled else failed.reason or "exit"
-        elif members and all(m.state == RunState.SUCCEEDED for m in members):
-            attempt.state, attempt.reason = RunState.SUCCEEDED, "exit"
-        elif members and all(m.started_at is not None for m in members):
-            # Every member started (a fast one may have finished already): it runs.
-            attempt.state, attempt.started_at = RunState.RUNNING, attempt.started_at or now
-        if attempt.state not in RUN_LIVE:
-            attempt.ended_at = now
-        if attempt.state != before["state"]:
-            attempt.save()
-            _audit(attempt, f"attempt.{attempt.state}", before)
     if attempt.state not in RUN_LIVE:
-        # R3: one member failing stops the others; what ended is cleaned up (R7).
-        _send(CommandKind.STOP, live, now, grace_seconds=settings.TUNEPLANE_STOP_GRACE)
-    _send(CommandKind.CLEANUP, ended, now)
+        members_stop(live, now)  # R3: one member failing stops the others
+    members_clean(members, now)
     _job_settle(job, attempt, now)
+
+
+def attempt_state(job, attempt: Attempt, members: list[Member]) -> tuple[str, str]:
+    """What a live attempt is, from its members (R3, R10): a pure decision."""
+    live = [m for m in members if m.state in RUN_LIVE]
+    failed = next(
+        (m for m in members if m.state in (RunState.FAILED, RunState.LOST, RunState.ABANDONED)),
+        None,
+    )
+    if job.cancel_requested_at is not None and failed is None and not live:
+        return RunState.CANCELLED, "cancelled"
+    if failed is not None:
+        if job.cancel_requested_at is not None and failed.reason == "stopped":
+            return RunState.CANCELLED, "cancelled"
+        given_up = failed.state in (RunState.LOST, RunState.ABANDONED)
+        return (RunState.LOST if given_up else RunState.FAILED), failed.reason or "exit"
+    if members and all(m.state == RunState.SUCCEEDED for m in members):
+        return RunState.SUCCEEDED, "exit"
+    if members and all(m.started_at is not None for m in members):
+        # Every member started (a fast one may have finished already): it runs.
+        return RunState.RUNNING, attempt.reason
+    return attempt.state, attempt.reason
 
 
 def _job_settle(job, attempt: Attempt, now) -> None:
@@ -228,25 +122,37 @@ def _job_settle(job, attempt: Attempt, now) -> None:
     ).exists()
     if job.state in JOB_ENDED or later:
         return
-    before = {"state": job.state, "reason": job.reason}
+    state, reason = job.state, job.reason
     if attempt.state == RunState.RUNNING:
-        job.state = JobState.RUNNING
+        state = JobState.RUNNING
     elif attempt.state == RunState.SUCCEEDED:
-        job.state, job.reason = JobState.SUCCEEDED, ""
+        state, reason = JobState.SUCCEEDED, ""
     elif attempt.state == RunState.CANCELLED or job.cancel_requested_at is not None:
-        # Asked to stop: however the attempt ended, nothing runs again (R10).
-        job.state, job.reason = JobState.CANCELLED, "cancelled"
+        # Asked to stop: however the attempt ends, nothing runs again (R10).
+        state, reason = JobState.CANCELLED, "cancelled"
     elif attempt.state in (RunState.FAILED, RunState.LOST):
         if attempt.reason in RETRIED and attempt.number < job.max_attempts:
-            job.state, job.reason = JobState.QUEUED, f"retrying after {attempt.reason}"
+            state, reason = JobState.QUEUED, f"retrying after {attempt.reason}"
             allocate_on_commit(job.fleet_id)
         else:
-            job.state, job.reason = JobState.FAILED, attempt.reason
-    if job.state in JOB_ENDED:
-        job.ended_at = now
-    if (job.state, job.reason) != (before["state"], before["reason"]):
-        job.save(update_fields=["state", "reason", "ended_at"])
-        _audit(job, f"{job._meta.model_name}.{job.state}", before)
+            state, reason = JobState.FAILED, attempt.reason
+    if (state, reason) != (job.state, job.reason):
+        job_move(job, state, reason=reason, now=now)
+
+
+def job_move(job, state: str, *, reason: str, now, actor: Actor = RUNS, **fields) -> None:
+    """A job's move (JOB_LIFECYCLE), audited as ``<its model>.<state>``; an ended job's end."""
+    if state in JOB_ENDED:
+        fields["ended_at"] = now
+    move(
+        job,
+        JOB_LIFECYCLE,
+        state,
+        actor=actor,
+        reason=reason,
+        action=f"{job._meta.model_name}.{state}",
+        fields=fields,
+    )
 
 
 def job_cancel(*, actor: Actor, job):
@@ -261,15 +167,18 @@ def job_cancel(*, actor: Actor, job):
                 f"The job has already {job.state}; there is nothing to cancel.",
                 code="job_ended",
             )
-        before = {"state": job.state, "reason": job.reason}
         handed_over = bool(getattr(job, "handover_key", ""))
         if job.fleet.kind != FleetKind.NODE and handed_over:
             return _cluster_cancel(actor, job, now)
         if job.state == JobState.QUEUED:
-            job.state, job.reason, job.ended_at = JobState.CANCELLED, "cancelled", now
-            job.cancel_requested_at = now
-            job.save(update_fields=["state", "reason", "ended_at", "cancel_requested_at"])
-            _audit(job, f"{job._meta.model_name}.cancelled", before, actor)
+            job_move(
+                job,
+                JobState.CANCELLED,
+                reason="cancelled",
+                now=now,
+                actor=actor,
+                cancel_requested_at=now,
+            )
             return job
         if job.cancel_requested_at is None:
             _cancel_requested(actor, job, now)
@@ -281,8 +190,7 @@ def job_cancel(*, actor: Actor, job):
             )
             if latest is not None:  # locked in the one order (locked_run), the job first
                 _, _, members = locked_run(latest)
-                live = [m for m in members if m.state in RUN_LIVE]
-                _send(CommandKind.STOP, live, now, grace_seconds=settings.TUNEPLANE_STOP_GRACE)
+                members_stop(members, now)
     return job
 
 

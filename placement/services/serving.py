@@ -24,17 +24,17 @@ from django.utils import timezone
 
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
-from nodes.choices import CommandKind, CommandState
 from nodes.models import NodeCommand
 from nodes.services.logs import log_tail_fetch
 from tuneplane.errors import Conflict, NotFound
+from tuneplane.lifecycle import move
 
-from ..choices import RUN_LIVE, Cleanup, DeploymentState, RevisionState, RunState
+from ..choices import REVISION_LIFECYCLE, RUN_LIVE, Cleanup, DeploymentState, RevisionState
 from ..models import Deployment, Member, Revision
 from ..runspec import checked_serve, require_servable
 from ..selectors import replica_ready
 from .allocator import allocate_on_commit
-from .runs import ENDED_AS, _cleaned, _send
+from .members import member_follow, members_clean, members_stop
 
 SERVING = Actor.system("serving")
 
@@ -52,61 +52,18 @@ def locked_deployment(deployment_id: int):
     return deployment, revisions, members
 
 
-def replica_command_observed(command: NodeCommand, before: dict) -> None:
-    """A node's report moved one of its commands: if it is a replica's start, the replica
-    follows, then its deployment (registered with nodes by placement.apps)."""
-    if command.kind != CommandKind.START:
-        return
-    deployment_id = (
-        Member.objects.filter(command=command, revision__isnull=False)
-        .values_list("revision__deployment_id", flat=True)
-        .first()
-    )
-    if deployment_id is None:
-        return
+def deployment_member_reported(deployment_id: int, command: NodeCommand, before: dict) -> None:
+    """A node's report moved a replica's start command: the replica follows
+    (members.member_follow), then its deployment's rollout."""
     deployment, revisions, members = locked_deployment(deployment_id)
     member = next(m for m in members if m.command_id == command.pk)
-    _replica_moved(member, command)
+    member_follow(member, command, before, actor=SERVING, fleet_id=deployment.fleet_id)
     _settle(deployment, revisions, members, timezone.now())
-
-
-def _replica_moved(member: Member, command: NodeCommand, kind: str = "replica") -> None:
-    """A served member as its start command now says (S1); audited as ``kind``."""
-    now = timezone.now()
-    before = {"state": member.state, "reason": member.reason, "ready": member.ready}
-    if member.state in RUN_LIVE:
-        if command.state == CommandState.RUNNING:
-            member.state, member.started_at = RunState.RUNNING, member.started_at or now
-            member.reason, member.ready = command.reason, command.ready
-            member.restarts, member.detail = command.restarts, command.detail
-        elif command.state in ENDED_AS:
-            lost = command.state == CommandState.LOST
-            member.state = (
-                RunState.CANCELLED
-                if member.stop_requested_at is not None and not lost
-                else RunState.ABANDONED
-                if lost and command.reason == "abandoned"
-                else RunState.LOST
-                if lost
-                else RunState.FAILED
-            )
-            member.reason = "stopped" if member.state == RunState.CANCELLED else command.reason
-            member.ready, member.exit_code, member.ended_at = False, command.exit_code, now
-    member.confinement = command.confinement or member.confinement
-    member.save()
-    after = {"state": member.state, "reason": member.reason, "ready": member.ready}
-    if after != before:
-        action = f"{kind}.{member.state}"
-        if member.state == before["state"]:
-            action = f"{kind}.ready" if member.ready else f"{kind}.not_ready"
-        audit_record(actor=SERVING, action=action, target=member, before=before, after=after)
-    _cleaned(member, command, SERVING, lambda: member.fleet_id)
 
 
 def _settle(deployment: Deployment, revisions, members, now) -> None:
     """What follows from the replicas now: ended ones cleaned up, a rollout's progress (S2)."""
-    ended = [m for m in members if m.state not in RUN_LIVE]
-    _send(CommandKind.CLEANUP, ended, now)
+    members_clean(members, now)
     live = [r for r in revisions if r.state == RevisionState.LIVE]
     if len(live) < 2:
         return
@@ -116,7 +73,7 @@ def _settle(deployment: Deployment, revisions, members, now) -> None:
     if ready_new >= newest.replicas:
         for revision in older:  # the new revision serves in full: the old ones go
             _revision_end(revision, RevisionState.RETIRED, f"replaced by {newest.number}", now)
-            _send(CommandKind.STOP, _live(of[revision.pk]), now, grace_seconds=_grace())
+            members_stop(of[revision.pk], now)
         return
     old = [m for r in older for m in of[r.pk]]
     stopped = sum(1 for m in old if m.stop_requested_at is not None)
@@ -124,27 +81,21 @@ def _settle(deployment: Deployment, revisions, members, now) -> None:
     candidates = sorted(
         (m for m in _live(old) if m.stop_requested_at is None), key=lambda m: replica_ready(m)
     )
-    _send(CommandKind.STOP, candidates[: max(0, ready_new - stopped)], now, grace_seconds=_grace())
+    members_stop(candidates[: max(0, ready_new - stopped)], now)
 
 
 def _live(members) -> list[Member]:
     return [m for m in members if m.state in RUN_LIVE]
 
 
-def _grace() -> int:
-    return settings.TUNEPLANE_STOP_GRACE
-
-
 def _revision_end(revision: Revision, state: str, reason: str, now) -> None:
-    before = {"state": revision.state, "reason": revision.reason}
-    revision.state, revision.reason, revision.ended_at = state, reason[:300], now
-    revision.save(update_fields=["state", "reason", "ended_at"])
-    audit_record(
+    move(
+        revision,
+        REVISION_LIFECYCLE,
+        state,
         actor=SERVING,
-        action=f"revision.{state}",
-        target=revision,
-        before=before,
-        after={"state": state, "reason": revision.reason},
+        reason=reason[:300],
+        fields={"ended_at": now},
     )
 
 
@@ -156,8 +107,8 @@ def revisions_stop(*, deployment: Deployment, actor: Actor) -> None:
     for revision in revisions:
         if revision.state == RevisionState.LIVE:
             _revision_end(revision, RevisionState.STOPPED, f"deployment stopped by {actor}", now)
-    _send(CommandKind.STOP, _live(members), now, grace_seconds=_grace())
-    _send(CommandKind.CLEANUP, [m for m in members if m.state not in RUN_LIVE], now)
+    members_stop(members, now)
+    members_clean(members, now)
 
 
 def revision_create(*, actor: Actor, deployment: Deployment, **serve) -> Revision:
@@ -229,7 +180,7 @@ def rollouts_settle(*, now=None) -> dict[str, int]:
                 f"Ready within {settings.TUNEPLANE_ROLLOUT_DEADLINE}s{why} (rule S2)"
             )
             _revision_end(newest, RevisionState.ROLLED_BACK, reason, now)
-            _send(CommandKind.STOP, _live(mine), now, grace_seconds=_grace())
+            members_stop(mine, now)
             before = {"reason": deployment.reason}
             deployment.reason = reason[:300]
             deployment.save(update_fields=["reason"])

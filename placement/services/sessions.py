@@ -12,15 +12,14 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from audit.services import Actor, audit_record
-from nodes.choices import CommandKind
+from audit.services import Actor
 from nodes.models import NodeCommand
 from tuneplane.errors import Conflict
+from tuneplane.lifecycle import move
 
-from ..choices import RUN_LIVE, DeploymentState
-from ..models import Member, PlaygroundSession
-from .runs import _send
-from .serving import _grace, _replica_moved
+from ..choices import SESSION_LIFECYCLE, DeploymentState
+from ..models import PlaygroundSession
+from .members import member_follow, members_clean, members_stop
 
 SESSIONS = Actor.system("playground")
 
@@ -34,22 +33,13 @@ def _locked(session_id: int):
     return session, list(session.members.select_for_update().order_by("pk"))
 
 
-def session_command_observed(command: NodeCommand, before: dict) -> None:
-    """A node's report moved a session's start command: its member follows; what ended is
-    cleaned up (registered with nodes by placement.apps)."""
-    if command.kind != CommandKind.START:
-        return
-    session_id = (
-        Member.objects.filter(command=command, session__isnull=False)
-        .values_list("session_id", flat=True)
-        .first()
-    )
-    if session_id is None:
-        return
-    _, members = _locked(session_id)
+def session_member_reported(session_id: int, command: NodeCommand, before: dict) -> None:
+    """A node's report moved a session's start command: its member follows
+    (members.member_follow); what ended is cleaned up."""
+    session, members = _locked(session_id)
     member = next(m for m in members if m.command_id == command.pk)
-    _replica_moved(member, command, kind="session_member")
-    _send(CommandKind.CLEANUP, [m for m in members if m.state not in RUN_LIVE], timezone.now())
+    member_follow(member, command, before, actor=SESSIONS, fleet_id=session.fleet_id)
+    members_clean(members)
 
 
 def session_end(*, actor: Actor, session: PlaygroundSession, reason: str = "") -> PlaygroundSession:
@@ -65,20 +55,16 @@ def session_end(*, actor: Actor, session: PlaygroundSession, reason: str = "") -
 
 def _end(session, members, actor: Actor, reason: str) -> None:
     now = timezone.now()
-    before = {"state": session.state, "reason": session.reason}
-    session.state, session.reason = DeploymentState.STOPPED, reason[:200]
-    session.save(update_fields=["state", "reason"])
-    audit_record(
+    move(
+        session,
+        SESSION_LIFECYCLE,
+        DeploymentState.STOPPED,
         actor=actor,
+        reason=reason[:200],
         action="playgroundsession.ended",
-        target=session,
-        before=before,
-        after={"state": session.state, "reason": session.reason},
     )
-    _send(
-        CommandKind.STOP, [m for m in members if m.state in RUN_LIVE], now, grace_seconds=_grace()
-    )
-    _send(CommandKind.CLEANUP, [m for m in members if m.state not in RUN_LIVE], now)
+    members_stop(members, now)
+    members_clean(members, now)
 
 
 def sessions_expire(*, now=None) -> dict[str, int]:

@@ -23,11 +23,12 @@ from nodes.services import clusters as node_clusters
 from nodes.services import (
     commands,
     control,
+    cordons,
     drains,
     hardware,
     join,
     liveness,
-    scheduling,
+    removal,
     sessions,
     strays,
 )
@@ -242,9 +243,9 @@ def node_observe_storage_root(w, visible: bool = False):
             node=node,
             source=CordonSource.STORAGE,
             created_at=timezone.now(),
-            reason=scheduling.STORAGE_LOST,
+            reason=cordons.STORAGE_LOST,
         )
-    return lambda: scheduling.node_observe_storage_root(node_id=node.id, visible=visible)
+    return lambda: cordons.node_observe_storage_root(node_id=node.id, visible=visible)
 
 
 def node_observe_storage_root_back(w):
@@ -253,28 +254,26 @@ def node_observe_storage_root_back(w):
 
 def node_cordon(w):
     node = w.node()
-    return lambda: scheduling.node_cordon(
-        actor=Actor.of_user(w.admin), node=node, reason="fan noise"
-    )
+    return lambda: cordons.node_cordon(actor=Actor.of_user(w.admin), node=node, reason="fan noise")
 
 
 def node_cordon_new_reason(w):
     node = w.node()
-    scheduling.node_cordon(actor=Actor.of_user(w.admin), node=node, reason="fan noise")
-    return lambda: scheduling.node_cordon(
+    cordons.node_cordon(actor=Actor.of_user(w.admin), node=node, reason="fan noise")
+    return lambda: cordons.node_cordon(
         actor=Actor.of_user(w.admin), node=node, reason="fan replaced"
     )
 
 
 def node_uncordon(w):
     node = w.node()
-    scheduling.node_cordon(actor=Actor.of_user(w.admin), node=node, reason="fan noise")
-    return lambda: scheduling.node_uncordon(actor=Actor.of_user(w.admin), node=node)
+    cordons.node_cordon(actor=Actor.of_user(w.admin), node=node, reason="fan noise")
+    return lambda: cordons.node_uncordon(actor=Actor.of_user(w.admin), node=node)
 
 
 def node_drain(w):
     node = w.node()
-    return lambda: scheduling.node_drain(
+    return lambda: drains.node_drain(
         actor=Actor.of_user(w.admin), node=node, reason="leaving the rack"
     )
 
@@ -291,7 +290,7 @@ def fleet_nodes_drain(w):
 def drains_overdue_mark(w):
     node = w.node()
     w.command(node, state="running")
-    scheduling.node_drain(actor=SYSTEM, node=node, reason="leaving", deadline=_soon())
+    drains.node_drain(actor=SYSTEM, node=node, reason="leaving", deadline=_soon())
     Node.objects.filter(pk=node.pk).update(drain_deadline=timezone.now() - timedelta(seconds=1))
     return drains.drains_overdue_mark
 
@@ -302,12 +301,12 @@ def _soon():
 
 def node_drain_settle(w):
     node = w.node("draining")
-    return lambda: scheduling.node_drain_settle(node_id=node.id)
+    return lambda: drains.node_drain_settle(node_id=node.id)
 
 
 def node_remove(w, state: str = "drained", force: bool = False):
     node = w.node(state)
-    return lambda: scheduling.node_remove(actor=Actor.of_user(w.admin), node=node, force=force)
+    return lambda: removal.node_remove(actor=Actor.of_user(w.admin), node=node, force=force)
 
 
 def node_remove_forced(w):
@@ -317,9 +316,9 @@ def node_remove_forced(w):
 def removed_nodes_detach(w):
     """A removed node and one still drained: only the removed one is detached (F7)."""
     removed = w.node("drained")
-    scheduling.node_remove(actor=SYSTEM, node=removed)
+    removal.node_remove(actor=SYSTEM, node=removed)
     w.node("drained")
-    return lambda: scheduling.removed_nodes_detach(actor=Actor.of_user(w.admin), fleet=w.fleet())
+    return lambda: removal.removed_nodes_detach(actor=Actor.of_user(w.admin), fleet=w.fleet())
 
 
 def storage_cordon_sweep(w):
@@ -332,9 +331,9 @@ def storage_cordon_sweep(w):
         node=back,
         source=CordonSource.STORAGE,
         created_at=timezone.now(),
-        reason=scheduling.STORAGE_LOST,
+        reason=cordons.STORAGE_LOST,
     )
-    return scheduling.storage_cordon_sweep
+    return cordons.storage_cordon_sweep
 
 
 def liveness_sweep(w):
@@ -384,3 +383,24 @@ def cluster_refresh_reachable_again(w):
 def clusters_refresh(w):
     cluster_refresh_unreachable(w)
     return node_clusters.clusters_refresh
+
+
+def cordon_add(w):
+    node = cordons.node_locked(w.node().pk)
+    return lambda: cordons.cordon_add(node, CordonSource.OPERATOR, "fan noise", SYSTEM)
+
+
+def cordon_lift(w):
+    node = cordons.node_locked(w.node().pk)
+    cordon = cordons.cordon_add(node, CordonSource.OPERATOR, "fan noise", SYSTEM)
+    return lambda: cordons.cordon_lift(node, cordon, SYSTEM)
+
+
+def node_state_set(w):
+    node = cordons.node_locked(w.node().pk)
+    return lambda: drains.node_state_set(node, "drained", SYSTEM)
+
+
+def node_drain_locked(w):
+    node = cordons.node_locked(w.node().pk)
+    return lambda: drains.node_drain_locked(node, SYSTEM, "leaving the rack", None)

@@ -7,12 +7,14 @@ from django.test import TestCase
 from audit.services import Actor
 from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
-from nodes.services import commands, control, scheduling
+from nodes.services import commands, control, cordons
 from placement import handover
 from placement import services as placement
+from placement.choices import JOB_LIFECYCLE
 from placement.models import Member, TrainingJob
-from placement.services import allocator, reconcile, runs
+from placement.services import allocator, members, reconcile, reports, runs
 from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM
+from tuneplane.lifecycle import move
 
 from . import telemetry_scenarios
 from .scenarios import RAYJOB, Scenario, changed, created, tasks_run_at_once
@@ -65,7 +67,72 @@ def member_running(w):
     member = _started(w)
     NodeCommand.objects.filter(pk=member.command_id).update(state="running")
     command = NodeCommand.objects.get(pk=member.command_id)
-    return lambda: runs.member_command_observed(command, {"state": "pending"})
+    return lambda: runs.attempt_member_reported(member.attempt_id, command, {"state": "pending"})
+
+
+def member_reported(w):
+    """The same report, as the one observer placement registers with nodes hears it."""
+    member = _started(w)
+    NodeCommand.objects.filter(pk=member.command_id).update(state="running")
+    command = NodeCommand.objects.get(pk=member.command_id)
+    return lambda: reports.command_observed(command, {"state": "pending"})
+
+
+def member_follow(w):
+    """The member alone follows its command: its attempt is its owner's to settle."""
+    member = _started(w)
+    NodeCommand.objects.filter(pk=member.command_id).update(state="running")
+    command = NodeCommand.objects.get(pk=member.command_id)
+    return lambda: members.member_follow(
+        member, command, {"state": "pending"}, actor=SYSTEM, fleet_id=member.attempt.fleet_id
+    )
+
+
+def member_release(w):
+    """A member whose node confirmed its cleanup: its cards go."""
+    member = _started(w)
+    NodeCommand.objects.filter(pk=member.command_id).update(
+        state="succeeded", exit_code=0, cleaned_at=member.attempt.created_at
+    )
+    command = NodeCommand.objects.get(pk=member.command_id)
+    return lambda: members.member_release(member, command, SYSTEM, member.attempt.fleet_id)
+
+
+def members_stop(w):
+    member = _started(w)
+    return lambda: members.members_stop([member])
+
+
+def members_send(w):
+    member = _started(w)
+    return lambda: members.members_send(CommandKind.STOP, [member])
+
+
+def members_clean(w):
+    member = _started(w)
+    Member.objects.filter(pk=member.pk).update(state="succeeded")
+    member.refresh_from_db()
+    return lambda: members.members_clean([member])
+
+
+def attempt_settle(w):
+    """An attempt whose only member failed: the attempt fails, its job too, and the member
+    is cleaned up."""
+    member = _started(w)
+    Member.objects.filter(pk=member.pk).update(state="failed", reason="exit")
+    return lambda: runs.attempt_settle(member.attempt_id)
+
+
+def lifecycle_move(w):
+    job = _queued(w)
+    return lambda: move(
+        job, JOB_LIFECYCLE, "cancelled", actor=SYSTEM, action="trainingjob.cancelled"
+    )
+
+
+def job_move(w):
+    job = _queued(w)
+    return lambda: runs.job_move(job, "cancelled", reason="cancelled", now=job.created_at)
 
 
 def cancel_queued(w):
@@ -121,7 +188,7 @@ def observe_unkillable(w):
     """A running member its node reported unkillable."""
     member = _started(w)
     NodeCommand.objects.filter(pk=member.command_id).update(state="running", reason="unkillable")
-    return lambda: scheduling.node_observe_unkillable(node_id=member.node_id)
+    return lambda: cordons.node_observe_unkillable(node_id=member.node_id)
 
 
 def _handed_over_cancelled(w):
@@ -156,7 +223,7 @@ SCENARIOS = {
     "placement.handover.cluster_job_cancel_on_commit": Scenario(
         cluster_job_cancel_on_commit, (changed("trainingjob.cancel_sent"),)
     ),
-    "nodes.services.scheduling.node_observe_unkillable": Scenario(
+    "nodes.services.cordons.node_observe_unkillable": Scenario(
         observe_unkillable, (changed("node.cordoned"),)
     ),
     "placement.services.reconcile.members_reconcile": Scenario(
@@ -166,7 +233,30 @@ SCENARIOS = {
     "placement.services.allocator.allocate_all": Scenario(allocate_all, STARTED),
     # It dispatches the pass through the broker: run at once here.
     "placement.services.allocator.allocate_on_commit": Scenario(allocate_on_commit, STARTED),
-    "placement.services.runs.member_command_observed": Scenario(member_running, RUNNING),
+    "placement.services.runs.attempt_member_reported": Scenario(member_running, RUNNING),
+    # Through the one observer placement registers with nodes: the same moves.
+    "placement.services.runs.attempt_member_reported/observed": Scenario(member_reported, RUNNING),
+    "tuneplane.lifecycle.move": Scenario(lifecycle_move, (changed("trainingjob.cancelled"),)),
+    "placement.services.members.member_follow": Scenario(
+        member_follow, (changed("member.running"),)
+    ),
+    "placement.services.members.member_release": Scenario(
+        member_release, (changed("member.cleaned"),)
+    ),
+    "placement.services.members.members_stop": Scenario(
+        members_stop, (created("node_command.created"),)
+    ),
+    "placement.services.members.members_send": Scenario(
+        members_send, (created("node_command.created"),)
+    ),
+    "placement.services.members.members_clean": Scenario(
+        members_clean, (created("node_command.created"),)
+    ),
+    "placement.services.runs.attempt_settle": Scenario(
+        attempt_settle,
+        (changed("attempt.failed"), changed("trainingjob.failed"), created("node_command.created")),
+    ),
+    "placement.services.runs.job_move": Scenario(job_move, (changed("trainingjob.cancelled"),)),
     "placement.services.runs.job_cancel": Scenario(
         cancel_queued, (changed("trainingjob.cancelled"),)
     ),

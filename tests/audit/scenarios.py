@@ -13,7 +13,7 @@ from fleets import services as fleets
 from fleets.choices import FleetState
 from nodes.models import Node, NodeCommand
 from nodes.services import clusters as node_clusters
-from nodes.services import commands, control, join, scheduling, sessions
+from nodes.services import commands, control, join, removal, sessions
 from placement import handover as placement_clusters
 from placement import services as placement
 from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr
@@ -177,7 +177,7 @@ def fleet_delete(w):
 def fleet_delete_with_removed_nodes(w):
     """Its one node removed: the node is kept, detached, and the deletion says so (F7)."""
     node = w.node("drained")
-    scheduling.node_remove(actor=SYSTEM, node=node)
+    removal.node_remove(actor=SYSTEM, node=node)
     return lambda: fleets.fleet_delete(actor=Actor.of_user(w.admin), fleet=w.fleet())
 
 

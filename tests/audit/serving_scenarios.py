@@ -68,7 +68,9 @@ def session_placed(w):
     member = Member.objects.get(session=session)
     NodeCommand.objects.filter(pk=member.command_id).update(state="running", ready=True)
     command = NodeCommand.objects.get(pk=member.command_id)
-    return lambda: sessions.session_command_observed(command, {"state": "pending"})
+    return lambda: sessions.session_member_reported(
+        member.session_id, command, {"state": "pending"}
+    )
 
 
 def session_end(w):
@@ -110,7 +112,9 @@ def episode_running(w):
     member = _episode_placed(w)
     NodeCommand.objects.filter(pk=member.command_id).update(state="running")
     command = NodeCommand.objects.get(pk=member.command_id)
-    return lambda: episodes.episode_command_observed(command, {"state": "pending"})
+    return lambda: episodes.episode_member_reported(
+        member.episode_id, command, {"state": "pending"}
+    )
 
 
 def episode_late(w):
@@ -124,7 +128,8 @@ def replica_running(w):
     member = _placed(w)
     NodeCommand.objects.filter(pk=member.command_id).update(state="running", ready=True)
     command = NodeCommand.objects.get(pk=member.command_id)
-    return lambda: serving.replica_command_observed(command, {"state": "pending"})
+    deployment_id = member.revision.deployment_id
+    return lambda: serving.deployment_member_reported(deployment_id, command, {"state": "pending"})
 
 
 def revisions_stop(w):
@@ -169,7 +174,7 @@ SCENARIOS = {
     "placement.services.wants.write_wants": Scenario(
         write_wants, (created("replica.created"), created("node_command.created"))
     ),
-    "placement.services.sessions.session_command_observed": Scenario(
+    "placement.services.sessions.session_member_reported": Scenario(
         session_placed, (changed("session_member.running"),)
     ),
     "placement.services.sessions.session_end": Scenario(
@@ -182,14 +187,14 @@ SCENARIOS = {
         episode_start, (created("episode.queued"),)
     ),
     # Its member runs, then the episode.
-    "placement.services.episodes.episode_command_observed": Scenario(
+    "placement.services.episodes.episode_member_reported": Scenario(
         episode_running, (changed("episode_member.running"), changed("episode.running"))
     ),
     # Timed out at once, and a stop for its process.
     "placement.services.episodes.episodes_time_out": Scenario(
         episode_late, (changed("episode.timed_out"), created("node_command.created"))
     ),
-    "placement.services.serving.replica_command_observed": Scenario(
+    "placement.services.serving.deployment_member_reported": Scenario(
         replica_running, (changed("replica.running"),)
     ),
     # Its revision stopped, and a stop command for its replica.

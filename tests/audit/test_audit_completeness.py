@@ -66,7 +66,8 @@ WRITING_MODULES = (
     "nodes.services.sessions",
     "nodes.services.commands",
     "nodes.services.strays",
-    "nodes.services.scheduling",
+    "nodes.services.cordons",
+    "nodes.services.removal",
     "nodes.services.health",
     "nodes.services.drains",
     "nodes.services.liveness",
@@ -74,15 +75,17 @@ WRITING_MODULES = (
     "placement.services",
     "placement.services.allocator",
     "placement.services.runs",
+    "placement.services.members",
     "placement.services.reconcile",
     "placement.services.wants",
     "placement.services.serving",
     "placement.services.sessions",
     "placement.services.episodes",
     "placement.handover",
+    "tuneplane.lifecycle",
 )
 # What a module that records audit events says: the audit services, or the table itself.
-RECORDS_AUDIT = re.compile(r"audit_record|audit_auditevent")
+RECORDS_AUDIT = re.compile(r"audit_record|audit_auditevent|lifecycle import move")
 
 READS = {
     "nodes.services.join.join_commands",  # formats the one-liners shown at mint
@@ -98,6 +101,15 @@ READS = {
     "placement.services.reconcile.backoff",  # a pure computation
     "placement.services.runs.member_output",  # reads a log tail from its node
     "placement.services.runs.locked_run",  # row locks, in the one order
+    "placement.services.runs.attempt_state",  # a pure decision
+    "placement.services.members.reported_as",  # a pure mapping
+    "placement.services.members.member_kind",  # a word for a member
+    "placement.services.members.stop_grace",  # a setting
+    "tuneplane.lifecycle.recording",  # notes the moves checked, for a test
+    "nodes.services.cordons.node_locked",  # a row lock, the one every node writer takes
+    "nodes.services.cordons.node_not_removed",  # D4's check
+    "nodes.services.cordons.operator_reason",  # validates a cordon's or a drain's reason
+    "nodes.services.drains.drain_deadline",  # validates a drain's deadline
     "fleets.services.fleet_hold",  # a row lock against deletion, taken before a join
 }
 # Writes that are observations, not changes, in their own (or their module's) words.
@@ -222,22 +234,30 @@ SCENARIOS = {
             created("node_command.stray_reported"),
         ),
     ),
-    "nodes.services.scheduling.node_observe_storage_root": Scenario(
+    "nodes.services.cordons.node_observe_storage_root": Scenario(
         nodes.node_observe_storage_root, (changed("node.cordoned"),)
     ),
-    "nodes.services.scheduling.node_observe_storage_root/back": Scenario(
+    "nodes.services.cordons.node_observe_storage_root/back": Scenario(
         nodes.node_observe_storage_root_back, (changed("node.uncordoned"),)
     ),
-    "nodes.services.scheduling.node_cordon": Scenario(
-        nodes.node_cordon, (changed("node.cordoned"),)
-    ),
-    "nodes.services.scheduling.node_cordon/new-reason": Scenario(
+    "nodes.services.cordons.node_cordon": Scenario(nodes.node_cordon, (changed("node.cordoned"),)),
+    "nodes.services.cordons.node_cordon/new-reason": Scenario(
         nodes.node_cordon_new_reason, (changed("node.cordoned"),)
     ),
-    "nodes.services.scheduling.node_uncordon": Scenario(
+    "nodes.services.cordons.node_uncordon": Scenario(
         nodes.node_uncordon, (changed("node.uncordoned"),)
     ),
-    "nodes.services.scheduling.node_drain": Scenario(nodes.node_drain, (changed("node.drained"),)),
+    "nodes.services.drains.node_drain": Scenario(nodes.node_drain, (changed("node.drained"),)),
+    "nodes.services.cordons.cordon_add": Scenario(nodes.cordon_add, (changed("node.cordoned"),)),
+    "nodes.services.cordons.cordon_lift": Scenario(
+        nodes.cordon_lift, (changed("node.uncordoned"),)
+    ),
+    "nodes.services.drains.node_state_set": Scenario(
+        nodes.node_state_set, (changed("node.drained"),)
+    ),
+    "nodes.services.drains.node_drain_locked": Scenario(
+        nodes.node_drain_locked, (changed("node.drained"),)
+    ),
     "nodes.services.drains.fleet_nodes_drain": Scenario(
         nodes.fleet_nodes_drain, (changed("node.draining"), changed("node.drained"))
     ),
@@ -245,21 +265,19 @@ SCENARIOS = {
     "nodes.services.drains.drains_overdue_mark": Scenario(
         nodes.drains_overdue_mark, (changed("node.drain_overdue"),)
     ),
-    "nodes.services.scheduling.node_drain_settle": Scenario(
+    "nodes.services.drains.node_drain_settle": Scenario(
         nodes.node_drain_settle, (changed("node.drained"),)
     ),
-    "nodes.services.scheduling.node_remove": Scenario(
-        nodes.node_remove, (changed("node.removed"),)
-    ),
-    "nodes.services.scheduling.removed_nodes_detach": Scenario(
+    "nodes.services.removal.node_remove": Scenario(nodes.node_remove, (changed("node.removed"),)),
+    "nodes.services.removal.removed_nodes_detach": Scenario(
         nodes.removed_nodes_detach, (changed("node.detached"),)
     ),
     # D3: a gone machine removed by force is audited as forced.
-    "nodes.services.scheduling.node_remove/forced": Scenario(
+    "nodes.services.removal.node_remove/forced": Scenario(
         nodes.node_remove_forced, (changed("node.removed", forced=True),)
     ),
     # L6: one event per storage cordon added or lifted.
-    "nodes.services.scheduling.storage_cordon_sweep": Scenario(
+    "nodes.services.cordons.storage_cordon_sweep": Scenario(
         nodes.storage_cordon_sweep, (changed("node.cordoned"), changed("node.uncordoned"))
     ),
     # L2–L4: one event per transition.

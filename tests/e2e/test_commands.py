@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nodes.agent.commands import _started
+from nodes.agent.command import process_start_time
 from nodes.models import ControlSession, NodeCommand, StrayCommand
 
 from .agents import connect, credentials, running_gateway, serve, wait_until
@@ -133,7 +133,7 @@ def test_L5_reconnect_reconciles_running_lost_stray_and_undelivered(
                 "state": "running",
                 "exit_code": None,
                 "pid": stranger.pid,
-                "started": _started(stranger.pid),
+                "started": process_start_time(stranger.pid),
             }
         )
     )

@@ -19,7 +19,7 @@ from audit.services import Actor
 from nodes.agent.wire import TELEMETRY_REFRESH_INTERVALS
 from nodes.choices import CordonSource
 from nodes.models import Node, NodeCordon, NodeTelemetry
-from nodes.services.scheduling import node_cordon
+from nodes.services.cordons import node_cordon
 from tests.conftest import H100_DEVICE_INVENTORY, H100_DEVICES
 
 from .agents import lay_out_a_joined_node, running_gateway, serve, wait_until

@@ -10,8 +10,9 @@ from fleets.models import Fleet
 from nodes.choices import SchedulingState
 from nodes.models import ControlSession, Node, NodeCommand, NodeCredential
 from nodes.services.commands import Reported, node_command_create, node_command_report
+from nodes.services.drains import node_drain
 from nodes.services.join import node_join
-from nodes.services.scheduling import node_drain, node_remove
+from nodes.services.removal import node_remove
 from nodes.services.sessions import session_open
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 

@@ -12,9 +12,8 @@ from audit.models import AuditEvent
 from nodes.choices import CommandState, SchedulingState
 from nodes.models import Node, NodeCommand
 from nodes.services.commands import Reported, node_command_create, node_command_report
-from nodes.services.drains import drains_overdue_mark, fleet_nodes_drain
+from nodes.services.drains import drains_overdue_mark, fleet_nodes_drain, node_drain
 from nodes.services.join import node_join
-from nodes.services.scheduling import node_drain
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 from tests.fleets.test_concurrency import race
 from tuneplane.errors import Conflict, ValidationFailed

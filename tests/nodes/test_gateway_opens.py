@@ -18,7 +18,7 @@ from nodes.agent.proto import control_pb2 as pb
 from nodes.choices import SchedulingState
 from nodes.gateway.opens import ABANDONED
 from nodes.models import ControlSession, Node
-from nodes.services import control, scheduling, sessions
+from nodes.services import control, cordons, sessions
 from nodes.services.join import node_join
 from tests.conftest import H100_INVENTORY, make_csr
 
@@ -252,7 +252,7 @@ def test_a_report_keeps_its_digest_and_a_storage_observation_that_changes_it_dro
     control.node_report_inventory(node_id=node.id, inventory=H100_INVENTORY, digest="cd" * 32)
     assert Node.objects.get(pk=node.pk).inventory_digest == "cd" * 32
 
-    scheduling.node_observe_storage_root(node_id=node.id, visible=False)
+    cordons.node_observe_storage_root(node_id=node.id, visible=False)
 
     assert Node.objects.get(pk=node.pk).inventory_digest == ""  # no longer the report sent
 
@@ -264,13 +264,13 @@ def test_a_beat_agreeing_with_the_storage_state_on_record_writes_nothing(
     saying the same queues no write; one saying otherwise, at once (L6)."""
     (agreeing, agreeing_pem), (changed, changed_pem) = enroll(2)
     observed = []
-    real = scheduling.node_observe_storage_root
+    real = cordons.node_observe_storage_root
 
     def recording(*, node_id, visible):
         observed.append((node_id, visible))
         return real(node_id=node_id, visible=visible)
 
-    monkeypatch.setattr(scheduling, "node_observe_storage_root", recording)
+    monkeypatch.setattr(cordons, "node_observe_storage_root", recording)
 
     async def scenario():
         peers = [

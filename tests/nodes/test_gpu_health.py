@@ -14,7 +14,7 @@ from audit.services import Actor
 from nodes.choices import CordonSource
 from nodes.models import Node, NodeCommand, NodeCordon
 from nodes.selectors import nodes_placeable
-from nodes.services.scheduling import node_cordon
+from nodes.services.cordons import node_cordon
 from nodes.services.telemetry import telemetry_store
 from placement import services
 from placement.models import CardHold, Member

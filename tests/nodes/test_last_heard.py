@@ -5,8 +5,9 @@ import re
 
 from nodes.models import Node
 from nodes.services.control import leases_renew
+from nodes.services.drains import node_drain
 from nodes.services.join import node_join
-from nodes.services.scheduling import node_drain, node_remove
+from nodes.services.removal import node_remove
 from nodes.services.sessions import session_close, session_open
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 

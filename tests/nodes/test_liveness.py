@@ -11,8 +11,8 @@ from audit.models import AuditEvent
 from nodes.choices import SchedulingState
 from nodes.models import GatewayReplica, Node, NodeCordon, NodeCredential
 from nodes.services.control import node_report_inventory
+from nodes.services.cordons import node_cordon
 from nodes.services.liveness import liveness_sweep
-from nodes.services.scheduling import node_cordon
 from nodes.services.sessions import session_open
 from tests.conftest import H100_INVENTORY, SYSTEM
 from tests.e2e.agents import wait_until

@@ -14,8 +14,10 @@ from fleets.services import fleet_delete
 from nodes.choices import CordonSource
 from nodes.models import ControlSession, Node, NodeCordon, NodeCredential
 from nodes.services.control import node_report_inventory
+from nodes.services.cordons import node_cordon, node_uncordon
+from nodes.services.drains import node_drain
 from nodes.services.join import JoinRefused, JoinResult, node_join
-from nodes.services.scheduling import node_cordon, node_drain, node_remove, node_uncordon
+from nodes.services.removal import node_remove
 from nodes.services.sessions import session_open
 from placement.models import Deployment
 from placement.services import deployment_submit

@@ -6,8 +6,9 @@ from audit.models import AuditEvent
 from nodes.choices import CommandState, CordonSource, SchedulingState
 from nodes.models import ControlSession, Node, NodeCordon, NodeCredential
 from nodes.services.commands import Reported, node_command_create, node_command_report
+from nodes.services.cordons import node_cordon, node_observe_storage_root
+from nodes.services.drains import node_drain
 from nodes.services.join import node_join
-from nodes.services.scheduling import node_cordon, node_drain, node_observe_storage_root
 from nodes.services.sessions import session_open
 from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
 
@@ -157,7 +158,7 @@ def test_commands_api_creates_and_lists(admin_api, node):
 
 
 def test_L6_the_cordon_sweep_repairs_what_the_gateway_missed(node, join, node_fleet):
-    from nodes.services.scheduling import storage_cordon_sweep
+    from nodes.services.cordons import storage_cordon_sweep
 
     other = join(node_fleet).node
     node_cordon(actor=SYSTEM, node=other, reason="operator's own")

@@ -14,8 +14,8 @@ from fleets.models import Fleet
 from nodes.choices import SchedulingState
 from nodes.models import CardAlias, Node
 from nodes.services.control import node_report_inventory
+from nodes.services.cordons import node_cordon
 from nodes.services.join import node_join
-from nodes.services.scheduling import node_cordon
 from nodes.services.sessions import session_open
 from placement.models import Deployment, TrainingJob
 from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr
@@ -340,7 +340,7 @@ def test_L1_a_lease_past_its_end_never_fits_though_inventory_is_fresh(fleet, mem
 
 @pytest.mark.parametrize("how", ["cordoned", "draining", "gone", "storage"])
 def test_D1_a_cordoned_draining_or_gone_node_never_fits(fleet, member_api, project, how):
-    from nodes.services.scheduling import node_observe_storage_root
+    from nodes.services.cordons import node_observe_storage_root
 
     made = fleet("gpu-lab", ["train"])
     node = Node.objects.get(fleet=made)

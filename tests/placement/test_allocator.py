@@ -15,8 +15,8 @@ from fleets.models import Fleet
 from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
 from nodes.services.control import node_report_inventory
+from nodes.services.cordons import node_cordon
 from nodes.services.join import node_join
-from nodes.services.scheduling import node_cordon
 from nodes.services.sessions import session_open
 from placement import services
 from placement.models import Attempt, CardHold, Member, TrainingJob

@@ -18,8 +18,9 @@ from nodes.models import HardwareSeries, Node
 from nodes.services import hardware
 from nodes.services.commands import Reported, node_command_create, node_command_report
 from nodes.services.control import node_report_inventory
+from nodes.services.cordons import node_cordon
+from nodes.services.drains import node_drain
 from nodes.services.join import node_join
-from nodes.services.scheduling import node_cordon, node_drain
 from nodes.services.sessions import session_open
 from placement import services
 from placement.choices import DeploymentState, LifecycleKind

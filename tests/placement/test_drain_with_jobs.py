@@ -7,7 +7,8 @@ import pytest
 from audit.models import AuditEvent
 from nodes.models import Node
 from nodes.services.commands import Reported, node_command_report
-from nodes.services.scheduling import node_drain, node_remove
+from nodes.services.drains import node_drain
+from nodes.services.removal import node_remove
 from placement.models import Member, TrainingJob
 from tests.conftest import SYSTEM
 from tuneplane.errors import Conflict

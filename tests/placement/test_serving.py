@@ -14,7 +14,8 @@ from fleets.services import fleet_delete
 from nodes.choices import CommandKind, SchedulingState
 from nodes.models import Node, NodeCommand
 from nodes.services.commands import Reported, node_command_report
-from nodes.services.scheduling import node_drain, node_remove
+from nodes.services.drains import node_drain
+from nodes.services.removal import node_remove
 from placement import services
 from placement.models import CardHold, Deployment, Member, Revision
 from placement.selectors import deployments_with_status, replica_not_ready

@@ -176,3 +176,28 @@ def test_S5_bad_episode_input_is_a_400_naming_the_field_and_writes_nothing(
     response = member_api.post(f"/api/environments/{environment.pk}/episodes", body)
     assert response.status_code == 400 and field in response.content.decode(), response.content
     assert not Episode.objects.exists()
+
+
+def test_D3_a_gone_node_running_an_episode_is_removed_by_force_and_its_member_abandoned(
+    lab, member, environment, admin_api
+):
+    """Issue 36's bug: the episode's member was marked failed/abandoned, a cleanup went to
+    the node already removed, and D4's refusal rolled the removal back (409 node_removed)."""
+    from audit.models import AuditEvent
+
+    episode = episodes.episode_start(
+        actor=Actor.of_user(member), environment=environment, command=["sleep", "1000"]
+    )
+    allocate(fleet_id="gpu-lab")
+    [process] = Member.objects.filter(episode=episode)
+    report(process)
+    Node.objects.filter(pk=process.node_id).update(scheduling_state="gone")
+    response = admin_api.delete(f"/api/nodes/{process.node_id}?force=true")
+    # The removal answers with the removed node (the API's DELETE on a node, DESIGN §4).
+    assert response.status_code == 200, response.content
+    process.refresh_from_db()
+    assert (process.state, process.reason) == ("abandoned", "abandoned")
+    assert Node.objects.get(pk=process.node_id).scheduling_state == "removed"
+    removal = AuditEvent.objects.get(action="node.removed", target_id=process.node_id)
+    assert removal.forced
+    assert not NodeCommand.objects.filter(node_id=process.node_id, kind="cleanup").exists()

@@ -12,7 +12,7 @@ A job (training or lifecycle; on a cluster Fleet its manager's state read back):
 An attempt; a member (``unknown``: its node is gone, R8)::
 
     starting ──► running ──► succeeded | failed | lost | cancelled        (an attempt)
-    starting ──► running ──► succeeded | failed | lost | cancelled | abandoned
+    starting ──► running ──► succeeded | failed | cancelled | abandoned
         │   ▲       │   ▲
         └───┴► unknown ─┘──► succeeded | failed | lost | cancelled | abandoned   (a member)
 
@@ -141,8 +141,9 @@ _MEMBER_ENDS = {*_ATTEMPT_ENDS, RunState.ABANDONED}
 MEMBER_LIFECYCLE = Lifecycle.of(
     "member",
     {
-        RunState.STARTING: {RunState.RUNNING, RunState.UNKNOWN, *_MEMBER_ENDS},
-        RunState.RUNNING: {RunState.UNKNOWN, *_MEMBER_ENDS},
+        # Given up ("lost") only once unknown: a member's node is gone before it is (R8).
+        RunState.STARTING: {RunState.RUNNING, RunState.UNKNOWN, *_MEMBER_ENDS - {RunState.LOST}},
+        RunState.RUNNING: {RunState.UNKNOWN, *_MEMBER_ENDS - {RunState.LOST}},
         RunState.UNKNOWN: {RunState.RUNNING, *_MEMBER_ENDS},
     },
 )

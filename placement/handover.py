@@ -20,7 +20,7 @@ from fleets.choices import FleetKind
 from nodes.backends import BackendError, JobSpec, OutcomeUnknown, backend_for, job_state_is_final
 from nodes.selectors import card_series
 
-from .choices import JOB_ENDED, JobState
+from .choices import JOB_ENDED, JOB_LIFECYCLE, JobState
 from .models import LifecycleJob, TrainingJob
 
 # A job's kind as tasks name it (its model's name), and back.
@@ -102,6 +102,7 @@ def cluster_job_handover(job_id: int, kind: str = "trainingjob") -> Job:
         job.backend_state = "SUBMITTED" if backend_job_id else job.backend_state
         job.handover_started_at = None
         if not backend_job_id:
+            JOB_LIFECYCLE.check(job.state, JobState.FAILED, target=job.pk)
             job.state, job.reason, job.ended_at = JobState.FAILED, "handover_failed", now
         job.save(
             update_fields=[
@@ -206,6 +207,7 @@ def _record_state(model, job_id: int, state: str) -> int:
         before = {"backend_state": job.backend_state, "state": job.state}
         job.backend_state = state
         if job.state not in JOB_ENDED and state.upper() in MANAGER_STATES:
+            JOB_LIFECYCLE.check(job.state, MANAGER_STATES[state.upper()], target=job.pk)
             job.state = MANAGER_STATES[state.upper()]
             job.reason = state.lower() if job.state in (JobState.FAILED,) else job.reason
             if job.state == JobState.CANCELLED:

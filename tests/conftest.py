@@ -9,6 +9,9 @@ from rest_framework.test import APIClient
 
 from audit.services import Actor
 from fleets import services as fleet_services
+from nodes.services.control import node_report_inventory
+from nodes.services.join import node_join
+from nodes.services.sessions import session_open
 from tuneplane.models import Membership, Project
 from tuneplane.services import api_token_create
 
@@ -199,6 +202,33 @@ def mint(admin_user):
         return join_token_mint(actor=Actor.of_user(admin_user), fleet=fleet)
 
     return mint_for
+
+
+@pytest.fixture
+def gpu_node(mint):
+    """A placeable node (L1) whose cards are known by index and UUID."""
+
+    def make(fleet, cards: int = 8, address: str = "10.0.0.1:1"):
+        devices = [
+            {**device, "uuid": f"{device['uuid']}-{address}"}
+            for device in H100_DEVICE_INVENTORY["devices"][:cards]
+        ]
+        inventory = {
+            **H100_DEVICE_INVENTORY,
+            "cards": [{"name": devices[0]["name"], "count": cards}],
+            "devices": devices,
+        }
+        result = node_join(
+            token=mint(fleet)[1],
+            fleet_id=fleet.id,
+            csr=make_csr()[1],
+            inventory=inventory,
+            address=address,
+        )
+        session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="test")
+        return node_report_inventory(node_id=result.node.id, inventory=inventory)
+
+    return make
 
 
 def make_csr(hostname="gpu-01"):

@@ -106,6 +106,20 @@ class EpisodeDetailView(GenericAPIView):
         return Response(s.EpisodeSerializer(_episode(request, environment_id, number)).data)
 
 
+class EpisodeCancelView(GenericAPIView):
+    serializer_class = s.EpisodeSerializer
+
+    @extend_schema(
+        summary="Cancel a queued or running episode (S5); its process is stopped and cleaned",
+        request=None,
+        responses={200: s.EpisodeSerializer, **errors(401, 404, 409)},
+    )
+    def post(self, request, environment_id: int, number: int):
+        episode = _episode(request, environment_id, number)
+        episodes.episode_cancel(actor=Actor.of_user(request.user), episode=episode)
+        return Response(s.EpisodeSerializer(_episode(request, environment_id, number)).data)
+
+
 class EpisodeLogsSerializer(serializers.Serializer):
     number = serializers.IntegerField()
     node = serializers.CharField()

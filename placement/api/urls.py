@@ -58,6 +58,11 @@ urlpatterns = [
         name="episode-detail",
     ),
     path(
+        "environments/<int:environment_id>/episodes/<int:number>/cancel",
+        serving_views.EpisodeCancelView.as_view(),
+        name="episode-cancel",
+    ),
+    path(
         "environments/<int:environment_id>/episodes/<int:number>/logs",
         serving_views.EpisodeLogsView.as_view(),
         name="episode-logs",

@@ -1,22 +1,22 @@
-"""The allocator: which nodes and which cards a node Fleet's queued jobs get (R1–R3).
+"""The allocator: which nodes and which cards a node Fleet's waiting work gets (R1–R3).
 
 Admission said which Fleet (P1–P7); fit there was a check. Here cards are held by device —
 index and UUID — on placeable nodes only (L1: a live lease, a fresh inventory, schedulable,
 no cordon, not quiet for train; the Fleet active), never more than a node has, and each card
 by one member at a time: the Fleet's row is locked for the pass (two allocators, in two
 workers or two beats, take turns), and a unique row per held card refuses a second holder
-in the database itself. A pass reads the queue, the nodes and what they hold in a fixed
-number of queries and writes everything it decided in a fixed number more, whatever the
-number of jobs and nodes (``make bench``).
+in the database itself.
 
-Jobs are taken in admission order (R2). One that cannot start now does not stop later ones
-that can; one that has waited longer than TUNEPLANE_ALLOCATION_RESERVE_AFTER reserves the
-nodes closest to fitting it, so that smaller jobs behind it cannot starve it. A gang is
-allocated all or nothing (R3).
+A pass is three steps. Read what waits (placement.services.waiting: jobs, replicas,
+playground sessions, episodes, each as one typed request) and what the placeable nodes have
+free, in a fixed number of queries. Decide, a pure function (placement.decide: admission
+order, best fit, a gang all or nothing, reservations past a bound — R2, R3). Write what was
+decided — attempts, start commands, members, held cards, the owners' moves and their audit
+events — with one writer for every kind, in a fixed number of statements whatever the number
+of requests and nodes (``make bench``).
 """
 
 import logging
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from celery import current_app
@@ -33,75 +33,35 @@ from nodes.models import CardAlias
 from nodes.selectors import nodes_placeable
 from nodes.services.commands import node_commands_create_many
 
-from ..choices import Cleanup, DeploymentState, EpisodeState, JobState, RevisionState
-from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS
-from ..models import (
-    Attempt,
-    CardHold,
-    Episode,
-    LifecycleJob,
-    Member,
-    PlaygroundSession,
-    Revision,
-    TrainingJob,
+from ..choices import (
+    EPISODE_LIFECYCLE,
+    JOB_LIFECYCLE,
+    Cleanup,
+    DeploymentState,
+    EpisodeState,
+    JobState,
+    RevisionState,
 )
-from .payloads import MASTER_PORT_BASE, host, job_payload
-from .wants import ALLOCATOR, Want, member_view, wanted, write_wants
+from ..decide import NodeCapacity, Placement, decide
+from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS
+from ..models import Attempt, CardHold, Episode, Member, PlaygroundSession, Revision
+from .payloads import MASTER_PORT_BASE, host
+from .waiting import (
+    ALLOCATOR,
+    JOB_MODELS,
+    Waiting,
+    WaitingEpisode,
+    WaitingJob,
+    member_view,
+    waiting,
+)
 
 logger = logging.getLogger("tuneplane.allocator")
 
 ALLOCATE_TASK = "placement.allocate"
-JOB_MODELS = (TrainingJob, LifecycleJob)
 
 
-@dataclass
-class Capacity:
-    """What a placeable node has free now, as this pass sees it."""
-
-    node_id: str
-    address: str
-    free: dict[str, list[dict]]  # series slug (or "" for any card) → free devices
-    cpus: float | None
-    memory: int | None
-    devices_by_series: dict[str, int] = field(default_factory=dict)
-    ports: set[int] = field(default_factory=set)  # served members' ports in use here (S1)
-    quiet: frozenset = frozenset()  # its capabilities quiet now ("quiet_train", …)
-    runtime: bool = False  # a container runtime: where a member naming an image may run
-
-    def free_of(self, series: str) -> list[dict]:
-        return self.free.get(series, [])
-
-    def fits(self, job) -> bool:
-        return (
-            len(self.free_of(job.series)) >= job.cards
-            and (not job.cpus or self.cpus is None or self.cpus >= job.cpus)
-            and (not job.memory_bytes or self.memory is None or self.memory >= job.memory_bytes)
-            and getattr(job, "port", None) not in self.ports
-            # A job needs a node not quiet for train; a replica for serve; an episode for env.
-            and getattr(job, "quiet", "quiet_train") not in self.quiet
-            and (self.runtime or not job.image)
-        )
-
-    def could_fit(self, job) -> bool:
-        """Once everything on it is cleaned up: whether reserving it for the job helps."""
-        return self.devices_by_series.get(job.series, 0) >= job.cards
-
-    def take(self, job) -> list[dict]:
-        taken = self.free_of(job.series)[: job.cards]
-        for device in taken:
-            for devices in self.free.values():
-                if device in devices:
-                    devices.remove(device)
-        if job.cpus and self.cpus is not None:
-            self.cpus -= job.cpus
-        if job.memory_bytes and self.memory is not None:
-            self.memory -= job.memory_bytes
-        if getattr(job, "port", None):
-            self.ports.add(job.port)
-        return [{"index": device["index"], "uuid": device["uuid"]} for device in taken]
-
-
-def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
+def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
     """Placeable nodes with their free devices and budgets: three queries."""
     quiet_flags = ("quiet_train", "quiet_serve", "quiet_env")
     nodes = [
@@ -148,7 +108,7 @@ def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
         for _, used_cpus, used_memory in in_use.get(node_id, []):
             cpus = cpus - (used_cpus or 0) if cpus is not None else None
             memory = memory - (used_memory or 0) if memory is not None else None
-        capacities[node_id] = Capacity(
+        capacities[node_id] = NodeCapacity(
             node_id,
             address,
             free,
@@ -162,52 +122,90 @@ def _capacities(fleet: Fleet, now) -> dict[str, Capacity]:
     return capacities
 
 
-def _queue(fleet: Fleet) -> list:
-    """The Fleet's queued jobs of both kinds, in admission order (R2): one query a kind,
-    their rows locked for the pass."""
-    jobs = [
-        job
-        for model in JOB_MODELS
-        for job in model.objects.filter(
-            fleet=fleet, state=JobState.QUEUED, cancel_requested_at__isnull=True
-        )
-        # Locked: a cancel racing this pass either comes first (and the job is not here)
-        # or waits for it (and then stops what it started).
-        .select_for_update(of=("self",))
-        .select_related("fleet", "project")
-        .prefetch_related("volumes", "datasets")
-        .order_by("created_at", "id")
-    ]
-    for job in jobs:
-        job.sort_key = (job._meta.model_name, job.pk)
-    return jobs
+def allocate(*, fleet_id: str) -> dict:
+    """One pass over a node Fleet's queue, in one transaction. Returns what it did."""
+    now = timezone.now()
+    with transaction.atomic():
+        fleet = Fleet.objects.select_for_update().filter(pk=fleet_id).first()
+        if fleet is None or fleet.kind != FleetKind.NODE or fleet.state != FleetState.ACTIVE:
+            return {"allocated": 0, "waiting": 0}
+        queue = waiting(fleet)
+        if not queue:
+            return {"allocated": 0, "waiting": 0}
+        bound = now - timedelta(seconds=settings.TUNEPLANE_ALLOCATION_RESERVE_AFTER)
+        items = {}
+        for item in queue:
+            items[item.request(bound)] = item
+        capacities = _capacities(fleet, now)
+        addresses = {node_id: node.address for node_id, node in capacities.items()}
+        decided = [(items[p.request], p) for p in decide(list(items), capacities, now)]
+        if decided:
+            _write(fleet, decided, addresses, now)
+    waiting_now = len(queue) - len(decided)
+    ALLOCATOR_PASS.observe((timezone.now() - now).total_seconds())
+    for item, _ in decided:
+        ALLOCATION_WAIT.observe((now - item.owner.created_at).total_seconds())
+    if decided:
+        logger.info("fleet %s: %d allocated, %d waiting", fleet_id, len(decided), waiting_now)
+    return {"allocated": len(decided), "waiting": waiting_now}
 
 
-def _pick(job, capacities: dict[str, Capacity], reserved: set[str]) -> list[Capacity] | None:
-    """Best fit: the nodes with the fewest free cards that still fit, so that large holes
-    stay for large jobs. All of a gang's nodes, or none."""
-    fitting = [
-        capacity
-        for node_id, capacity in capacities.items()
-        if node_id not in reserved and capacity.fits(job)
-    ]
-    if len(fitting) < job.nodes:
-        return None
-    fitting.sort(key=lambda c: (len(c.free_of(job.series)), c.node_id))
-    return fitting[: job.nodes]
-
-
-def _reserve(job, capacities: dict[str, Capacity], reserved: set[str]) -> None:
-    """R2: a job waiting past the bound keeps later jobs off the nodes closest to fitting it."""
-    closest = sorted(
-        (c for c in capacities.values() if c.node_id not in reserved and c.could_fit(job)),
-        key=lambda c: (-len(c.free_of(job.series)), c.node_id),
+def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, now) -> None:
+    """Attempts (a job's), start commands, members, held cards and the owners' moves for
+    every kind at once: a fixed number of statements for the whole pass, each change audited
+    (A1)."""
+    attempts = _attempts(fleet, [item for item, _ in decided], now)
+    commands, placed = [], []  # placed: (item, attempt, rank, node, cards) a member each
+    for item, placement in decided:
+        attempt = attempts.get(item.kind, {}).get(item.owner.pk)
+        rendezvous = _rendezvous(item, placement, attempt, addresses)
+        for rank, (node_id, cards) in enumerate(placement.members):
+            cards = list(cards)
+            commands.append(
+                (node_id, CommandKind.START, item.payload(rank, cards, attempt, rendezvous))
+            )
+            placed.append((item, attempt, rank, node_id, cards, placement.request))
+    created = node_commands_create_many(actor=ALLOCATOR, commands=commands)
+    members = Member.objects.bulk_create(
+        [
+            Member(
+                **item.member(attempt),
+                rank=rank if isinstance(item, WaitingJob) else item.rank,
+                node_id=node_id,
+                command=command,
+                cards=cards,
+                cpus=request.cpus,
+                memory_bytes=request.memory,
+            )
+            for (item, attempt, rank, node_id, cards, request), command in zip(
+                placed, created, strict=True
+            )
+        ]
     )
-    reserved.update(capacity.node_id for capacity in closest[: job.nodes])
+    CardHold.objects.bulk_create(
+        [
+            CardHold(node_id=member.node_id, index=card["index"], uuid=card["uuid"], member=member)
+            for member in members
+            for card in member.cards
+        ]
+    )
+    audit_record_each(
+        actor=ALLOCATOR,
+        target_type="placement.member",
+        events=[
+            (f"{item.word}.created", member.pk, None, member_view(member))
+            for (item, *_), member in zip(placed, members, strict=True)
+        ],
+    )
+    _owners_start([item for item, _ in decided], attempts)
 
 
-def _next_numbers(jobs) -> dict:
-    numbers = {}
+def _attempts(fleet: Fleet, items: list[Waiting], now) -> dict[str, dict[int, Attempt]]:
+    """A new attempt for each placed job, numbered after its last: by job kind and id."""
+    jobs = [item.owner for item in items if isinstance(item, WaitingJob)]
+    if not jobs:
+        return {}
+    numbers: dict[tuple, int] = {}
     for model in JOB_MODELS:
         key = f"{Attempt.job_field(model)}_id"
         ids = [job.pk for job in jobs if isinstance(job, model)]
@@ -216,52 +214,7 @@ def _next_numbers(jobs) -> dict:
                 key, "number"
             ):
                 numbers[(model, job_id)] = max(numbers.get((model, job_id), 0), number)
-    return numbers
-
-
-def allocate(*, fleet_id: str) -> dict:
-    """One pass over a node Fleet's queue, in one transaction. Returns what it did."""
-    now = timezone.now()
-    with transaction.atomic():
-        fleet = Fleet.objects.select_for_update().filter(pk=fleet_id).first()
-        if fleet is None or fleet.kind != FleetKind.NODE or fleet.state != FleetState.ACTIVE:
-            return {"allocated": 0, "waiting": 0}
-        queue = sorted(_queue(fleet) + wanted(fleet), key=lambda w: (w.created_at, w.sort_key))
-        if not queue:
-            return {"allocated": 0, "waiting": 0}
-        capacities = _capacities(fleet, now)
-        bound = now - timedelta(seconds=settings.TUNEPLANE_ALLOCATION_RESERVE_AFTER)
-        reserved: set[str] = set()
-        decided = []
-        for job in queue:
-            if job.not_before is not None and job.not_before > now:
-                continue  # a retry's backoff (R3)
-            chosen = _pick(job, capacities, reserved)
-            if chosen is None:
-                if job.created_at <= bound:
-                    _reserve(job, capacities, reserved)
-                continue
-            decided.append((job, [(c, c.take(job)) for c in chosen]))
-        wants = [(want, placed) for want, placed in decided if isinstance(want, Want)]
-        jobs = [(job, placed) for job, placed in decided if not isinstance(job, Want)]
-        if jobs:
-            _write(fleet, jobs, now)
-        if wants:
-            write_wants(wants)
-    waiting = len(queue) - len(decided)
-    ALLOCATOR_PASS.observe((timezone.now() - now).total_seconds())
-    for job, _ in decided:
-        ALLOCATION_WAIT.observe((now - job.created_at).total_seconds())
-    if decided:
-        logger.info("fleet %s: %d job(s) allocated, %d waiting", fleet_id, len(decided), waiting)
-    return {"allocated": len(decided), "waiting": waiting}
-
-
-def _write(fleet: Fleet, decided, now) -> None:
-    """Attempts, start commands, members, held cards and the jobs' new state: a fixed number
-    of statements for the whole pass, each change audited (A1)."""
-    numbers = _next_numbers([job for job, _ in decided])
-    attempts = Attempt.objects.bulk_create(
+    created = Attempt.objects.bulk_create(
         [
             Attempt(
                 fleet=fleet,
@@ -269,68 +222,50 @@ def _write(fleet: Fleet, decided, now) -> None:
                 created_at=now,
                 **{Attempt.job_field(job): job},
             )
-            for job, _ in decided
+            for job in jobs
         ]
     )
-    commands = []
-    for (job, placed), attempt in zip(decided, attempts, strict=True):
-        rendezvous = None
-        if job.nodes > 1:
-            master = host(placed[0][0].address)
-            port = MASTER_PORT_BASE + attempt.pk % 10000
-
-            def rendezvous(rank, master=master, port=port, job=job):
-                return {
-                    "MASTER_ADDR": master,
-                    "MASTER_PORT": port,
-                    "WORLD_SIZE": job.nodes * max(job.cards, 1),
-                    "RANK": rank,
-                    "NODE_RANK": rank,
-                    "LOCAL_WORLD_SIZE": max(job.cards, 1),
-                }
-
-        for rank, (capacity, cards) in enumerate(placed):
-            payload = job_payload(job, attempt.number, rank, cards, rendezvous)
-            commands.append((capacity.node_id, CommandKind.START, payload))
-    created = iter(node_commands_create_many(actor=ALLOCATOR, commands=commands))
-    members = []
-    for (job, placed), attempt in zip(decided, attempts, strict=True):
-        for rank, (capacity, cards) in enumerate(placed):
-            members.append(
-                Member(
-                    attempt=attempt,
-                    rank=rank,
-                    node_id=capacity.node_id,
-                    command=next(created),
-                    cards=cards,
-                    cpus=job.cpus,
-                    memory_bytes=job.memory_bytes,
-                )
-            )
-    members = Member.objects.bulk_create(members)
-    CardHold.objects.bulk_create(
-        [
-            CardHold(node_id=member.node_id, index=card["index"], uuid=card["uuid"], member=member)
-            for member in members
-            for card in member.cards
-        ]
-    )
-    for model in JOB_MODELS:
-        jobs = [job for job, _ in decided if isinstance(job, model)]
-        for job in jobs:
-            job.state = JobState.STARTING
-        model.objects.bulk_update(jobs, ["state"])
     audit_record_each(
         actor=ALLOCATOR,
         target_type="placement.attempt",
-        events=[("attempt.created", a.pk, None, _attempt_view(a)) for a in attempts],
+        events=[("attempt.created", a.pk, None, _attempt_view(a)) for a in created],
     )
-    audit_record_each(
-        actor=ALLOCATOR,
-        target_type="placement.member",
-        events=[("member.created", m.pk, None, member_view(m)) for m in members],
-    )
+    by_kind: dict[str, dict[int, Attempt]] = {}
+    for job, attempt in zip(jobs, created, strict=True):
+        by_kind.setdefault(job._meta.model_name, {})[job.pk] = attempt
+    return by_kind
+
+
+def _rendezvous(item: Waiting, placement: Placement, attempt, addresses):
+    """R4: a gang's rendezvous env for each rank; rank 0's node is the master."""
+    if not isinstance(item, WaitingJob) or len(placement.members) < 2:
+        return None
+    job = item.owner
+    master = host(addresses[placement.members[0][0]])
+    port = MASTER_PORT_BASE + attempt.pk % 10000
+
+    def rendezvous(rank):
+        return {
+            "MASTER_ADDR": master,
+            "MASTER_PORT": port,
+            "WORLD_SIZE": job.nodes * max(job.cards, 1),
+            "RANK": rank,
+            "NODE_RANK": rank,
+            "LOCAL_WORLD_SIZE": max(job.cards, 1),
+        }
+
+    return rendezvous
+
+
+def _owners_start(items: list[Waiting], attempts) -> None:
+    """Placed jobs and episodes move queued → starting (their lifecycles checked), one
+    statement a kind, each audited; a replica or a session has no move of its own here."""
     for model in JOB_MODELS:
+        jobs = [i.owner for i in items if isinstance(i, WaitingJob) and isinstance(i.owner, model)]
+        for job in jobs:
+            JOB_LIFECYCLE.check(job.state, JobState.STARTING, target=job.pk)
+            job.state = JobState.STARTING
+        model.objects.bulk_update(jobs, ["state"])
         audit_record_each(
             actor=ALLOCATOR,
             target_type=model._meta.label_lower,
@@ -339,12 +274,27 @@ def _write(fleet: Fleet, decided, now) -> None:
                     f"{model._meta.model_name}.starting",
                     job.pk,
                     {"state": JobState.QUEUED},
-                    {"state": JobState.STARTING, "attempt": attempt.number},
+                    {
+                        "state": JobState.STARTING,
+                        "attempt": attempts[model._meta.model_name][job.pk].number,
+                    },
                 )
-                for (job, _), attempt in zip(decided, attempts, strict=True)
-                if isinstance(job, model)
+                for job in jobs
             ],
         )
+    episodes = [item.owner for item in items if isinstance(item, WaitingEpisode)]
+    for episode in episodes:
+        EPISODE_LIFECYCLE.check(episode.state, EpisodeState.STARTING, target=episode.pk)
+        episode.state = EpisodeState.STARTING
+    Episode.objects.bulk_update(episodes, ["state"])
+    audit_record_each(
+        actor=ALLOCATOR,
+        target_type="placement.episode",
+        events=[
+            ("episode.starting", e.pk, {"state": EpisodeState.QUEUED}, {"state": e.state})
+            for e in episodes
+        ],
+    )
 
 
 def _attempt_view(attempt: Attempt) -> dict:

@@ -126,19 +126,38 @@ def _move(episode: Episode, state: str, *, reason: str, actor: Actor = EPISODES,
     )
 
 
+def episode_cancel(*, actor: Actor, episode: Episode) -> Episode:
+    """A queued episode is cancelled at once; a starting or running one is cancelled now and
+    its process stopped (SIGTERM, SIGKILL after the grace) and cleaned up, its cards
+    released after the cleanup (R7). One that has ended is a conflict."""
+    now = timezone.now()
+    with transaction.atomic():
+        episode, members = _locked(episode.pk)
+        if episode.state in EPISODE_ENDED:
+            raise Conflict(
+                f"The episode has already ended ({episode.state}); there is nothing to cancel.",
+                code="episode_ended",
+            )
+        _move(episode, EpisodeState.CANCELLED, reason="cancelled", actor=actor, ended_at=now)
+        members_stop(members, now)
+    return episode
+
+
 def episodes_time_out(*, now=None) -> dict[str, int]:
-    """The beat's pass: every episode past its own timeout — counted from its start, or
-    from its placement while it is still starting — ends ``timed_out`` now and its process
-    is stopped and cleaned up (S5). Each in a transaction of its own."""
+    """The beat's pass: every episode past its own timeout ends ``timed_out`` now and its
+    process is stopped and cleaned up (S5); each in a transaction of its own. The timeout
+    counts from its start; while it is starting, from its placement (its start command's
+    time); while it is queued — no node answering for env has room for it — from its
+    submission: an episode never waits longer than its own timeout for anything."""
     now = now or timezone.now()
     due = [
         episode_id
-        # From its start, or while starting from its placement (its start command's time).
-        for episode_id, started_at, placed_at, timeout in Episode.objects.filter(
-            state__in=(EpisodeState.STARTING, EpisodeState.RUNNING)
-        ).values_list("pk", "started_at", "members__command__created_at", "timeout_seconds")
-        if (started_at or placed_at) is not None
-        and (started_at or placed_at) + timedelta(seconds=timeout) < now
+        for episode_id, started_at, placed_at, created_at, timeout in Episode.objects.filter(
+            state__in=(EpisodeState.QUEUED, EpisodeState.STARTING, EpisodeState.RUNNING)
+        ).values_list(
+            "pk", "started_at", "members__command__created_at", "created_at", "timeout_seconds"
+        )
+        if (started_at or placed_at or created_at) + timedelta(seconds=timeout) < now
     ]
     timed_out = 0
     for episode_id in due:

@@ -153,8 +153,10 @@ def commands_create_many(w):
 
 
 def command_lost(w):
+    """A running member whose node has been gone past the reconcile deadline: unknown."""
     member = _started(w)
     NodeCommand.objects.filter(pk=member.command_id).update(state="running")
+    Member.objects.filter(pk=member.pk).update(state="unknown", reason="node_gone")
     command = NodeCommand.objects.get(pk=member.command_id)
     return lambda: commands.node_command_lost(command=command, reason="lost")
 

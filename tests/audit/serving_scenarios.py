@@ -10,7 +10,7 @@ from nodes.models import NodeCommand
 from nodes.services import control
 from placement import services as placement
 from placement.models import Deployment, Member, Revision
-from placement.services import allocator, episodes, serving, sessions, wants
+from placement.services import allocator, episodes, serving, sessions
 from tests.conftest import H100_DEVICE_INVENTORY, SERVE
 
 from .scenarios import Scenario, changed, created, deleted, deployment_update, submitted
@@ -42,15 +42,9 @@ def release_stopped(w):
     )
 
 
-def write_wants(w):
+def allocate_replica(w):
     fleet = _deployment(w).fleet
-
-    def call():
-        want = wants.wanted(fleet)[0]
-        capacity = next(iter(allocator._capacities(fleet, timezone.now()).values()))
-        wants.write_wants([(want, [(capacity, capacity.take(want))])])
-
-    return call
+    return lambda: allocator.allocate(fleet_id=fleet.id)
 
 
 def _session(w):
@@ -123,6 +117,11 @@ def episode_late(w):
     return lambda: episodes.episodes_time_out(now=later)
 
 
+def episode_cancel(w):
+    member = _episode_placed(w)
+    return lambda: episodes.episode_cancel(actor=Actor.of_user(w.member), episode=member.episode)
+
+
 def replica_running(w):
     """The node reports the replica's start command running and its probe passing."""
     member = _placed(w)
@@ -171,8 +170,9 @@ SCENARIOS = {
     "placement.services.serving.stopped_deployments_release": Scenario(
         release_stopped, (deleted("deployment.deleted"),)
     ),
-    "placement.services.wants.write_wants": Scenario(
-        write_wants, (created("replica.created"), created("node_command.created"))
+    # A replica placed: one writer for every kind (placement.services.allocator).
+    "placement.services.allocator.allocate/replica": Scenario(
+        allocate_replica, (created("replica.created"), created("node_command.created"))
     ),
     "placement.services.sessions.session_member_reported": Scenario(
         session_placed, (changed("session_member.running"),)
@@ -194,6 +194,10 @@ SCENARIOS = {
     "placement.services.episodes.episodes_time_out": Scenario(
         episode_late, (changed("episode.timed_out"), created("node_command.created"))
     ),
+    # Cancelled at once, and a stop for its process.
+    "placement.services.episodes.episode_cancel": Scenario(
+        episode_cancel, (changed("episode.cancelled"), created("node_command.created"))
+    ),
     "placement.services.serving.deployment_member_reported": Scenario(
         replica_running, (changed("replica.running"),)
     ),
@@ -211,8 +215,6 @@ SCENARIOS = {
 
 READS = {
     "placement.services.serving.locked_deployment",  # row locks, in the one order
-    "placement.services.wants.wanted",  # row locks and reads
-    "placement.services.wants.member_view",  # a snapshot for an event
     "placement.services.sessions.session_ends_at",  # a pure computation
     "placement.services.episodes.episode_output",  # reads a log tail from its node
     "placement.services.serving.replica_output",  # reads a log tail from its node

@@ -77,7 +77,6 @@ WRITING_MODULES = (
     "placement.services.runs",
     "placement.services.members",
     "placement.services.reconcile",
-    "placement.services.wants",
     "placement.services.serving",
     "placement.services.sessions",
     "placement.services.episodes",

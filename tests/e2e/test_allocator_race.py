@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from placement.models import Attempt, CardHold, Member, TrainingJob
-from tests.placement.test_allocator import gpu_node, job  # noqa: F401 -- gpu_node: a fixture
+from tests.placement.test_allocator import job
 
 from .console import ROOT, console_env
 
@@ -30,7 +30,7 @@ print(sum(done))
 
 def test_R1_two_allocators_at_once_never_hand_out_one_card_twice(
     node_fleet,
-    gpu_node,  # noqa: F811
+    gpu_node,
     member,
     tmp_path,
 ):

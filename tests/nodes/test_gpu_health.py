@@ -19,7 +19,6 @@ from nodes.services.telemetry import telemetry_store
 from placement import services
 from placement.models import CardHold, Member
 from placement.services.allocator import allocate
-from tests.placement.test_allocator import gpu_node  # noqa: F401 -- a fixture
 from tuneplane.errors import PlacementRefused
 
 

@@ -24,7 +24,6 @@ from nodes.gateway.telemetry import TelemetryBatcher
 from nodes.models import NodeTelemetry
 from nodes.services.telemetry import MAX_CARDS, telemetry_store
 from tests.nodes.test_gpu_health import card, node, sample  # noqa: F401 -- fixtures
-from tests.placement.test_allocator import gpu_node  # noqa: F401 -- a fixture
 
 DEVICES = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3"} for i in range(2)]
 

@@ -13,7 +13,6 @@ from nodes.agent.wire import TELEMETRY_REFRESH_INTERVALS
 from nodes.models import Node
 from nodes.services.telemetry import telemetry_store
 from tests.nodes.test_gpu_health import card
-from tests.placement.test_allocator import gpu_node  # noqa: F401 -- a fixture
 
 INTERVAL = 15.0
 DEVICES = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3"} for i in range(2)]
@@ -178,7 +177,7 @@ def placeable_as_stored(node: Node, samples: list[dict], *, every_sample: bool) 
 )
 def test_health_judged_from_the_samples_sent_is_the_health_of_every_sample(
     node_fleet,
-    gpu_node,  # noqa: F811 -- the fixture
+    gpu_node,
     settings,
     fault,
 ):

@@ -14,41 +14,11 @@ from fleets.choices import FleetState
 from fleets.models import Fleet
 from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
-from nodes.services.control import node_report_inventory
 from nodes.services.cordons import node_cordon
-from nodes.services.join import node_join
-from nodes.services.sessions import session_open
 from placement import services
 from placement.models import Attempt, CardHold, Member, TrainingJob
 from placement.services.allocator import allocate
-from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM, make_csr
-
-
-@pytest.fixture
-def gpu_node(mint):
-    """A placeable node (L1) whose cards are known by index and UUID."""
-
-    def make(fleet, cards: int = 8, address: str = "10.0.0.1:1") -> Node:
-        devices = [
-            {**device, "uuid": f"{device['uuid']}-{address}"}
-            for device in H100_DEVICE_INVENTORY["devices"][:cards]
-        ]
-        inventory = {
-            **H100_DEVICE_INVENTORY,
-            "cards": [{"name": devices[0]["name"], "count": cards}],
-            "devices": devices,
-        }
-        result = node_join(
-            token=mint(fleet)[1],
-            fleet_id=fleet.id,
-            csr=make_csr()[1],
-            inventory=inventory,
-            address=address,
-        )
-        session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="test")
-        return node_report_inventory(node_id=result.node.id, inventory=inventory)
-
-    return make
+from tests.conftest import SYSTEM
 
 
 @pytest.fixture

@@ -12,14 +12,14 @@ from django.utils import timezone
 from placement.models import Attempt, TrainingJob
 from placement.services.allocator import allocate
 
-from .test_allocator import gpu_node, job  # noqa: F401 -- gpu_node: a fixture
+from .test_allocator import job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
 def test_R10_a_cancel_racing_an_allocation_pass_is_not_overwritten(
     node_fleet,
-    gpu_node,  # noqa: F811
+    gpu_node,
     member,
 ):
     gpu_node(node_fleet)

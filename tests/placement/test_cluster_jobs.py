@@ -93,3 +93,36 @@ def test_a_lifecycle_job_on_a_cluster_fleet_is_handed_over_as_a_training_job_is(
     shown = member_api.get("/api/lifecycle-jobs").json()["results"][0]
     assert (shown["backend_job_id"], shown["state"]) == ("ml-jobs/llama-sft-7b-x9k2p", "running")
     assert AuditEvent.objects.filter(action="lifecyclejob.handed_over").count() == 1
+
+
+def test_a_managers_states_move_the_job_by_its_table(world):  # noqa: F811
+    """The moves only a cluster's manager makes (tests/placement/test_lifecycles.py leaves
+    them to this test): queued → running → queued again (its manager requeued it) →
+    succeeded; another job queued → failed."""
+    from audit.services import Actor
+    from placement.choices import JOB_LIFECYCLE
+    from placement.services import training_job_submit
+    from tests.audit.scenarios import RAYJOBS
+    from tuneplane.lifecycle import recording
+
+    first, replay = world.cluster_job()
+    with recording() as made:
+        replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
+        cluster_job_handover(first.pk)
+        for state in ("RUNNING", "PENDING", "SUCCEEDED"):
+            replay.serve("GET", RAYJOB, {"kind": "RayJob", "status": {"jobStatus": state}})
+            cluster_jobs_track()
+        second = training_job_submit(
+            actor=Actor.of_user(world.member), project="ml", name="eval", cards=1, script="x"
+        )
+        replay.serve("POST", RAYJOBS, "status-500.json", status=500)
+        cluster_job_handover(second.pk)  # refused: handover_failed
+    assert TrainingJob.objects.get(pk=first.pk).state == "succeeded"
+    assert TrainingJob.objects.get(pk=second.pk).state == "failed"
+    assert JOB_LIFECYCLE.final("succeeded") and JOB_LIFECYCLE.final("failed")
+    assert {
+        ("job", "queued", "running"),
+        ("job", "running", "queued"),
+        ("job", "queued", "succeeded"),
+        ("job", "queued", "failed"),
+    } <= made

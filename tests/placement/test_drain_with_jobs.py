@@ -13,12 +13,11 @@ from placement.models import Member, TrainingJob
 from tests.conftest import SYSTEM
 from tuneplane.errors import Conflict
 
-from .test_allocator import gpu_node  # noqa: F401 -- the fixture
-from .test_reconcile import member_of, started, two_nodes  # noqa: F401 -- two_nodes: a fixture
+from .test_reconcile import member_of, started
 
 
 def test_D1_D2_a_draining_node_is_drained_only_once_its_members_are_cleaned_up(
-    two_nodes,  # noqa: F811
+    two_nodes,
     node_fleet,
     member,
 ):
@@ -41,7 +40,7 @@ def test_D1_D2_a_draining_node_is_drained_only_once_its_members_are_cleaned_up(
 
 
 def test_D3_a_gone_node_removed_by_force_leaves_its_members_abandoned_and_the_job_retried(
-    two_nodes,  # noqa: F811
+    two_nodes,
     node_fleet,
     member,
 ):
@@ -56,7 +55,7 @@ def test_D3_a_gone_node_removed_by_force_leaves_its_members_abandoned_and_the_jo
 
 
 def test_an_unkillable_member_cordons_its_node_until_it_is_gone(
-    two_nodes,  # noqa: F811
+    two_nodes,
     node_fleet,
     member,
 ):

@@ -9,7 +9,7 @@ from nodes.services.commands import Reported, node_command_report
 from placement.models import Member, TrainingJob
 from placement.services.allocator import allocate
 
-from .test_allocator import gpu_node, job  # noqa: F401 -- gpu_node: a fixture
+from .test_allocator import job
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def staff(client, admin_user):
 
 
 @pytest.fixture
-def lab(node_fleet, gpu_node):  # noqa: F811
+def lab(node_fleet, gpu_node):
     gpu_node(node_fleet)
     return node_fleet
 

@@ -9,13 +9,11 @@ from placement.models import LifecycleJob, TrainingJob
 from placement.services.allocator import allocate
 from tests.conftest import H100_DEVICE_INVENTORY
 
-from .test_allocator import gpu_node  # noqa: F401 -- the fixture
-
 PATHS = [("training-jobs", {}), ("lifecycle-jobs", {"kind": "eval"})]
 
 
 @pytest.fixture
-def lab(make_fleet, gpu_node):  # noqa: F811
+def lab(make_fleet, gpu_node):
     fleet = make_fleet("gpu-lab", kind="node", capabilities=["train", "eval"])
     gpu_node(fleet)
     return fleet

@@ -5,7 +5,6 @@ tests/e2e/test_jobs.py."""
 
 from datetime import timedelta
 
-import pytest
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -15,12 +14,7 @@ from placement.models import Attempt, CardHold, Member, TrainingJob
 from placement.services.allocator import allocate
 from placement.services.reconcile import members_reconcile
 
-from .test_allocator import gpu_node, job  # noqa: F401 -- gpu_node: a fixture
-
-
-@pytest.fixture
-def two_nodes(node_fleet, gpu_node):  # noqa: F811
-    return [gpu_node(node_fleet, address=f"10.0.0.{n}:1") for n in (1, 2)]
+from .test_allocator import job
 
 
 def started(member_user, fleet, **fields):
@@ -175,7 +169,7 @@ def test_R3_one_member_failing_fails_the_attempt_and_stops_the_others(
 
 
 def test_R10_a_cancelled_job_is_never_retried_however_its_attempt_ends(
-    two_nodes,  # noqa: F811
+    two_nodes,
     node_fleet,
     member,
 ):
@@ -194,7 +188,7 @@ def test_R10_a_cancelled_job_is_never_retried_however_its_attempt_ends(
 
 
 def test_R7_a_cleanup_answered_for_a_member_the_node_knows_does_not_release_its_cards(
-    two_nodes,  # noqa: F811
+    two_nodes,
     node_fleet,
     member,
 ):

@@ -25,11 +25,9 @@ from placement.services.reconcile import members_reconcile
 from tests.conftest import SERVE, SYSTEM
 from tuneplane.errors import Conflict
 
-from .test_allocator import gpu_node  # noqa: F401 -- a fixture
-
 
 @pytest.fixture
-def lab(node_fleet, gpu_node):  # noqa: F811
+def lab(node_fleet, gpu_node):
     """Two placeable nodes of eight cards."""
     return node_fleet, [gpu_node(node_fleet, address=f"10.0.0.{n}:1") for n in (1, 2)]
 

@@ -16,12 +16,11 @@ from placement.services import episodes, sessions
 from placement.services.allocator import allocate
 from tests.conftest import SERVE
 
-from .test_allocator import gpu_node  # noqa: F401 -- a fixture
 from .test_serving import report, stops_for
 
 
 @pytest.fixture
-def lab(make_fleet, gpu_node):  # noqa: F811
+def lab(make_fleet, gpu_node):
     """A node Fleet that serves and runs environments, with two placeable nodes."""
     fleet = make_fleet("gpu-lab", kind="node", capabilities=["train", "serve", "env"])
     return fleet, [gpu_node(fleet, address=f"10.0.0.{n}:1") for n in (1, 2)]

@@ -10,7 +10,6 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.nodes.test_join import join_body
-from tests.placement.test_allocator import gpu_node  # noqa: F401 -- a fixture
 
 
 def scrape(client: Client, **headers) -> dict:

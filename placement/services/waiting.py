@@ -1,0 +1,262 @@
+"""What waits for cards on a node Fleet, read for the allocator: queued jobs (a gang's
+members together), a live revision's missing replicas (S1), a playground session's served
+process (S4) and queued episodes (S5).
+
+Each is one ``Waiting`` of its kind: the typed request the pure decision reads
+(placement.decide.Request), built once here for every kind, and what the one writer
+(placement.services.allocator) needs to write it — the member's owner, its start command's
+payload. Every kind's rows are locked for the pass, so a cancel or a stop racing it waits,
+and then stops what it placed.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from audit.services import Actor
+from fleets.models import Fleet
+
+from ..choices import RUN_LIVE, DeploymentState, EpisodeState, JobState, RevisionState
+from ..decide import Request
+from ..models import (
+    Attempt,
+    Deployment,
+    Episode,
+    LifecycleJob,
+    Member,
+    PlaygroundSession,
+    Revision,
+    TrainingJob,
+)
+from .payloads import episode_payload, job_payload, replica_payload, session_payload
+
+ALLOCATOR = Actor.system("allocator")
+JOB_MODELS = (TrainingJob, LifecycleJob)
+
+
+@dataclass
+class Waiting:
+    """One record waiting for cards. ``kind`` names it in its requests' keys and in its
+    members' audit events; ``rank`` is a replica's (a job's ranks are its gang's)."""
+
+    owner: object
+    rank: int = 0
+    word = ""  # its members' audit events: member (a job's), replica, session_member …
+
+    @property
+    def kind(self) -> str:
+        return self.word
+
+    def request(self, reserve_before: datetime) -> Request:
+        raise NotImplementedError
+
+    def member(self, attempt: Attempt | None) -> dict:
+        """The member's owner, as Member's fields."""
+        raise NotImplementedError
+
+    def payload(self, rank: int, cards: list[dict], attempt: Attempt | None, rendezvous) -> dict:
+        raise NotImplementedError
+
+    def _request(self, reserve_before: datetime, **needs) -> Request:
+        owner = self.owner
+        return Request(
+            key=(self.kind, owner.pk, self.rank),
+            order=(owner.created_at, self.kind, owner.pk, self.rank),
+            cpus=owner.cpus,
+            memory=owner.memory_bytes,
+            container=bool(owner.image),
+            reserve=owner.created_at <= reserve_before,
+            **needs,
+        )
+
+
+class WaitingJob(Waiting):
+    """A queued training or lifecycle job: all its gang's members at once (R3)."""
+
+    word = "member"
+
+    @property
+    def kind(self) -> str:
+        return self.owner._meta.model_name
+
+    def request(self, reserve_before: datetime) -> Request:
+        job = self.owner
+        return self._request(
+            reserve_before,
+            cards=job.cards,
+            series=job.series,
+            nodes=job.nodes,
+            not_before=job.not_before,
+        )
+
+    def member(self, attempt: Attempt | None) -> dict:
+        return {"attempt": attempt}
+
+    def payload(self, rank, cards, attempt, rendezvous) -> dict:
+        return job_payload(self.owner, attempt.number, rank, cards, rendezvous)
+
+
+class WaitingReplica(Waiting):
+    """A live revision's replica that has no live member (S1, S2)."""
+
+    word = "replica"
+
+    def request(self, reserve_before: datetime) -> Request:
+        revision = self.owner
+        return self._request(
+            reserve_before,
+            cards=revision.deployment.cards,
+            series=revision.deployment.series,
+            port=revision.port,
+            quiet="quiet_serve",
+        )
+
+    def member(self, attempt) -> dict:
+        return {"revision": self.owner, "port": self.owner.port}
+
+    def payload(self, rank, cards, attempt, rendezvous) -> dict:
+        return replica_payload(self.owner, self.rank, cards)
+
+
+class WaitingSession(Waiting):
+    """A live playground session without its process (S4)."""
+
+    word = "session_member"
+
+    def request(self, reserve_before: datetime) -> Request:
+        session = self.owner
+        return self._request(
+            reserve_before,
+            cards=session.cards,
+            series=session.series,
+            port=session.port,
+            quiet="quiet_serve",
+        )
+
+    def member(self, attempt) -> dict:
+        return {"session": self.owner, "port": self.owner.port}
+
+    def payload(self, rank, cards, attempt, rendezvous) -> dict:
+        return session_payload(self.owner, cards)
+
+
+class WaitingEpisode(Waiting):
+    """A queued episode: on a node answering for env now (S5, S6), any card."""
+
+    word = "episode_member"
+
+    def request(self, reserve_before: datetime) -> Request:
+        return self._request(reserve_before, cards=self.owner.cards, quiet="quiet_env")
+
+    def member(self, attempt) -> dict:
+        return {"episode": self.owner}
+
+    def payload(self, rank, cards, attempt, rendezvous) -> dict:
+        return episode_payload(self.owner, cards)
+
+
+def waiting(fleet: Fleet) -> list[Waiting]:
+    """Everything of the Fleet that waits for cards, its rows locked for the pass: a fixed
+    number of queries."""
+    return _jobs(fleet) + _replicas(fleet) + _sessions(fleet) + _episodes(fleet)
+
+
+def _jobs(fleet: Fleet) -> list[WaitingJob]:
+    """The Fleet's queued jobs of both kinds: one query a kind."""
+    return [
+        WaitingJob(job)
+        for model in JOB_MODELS
+        for job in model.objects.filter(
+            fleet=fleet, state=JobState.QUEUED, cancel_requested_at__isnull=True
+        )
+        # Locked: a cancel racing this pass either comes first (and the job is not here)
+        # or waits for it (and then stops what it started).
+        .select_for_update(of=("self",))
+        .select_related("fleet", "project")
+        .prefetch_related("volumes", "datasets")
+        .order_by("created_at", "id")
+    ]
+
+
+def _replicas(fleet: Fleet) -> list[WaitingReplica]:
+    """Read first without locks; then only the deployments that lack replicas are locked
+    and read again: a pass never makes the reports of a whole Fleet's replicas wait."""
+    live = Deployment.objects.filter(fleet=fleet, state=DeploymentState.LIVE).values("pk")
+    lacking = {want.owner.deployment_id for want in _lacking(live)}
+    if not lacking:
+        return []
+    locked = (
+        Deployment.objects.filter(pk__in=lacking, state=DeploymentState.LIVE)
+        .select_for_update(of=("self",))
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    return _lacking(list(locked))
+
+
+def _lacking(deployments) -> list[WaitingReplica]:
+    # Each deployment's newest live revision: a rollout's old one gets no new replicas, and
+    # one rolled back to has the replicas its rollout stopped placed again (S2).
+    newest = {
+        revision.deployment_id: revision
+        for revision in Revision.objects.filter(
+            deployment_id__in=deployments, state=RevisionState.LIVE, port__isnull=False
+        )
+        .select_related("deployment__fleet")
+        .order_by("deployment_id", "number")
+    }
+    revisions = list(newest.values())
+    taken: dict[int, set[int]] = {}
+    for revision_id, rank in Member.objects.filter(
+        revision__in=revisions, state__in=RUN_LIVE
+    ).values_list("revision_id", "rank"):
+        taken.setdefault(revision_id, set()).add(rank)
+    return [
+        WaitingReplica(revision, rank)
+        for revision in revisions
+        for rank in range(revision.replicas)
+        if rank not in taken.get(revision.pk, set())
+    ]
+
+
+def _sessions(fleet: Fleet) -> list[WaitingSession]:
+    sessions = (
+        PlaygroundSession.objects.filter(
+            fleet=fleet, state=DeploymentState.LIVE, port__isnull=False, members__isnull=True
+        )
+        .select_for_update(of=("self",))
+        .select_related("fleet")
+        .order_by("pk")
+    )
+    return [WaitingSession(session) for session in sessions]
+
+
+def _episodes(fleet: Fleet) -> list[WaitingEpisode]:
+    episodes = (
+        Episode.objects.filter(environment__fleet=fleet, state=EpisodeState.QUEUED)
+        .select_for_update(of=("self",))
+        .select_related("environment__fleet")
+        .order_by("pk")
+    )
+    return [WaitingEpisode(episode) for episode in episodes]
+
+
+def member_view(member: Member) -> dict:
+    """A placed member as its creation's audit event shows it."""
+    owner = {
+        key: value
+        for key, value in (
+            ("revision", member.revision_id),
+            ("session", member.session_id),
+            ("episode", member.episode_id),
+        )
+        if value
+    }
+    return {
+        **owner,
+        "attempt": member.attempt_id,
+        "rank": member.rank,
+        "node": member.node_id,
+        "cards": member.cards,
+        "state": member.state,
+        "command": member.command_id,
+    }

@@ -18,7 +18,7 @@ WORKERS ?= 3
 # agent's wheels), each handed out first and whole to one worker.
 XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-.PHONY: run test test-sqlite lint bench install clean token
+.PHONY: run test quick test-sqlite lint bench install clean token
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -54,6 +54,19 @@ test: lint $(TOOLS_STAMP)
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/tuneplane} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/15} \
 	$(PYTHON) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+## The newcomer's loop: every test that starts no real process (no gateway, agent, Celery,
+## browser or Slurm) on the embedded defaults — SQLite, no PostgreSQL and no Redis needed —
+## in two pytest-xdist workers. What needs PostgreSQL's row locks or a Redis server is left
+## to `make test`.
+## The test databases are kept between runs (--reuse-db) in a folder of the system's
+## temporary one named for the checkout and the migrations they were made by: a changed
+## migration makes new ones.
+QUICK_VAR = $$(test -w /dev/shm && echo /dev/shm || echo $${TMPDIR:-/tmp})/tuneplane-quick-$(shell (pwd; cat */migrations/*.py) | md5sum | cut -c1-12)
+quick: $(STAMP)
+	mkdir -p $(QUICK_VAR)
+	env -u DATABASE_URL -u REDIS_URL -u PYTHONDONTWRITEBYTECODE TUNEPLANE_VAR_DIR=$(QUICK_VAR) \
+	$(PYTHON) -m pytest -n 2 --reuse-db -p no:playwright -p no:schemathesis -m "not e2e and not slow and not postgres and not redis" -q $(PYTEST_ARGS)
 
 ## ruff: lint and import order, and the formatting, as pyproject.toml configures them.
 lint: $(STAMP)

@@ -262,7 +262,21 @@ SERVE = {"command": ["python3", "-m", "http.server"], "port": 8000, "readiness_p
 # elsewhere that start a process carry the mark themselves.
 E2E_FOLDERS = {"e2e", "browser", "slurm", "slurm24", "bench"}
 # ... and single tests in modules that do not import pytest (their imports are left alone).
-E2E_TESTS = {"tests/nodes/test_control.py::test_generated_protobuf_modules_are_up_to_date"}
+E2E_TESTS = {
+    "tests/nodes/test_control.py::test_generated_protobuf_modules_are_up_to_date",
+    # Each runs pytest itself, in a subprocess, on a suite of its own.
+    "tests/tuneplane/test_missing_parts.py::test_a_missing_part_is_named_on_the_last_line_with_what_installs_it",
+    "tests/tuneplane/test_missing_parts.py::test_in_ci_a_missing_part_fails",
+}
+# Tests that hold a real clock or a storm for many seconds because that is what they prove
+# (a TLS handshake waited for past grpc's 20 s; 3,000 calls against a held event loop):
+# marked slow, so that `make quick` (not e2e, not slow) stays under a minute. `make test`
+# runs them.
+SLOW_TESTS = {
+    "tests/nodes/test_agent_backoff.py::test_a_handshake_that_takes_long_is_waited_for_past_grpcs_20_s",
+    "tests/nodes/test_gateway_backlog.py::test_a_storm_past_cores_default_backlog_loses_no_stream",
+    "tests/nodes/test_gateway_backlog.py::test_with_cores_defaults_the_same_storm_loses_streams",
+}
 # Tests that must run one after another in one pytest-xdist worker, by path: the Slurm tests
 # share one cluster (and the machine's munged), the Slurm 24.11 tests another (apart, so the
 # two clusters start and run in two workers at once); install.sh's tests and those that start
@@ -351,6 +365,8 @@ def pytest_collection_modifyitems(config, items):
         folder = os.path.relpath(item.path, tests).split(os.sep)[0]
         if folder in E2E_FOLDERS or item.nodeid in E2E_TESTS:
             item.add_marker(pytest.mark.e2e)
+        if item.nodeid in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
         if not item.get_closest_marker("django_db") and not DB_FIXTURES.intersection(
             getattr(item, "fixturenames", ())
         ):

@@ -193,3 +193,22 @@ def test_F7_the_admin_deletes_a_fleet_whose_nodes_are_removed_and_lists_them_aft
     assert listed.status_code == 200
     assert "gpu-lab (deleted)" in listed.content.decode()
     assert staff.get(f"/admin/nodes/node/{node.pk}/change/").status_code == 200
+
+
+def test_F6_migrations_make_no_fleet_and_after_the_last_is_deleted_placement_makes_none(
+    node_fleet, member_api
+):
+    """The test database was made by every migration: a Fleet here is the fixture's alone.
+    Once it is deleted, a submission is refused and the allocator's pass over every Fleet
+    runs, and still there is none (F6; from zero and across restarts: tests/e2e)."""
+    from fleets.services import fleet_delete
+    from placement.services.allocator import allocate_all
+
+    assert list(Fleet.objects.values_list("id", flat=True)) == [node_fleet.id]
+    fleet_delete(actor=SYSTEM, fleet=node_fleet)
+    response = member_api.post(
+        "/api/training-jobs", {"project": "ml", "name": "j", "cards": 1, "command": ["true"]}
+    )
+    assert response.status_code == 422
+    allocate_all()
+    assert not Fleet.objects.exists()

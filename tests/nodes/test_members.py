@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from nodes.agent import members
+from nodes.agent.command import process_start_time
 from nodes.agent.commands import Commands
 from nodes.agent.orphans import adopt_orphans
 from tests.conftest import H100_DEVICES
@@ -168,6 +169,43 @@ def test_R6_after_a_reboot_a_member_is_node_rebooted_never_running(node, tmp_pat
     (node.directory / "m-before.exit").unlink(missing_ok=True)
     ended = settled(node, "m-before")
     assert (ended.state, ended.reason) == ("failed", "node_rebooted")
+
+
+def test_R4_a_member_is_on_the_nodes_disk_before_its_process_starts(node):
+    """The member checks for its own record as its first act: it exits 0 only if the agent
+    had persisted it before spawning it (an agent dying between the two leaves no process
+    without a record)."""
+    record = node.directory / "m-first.json"
+    check = f"import os, sys; sys.exit(0 if os.path.exists({str(record)!r}) else 7)"
+    start(node, "m-first", [CARDS[0]], argv=["python3", "-c", check])
+    ended = settled(node, "m-first")
+    assert (ended.state, ended.exit_code) == ("succeeded", 0)
+
+
+def test_R6_a_reused_pid_never_reads_running_and_a_stop_never_signals_it(node):
+    """The member's process is gone and its pid now belongs to an unrelated process with
+    another start time: the member is not running, and its stop leaves that process be."""
+    import subprocess
+
+    start(node, "m-reused", [CARDS[0]], argv=["sleep", "600"])
+    members.signal_member(None, f"{node.scope}/m-reused", members.SIGKILL)
+    time.sleep(0.1)  # ten clock ticks: the stranger's start time cannot be the member's
+    stranger = subprocess.Popen(["sleep", "600"])
+    try:
+        path = node.directory / "m-reused.json"
+        saved = json.loads(path.read_text())
+        assert saved["started"] != process_start_time(stranger.pid)
+        saved.update(pid=stranger.pid)  # its start time stays the member's own
+        path.write_text(json.dumps(saved))
+        (node.directory / "m-reused.exit").unlink(missing_ok=True)
+        ended = settled(node, "m-reused")
+        assert ended.state == "failed" and ended.reason == "vanished"
+        node.accept("s-reused", "stop", {"member": "m-reused", "grace_seconds": 0})
+        time.sleep(0.5)
+        assert stranger.poll() is None, "the stop signalled an unrelated process (R6)"
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_logs_are_kept_for_the_retention_then_removed_by_the_agent(node):

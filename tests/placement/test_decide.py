@@ -142,7 +142,7 @@ nodes = st.lists(
     max_size=5,
     unique_by=lambda n: n.node_id,
 ).map(lambda found: fleet(*found))
-settled = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settled = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @settled

@@ -171,13 +171,22 @@ def test_R6_after_a_reboot_a_member_is_node_rebooted_never_running(node, tmp_pat
     assert (ended.state, ended.reason) == ("failed", "node_rebooted")
 
 
-def test_R4_a_member_is_on_the_nodes_disk_before_its_process_starts(node):
-    """The member checks for its own record as its first act: it exits 0 only if the agent
-    had persisted it before spawning it (an agent dying between the two leaves no process
-    without a record)."""
+def test_R4_a_member_is_on_the_nodes_disk_before_its_process_starts(node, monkeypatch):
+    """At the moment the agent spawns a member's process its record is already on disk (an
+    agent dying between the two leaves no process without a record); and the member, reading
+    for its own record as its first act, finds it."""
     record = node.directory / "m-first.json"
+    on_disk_at_spawn = []
+    spawn = node._spawn
+
+    def spawned(command, *args, **kwargs):
+        on_disk_at_spawn.append(record.exists())
+        return spawn(command, *args, **kwargs)
+
+    monkeypatch.setattr(node, "_spawn", spawned)
     check = f"import os, sys; sys.exit(0 if os.path.exists({str(record)!r}) else 7)"
     start(node, "m-first", [CARDS[0]], argv=["python3", "-c", check])
+    assert on_disk_at_spawn == [True]
     ended = settled(node, "m-first")
     assert (ended.state, ended.exit_code) == ("succeeded", 0)
 

@@ -208,7 +208,7 @@ def mint(admin_user):
 def gpu_node(mint):
     """A placeable node (L1) whose cards are known by index and UUID."""
 
-    def make(fleet, cards: int = 8, address: str = "10.0.0.1:1"):
+    def make(fleet, cards: int = 8, address: str = "10.0.0.1:1", **reported):
         devices = [
             {**device, "uuid": f"{device['uuid']}-{address}"}
             for device in H100_DEVICE_INVENTORY["devices"][:cards]
@@ -217,6 +217,7 @@ def gpu_node(mint):
             **H100_DEVICE_INVENTORY,
             "cards": [{"name": devices[0]["name"], "count": cards}],
             "devices": devices,
+            **reported,  # what else its inventory says (container_runtime, say)
         }
         result = node_join(
             token=mint(fleet)[1],

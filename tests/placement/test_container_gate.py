@@ -7,40 +7,18 @@ import pytest
 
 from audit.models import AuditEvent
 from nodes.models import Node, NodeCommand
-from nodes.services.control import node_report_inventory
-from nodes.services.join import node_join
-from nodes.services.sessions import session_open
 from placement.models import Deployment, Episode, Member, TrainingJob
 from placement.services.allocator import allocate
-from tests.conftest import H100_DEVICE_INVENTORY, make_csr
 
 IMAGE = "registry.example:5000/ml/train:2.1"
 
 
 @pytest.fixture
-def runtime_node(mint):
+def runtime_node(gpu_node):
     """A placeable node (L1) with or without a container runtime in its inventory."""
 
     def make(fleet, address: str, runtime: str | None, cards: int = 2) -> Node:
-        devices = [
-            {**device, "uuid": f"{device['uuid']}-{address}"}
-            for device in H100_DEVICE_INVENTORY["devices"][:cards]
-        ]
-        inventory = {
-            **H100_DEVICE_INVENTORY,
-            "cards": [{"name": devices[0]["name"], "count": cards}],
-            "devices": devices,
-            "container_runtime": runtime,
-        }
-        result = node_join(
-            token=mint(fleet)[1],
-            fleet_id=fleet.id,
-            csr=make_csr()[1],
-            inventory=inventory,
-            address=address,
-        )
-        session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="test")
-        return node_report_inventory(node_id=result.node.id, inventory=inventory)
+        return gpu_node(fleet, cards=cards, address=address, container_runtime=runtime)
 
     return make
 

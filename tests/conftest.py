@@ -374,6 +374,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.nodb)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Modules past tests/test_layout.py's FLAG_LINES, named for a look (never a failure)."""
+    from tests.test_layout import FLAG_LINES, long_modules
+
+    for lines, path in long_modules():
+        terminalreporter.write_line(f"layout: {path} has {lines} lines (past {FLAG_LINES})")
+
+
 def xdist_group(nodeid: str) -> str | None:
     return next((group for path, group in XDIST_GROUPS.items() if nodeid.startswith(path)), None)
 

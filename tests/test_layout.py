@@ -196,15 +196,12 @@ def test_no_module_reaches_into_another_modules_private_names():
     assert not reaching, "private names used across modules: " + "; ".join(reaching)
 
 
-def test_modules_past_the_flag_are_listed_for_a_look(capsys):
-    """Not a ceiling: a module about one concept may be long. The long ones are printed."""
+def long_modules() -> list[tuple[int, str]]:
+    """Modules past FLAG_LINES, longest last: not a ceiling (a module about one concept may be
+    long), a list for a look, printed at the end of every run (tests/conftest.py)."""
     paths = [path for path in modules().values() if not path.name.endswith(GENERATED)]
-    long = sorted(
+    return sorted(
         (lines, str(path.relative_to(ROOT)))
         for path in paths
         if (lines := len(path.read_text().splitlines())) > FLAG_LINES
     )
-    with capsys.disabled():
-        for lines, path in long:
-            print(f"\nlayout: {path} has {lines} lines (past {FLAG_LINES}): one concept still?")
-    assert all(lines > FLAG_LINES for lines, _ in long)

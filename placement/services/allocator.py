@@ -52,6 +52,7 @@ from .waiting import (
     Waiting,
     WaitingEpisode,
     WaitingJob,
+    member_kind,
     member_view,
     waiting,
 )
@@ -193,8 +194,8 @@ def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, no
         actor=ALLOCATOR,
         target_type="placement.member",
         events=[
-            (f"{item.word}.created", member.pk, None, member_view(member))
-            for (item, *_), member in zip(placed, members, strict=True)
+            (f"{member_kind(member)}.created", member.pk, None, member_view(member))
+            for member in members
         ],
     )
     _owners_start([item for item, _ in decided], attempts)

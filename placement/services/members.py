@@ -36,6 +36,7 @@ from tuneplane.lifecycle import move
 from ..choices import MEMBER_LIFECYCLE, RUN_LIVE, Cleanup, RunState
 from ..models import CardHold, Member
 from .allocator import allocate_on_commit
+from .waiting import member_kind
 
 RUNS = Actor.system("runs")
 _ENDED_AS = {CommandState.SUCCEEDED: RunState.SUCCEEDED, CommandState.FAILED: RunState.FAILED}
@@ -61,15 +62,6 @@ def reported_as(
             return RunState.CANCELLED, "stopped"
         return _ENDED_AS[command_state], command_reason or "vanished"
     return None
-
-
-def member_kind(member: Member) -> str:
-    """The word its audit events use: a job's member, a replica, a session's or an episode's."""
-    if member.revision_id:
-        return "replica"
-    if member.session_id:
-        return "session_member"
-    return "episode_member" if member.episode_id else "member"
 
 
 def member_follow(

@@ -28,8 +28,9 @@ from tuneplane.lifecycle import move
 
 from ..choices import ATTEMPT_LIFECYCLE, MEMBER_LIFECYCLE, RunState
 from ..models import Attempt, Member
-from .members import RUNS, member_kind
+from .members import RUNS
 from .runs import attempt_settle, locked_run
+from .waiting import member_kind
 
 BACKOFF_FIRST = 60
 BACKOFF_MAX = 3600

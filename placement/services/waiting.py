@@ -35,16 +35,11 @@ JOB_MODELS = (TrainingJob, LifecycleJob)
 
 @dataclass
 class Waiting:
-    """One record waiting for cards. ``kind`` names it in its requests' keys and in its
-    members' audit events; ``rank`` is a replica's (a job's ranks are its gang's)."""
+    """One record waiting for cards; ``rank`` is a replica's (a job's ranks are its gang's)."""
 
     owner: object
     rank: int = 0
-    word = ""  # its members' audit events: member (a job's), replica, session_member …
-
-    @property
-    def kind(self) -> str:
-        return self.word
+    kind = ""  # names it in its requests' keys: trainingjob, replica, session, episode
 
     def request(self, reserve_before: datetime) -> Request:
         raise NotImplementedError
@@ -72,8 +67,6 @@ class Waiting:
 class WaitingJob(Waiting):
     """A queued training or lifecycle job: all its gang's members at once (R3)."""
 
-    word = "member"
-
     @property
     def kind(self) -> str:
         return self.owner._meta.model_name
@@ -98,7 +91,7 @@ class WaitingJob(Waiting):
 class WaitingReplica(Waiting):
     """A live revision's replica that has no live member (S1, S2)."""
 
-    word = "replica"
+    kind = "replica"
 
     def request(self, reserve_before: datetime) -> Request:
         revision = self.owner
@@ -120,7 +113,7 @@ class WaitingReplica(Waiting):
 class WaitingSession(Waiting):
     """A live playground session without its process (S4)."""
 
-    word = "session_member"
+    kind = "session"
 
     def request(self, reserve_before: datetime) -> Request:
         session = self.owner
@@ -142,7 +135,7 @@ class WaitingSession(Waiting):
 class WaitingEpisode(Waiting):
     """A queued episode: on a node answering for env now (S5, S6), any card."""
 
-    word = "episode_member"
+    kind = "episode"
 
     def request(self, reserve_before: datetime) -> Request:
         return self._request(reserve_before, cards=self.owner.cards, quiet="quiet_env")
@@ -238,6 +231,15 @@ def _episodes(fleet: Fleet) -> list[WaitingEpisode]:
         .order_by("pk")
     )
     return [WaitingEpisode(episode) for episode in episodes]
+
+
+def member_kind(member: Member) -> str:
+    """The word its audit events use: a job's member, a replica, a session's or an episode's."""
+    if member.revision_id:
+        return "replica"
+    if member.session_id:
+        return "session_member"
+    return "episode_member" if member.episode_id else "member"
 
 
 def member_view(member: Member) -> dict:

@@ -102,7 +102,6 @@ READS = {
     "placement.services.runs.locked_run",  # row locks, in the one order
     "placement.services.runs.attempt_state",  # a pure decision
     "placement.services.members.reported_as",  # a pure mapping
-    "placement.services.members.member_kind",  # a word for a member
     "placement.services.members.stop_grace",  # a setting
     "tuneplane.lifecycle.recording",  # notes the moves checked, for a test
     "nodes.services.cordons.node_locked",  # a row lock, the one every node writer takes

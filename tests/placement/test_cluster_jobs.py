@@ -100,7 +100,6 @@ def test_a_managers_states_move_the_job_by_its_table(world):  # noqa: F811
     them to this test): queued → running → queued again (its manager requeued it) →
     succeeded; another job queued → failed."""
     from audit.services import Actor
-    from placement.choices import JOB_LIFECYCLE
     from placement.services import training_job_submit
     from tests.audit.scenarios import RAYJOBS
     from tuneplane.lifecycle import recording
@@ -119,7 +118,6 @@ def test_a_managers_states_move_the_job_by_its_table(world):  # noqa: F811
         cluster_job_handover(second.pk)  # refused: handover_failed
     assert TrainingJob.objects.get(pk=first.pk).state == "succeeded"
     assert TrainingJob.objects.get(pk=second.pk).state == "failed"
-    assert JOB_LIFECYCLE.final("succeeded") and JOB_LIFECYCLE.final("failed")
     assert {
         ("job", "queued", "running"),
         ("job", "running", "queued"),

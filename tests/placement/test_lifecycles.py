@@ -22,7 +22,14 @@ from nodes.models import Node
 from nodes.services.commands import Reported, node_command_report, node_commands_reconcile
 from nodes.services.removal import node_remove
 from placement import services
-from placement.choices import JOB_LIFECYCLE, LIFECYCLES
+from placement.choices import (
+    EPISODE_ENDED,
+    JOB_ENDED,
+    JOB_LIFECYCLE,
+    LIFECYCLES,
+    RUN_LIVE,
+    RunState,
+)
 from placement.models import Member, TrainingJob
 from placement.services import episodes, runs, serving, sessions
 from placement.services.allocator import allocate
@@ -46,12 +53,20 @@ def test_every_move_the_table_does_not_allow_is_refused(lifecycle):
                     lifecycle.check(old, new)
 
 
-def test_an_ended_record_never_moves_again():
-    for lifecycle in ALL:
-        ended = {state for state in lifecycle.states() if lifecycle.final(state)}
-        assert ended, f"{lifecycle.name} has no end"
-        for state in ended:
-            assert not lifecycle.moves.get(state), f"{lifecycle.name}: {state} moves on"
+def test_a_records_ends_in_its_table_are_the_ends_the_code_reads():
+    """The states a table lets nothing leave are the ones the services treat as ended:
+    JOB_ENDED, EPISODE_ENDED, a run that is not RUN_LIVE, a command that may no more run."""
+    ends = {
+        lifecycle.name: {state for state in lifecycle.states() if lifecycle.final(state)}
+        for lifecycle in ALL
+    }
+    assert ends["job"] == set(JOB_ENDED)
+    assert ends["episode"] == set(EPISODE_ENDED)
+    assert ends["member"] == set(RunState.values) - set(RUN_LIVE)
+    assert ends["attempt"] == set(RunState.values) - set(RUN_LIVE) - {RunState.ABANDONED}
+    assert ends["node_command"] == {"succeeded", "failed"}
+    for name in ("revision", "deployment", "playgroundsession"):
+        assert "live" not in ends[name] and ends[name]
 
 
 def test_a_refused_move_writes_nothing(lab, member):

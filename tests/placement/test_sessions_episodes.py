@@ -177,6 +177,25 @@ def test_S5_bad_episode_input_is_a_400_naming_the_field_and_writes_nothing(
     assert not Episode.objects.exists()
 
 
+def test_S5_cancel_ends_a_queued_or_running_episode_and_an_ended_one_is_a_conflict(
+    lab, member_api, outsider_api, environment
+):
+    path = f"/api/environments/{environment.pk}/episodes"
+    assert member_api.post(path, {"command": ["sleep", "60"]}).status_code == 201
+    allocate(fleet_id="gpu-lab")
+    [process] = Member.objects.filter(episode__number=1)
+    report(process)
+    assert outsider_api.post(f"{path}/1/cancel").status_code == 404
+    cancelled = member_api.post(f"{path}/1/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    assert stops_for(process) == 1
+    again = member_api.post(f"{path}/1/cancel")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "episode_ended"
+    assert member_api.post(path, {"command": ["true"], "cards": 64}).status_code == 201
+    queued = member_api.post(f"{path}/2/cancel").json()  # never placed: 64 cards
+    assert (queued["state"], queued["node"]) == ("cancelled", None)
+
+
 def test_D3_a_gone_node_running_an_episode_is_removed_by_force_and_its_member_abandoned(
     lab, member, environment, admin_api
 ):

@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import containers
+from .member import containers
 
 PROBE_TIMEOUT = 10
 

@@ -12,8 +12,11 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 
-from . import __version__, containers, enroll, inventory, orphans, replicas, state, telemetry
-from .commands import CLEANUP, STOP, Command, Commands
+from . import __version__, enroll, inventory, state, telemetry
+from .commands import CLEANUP, STOP, Commands
+from .member import containers
+from .member.adoption import adopt_orphans
+from .member.probing import Prober
 from .proto import control_pb2 as pb
 from .proto import control_pb2_grpc
 from .wire import (
@@ -32,17 +35,18 @@ LOG_RETENTION_SECONDS = 7 * 24 * 3600
 TELEMETRY_INTERVAL = 15
 
 
-def wire_state(command: Command) -> pb.CommandState:
+def wire_state(record) -> pb.CommandState:
+    """A command's or a member's state as reported (a command has no member's fields)."""
     return command_state(
-        command.command_id,
-        command.state,
-        command.exit_code,
-        reason=command.reason,
-        cleaned=command.cleaned,
-        confinement=command.confinement,
-        ready=command.ready,
-        restarts=command.restarts,
-        detail=command.detail,
+        record.command_id,
+        record.state,
+        record.exit_code,
+        reason=record.reason,
+        cleaned=getattr(record, "cleaned", False),
+        confinement=getattr(record, "confinement", ""),
+        ready=getattr(record, "ready", False),
+        restarts=getattr(record, "restarts", 0),
+        detail=getattr(record, "detail", ""),
     )
 
 
@@ -105,6 +109,7 @@ class Agent:
         self.storage_root = storage_root
         self.budgets = {"cpu_budget": cpu_budget, "memory_budget_bytes": memory_budget_bytes}
         self.stopping = threading.Event()
+        self.ticked = threading.Condition()
         self.call = None
         self.runtime_probe = containers.RuntimeProbe()
         self.commands = Commands(
@@ -114,7 +119,7 @@ class Agent:
             scope=(self.identity or {}).get("node_id", "local"),
             runtime=self.runtime,
         )
-        orphans.adopt_orphans(self.commands)
+        adopt_orphans(self.commands.runner)
         # What this stream has told the console of each command, to report only changes.
         self.reported: dict[str, tuple] = {}
         self.last_inventory: pb.InventoryReport | None = None
@@ -153,8 +158,10 @@ class Agent:
             self.call.cancel()
 
     def run(self) -> int:
-        # Replicas are probed (and restarted) whether or not the console is reachable.
-        prober = replicas.Prober(self.commands)
+        # Members are advanced (exits noticed, stops escalated, replicas restarted) and
+        # replicas probed whether or not the console is reachable.
+        threading.Thread(target=self._tick, daemon=True).start()
+        prober = Prober(self.commands.runner)
         threading.Thread(target=prober.run, args=(self.stopping,), daemon=True).start()
         attempt = 0
         while not self.stopping.is_set():
@@ -171,6 +178,7 @@ class Agent:
     def _stream(self) -> bool:
         """One stream, until it ends. Returns whether it got as far as a Welcome."""
         outgoing: queue.Queue = queue.Queue()
+        self.commands.tick()  # the Hello tells what runs now
         known = self.commands.known()
         self.reported = {command.command_id: command.reported() for command in known}
         outgoing.put(
@@ -205,8 +213,9 @@ class Agent:
                         logger.info(
                             "connected to %s (session %s)", self.target, message.welcome.session_id
                         )
-                        # Reconciled by the console: finished ones need not be told again.
-                        self.commands.forget_finished(self.reported)
+                        # Reconciled by the console: finished ones need not be told again
+                        # (those the Hello told as they are now: a change since is told).
+                        self.commands.forget_finished(list(self.reported.items()))
                         self._send_inventory(outgoing, held=message.welcome.inventory_digest)
                         threading.Thread(
                             target=self._heartbeat,
@@ -262,7 +271,7 @@ class Agent:
             if command.kind in (STOP, CLEANUP) and command.state != "running":
                 # An answer, not work: told once, it is not carried into every later Hello
                 # (which the console caps). Lost on the way, it is delivered again.
-                self.commands.forget_finished([command.command_id])
+                self.commands.forget_finished([(command.command_id, command.reported())])
                 self.reported.pop(command.command_id, None)
 
     def _answer_log(self, request: pb.LogRequest, outgoing: queue.Queue) -> None:
@@ -275,7 +284,7 @@ class Agent:
             )
         )
 
-    def _tell(self, command: Command, outgoing: queue.Queue) -> None:
+    def _tell(self, command, outgoing: queue.Queue) -> None:
         self.reported[command.command_id] = command.reported()
         outgoing.put(pb.NodeMessage(command_update=pb.CommandUpdate(state=wire_state(command))))
 
@@ -289,7 +298,7 @@ class Agent:
                     command.state,
                     command.exit_code,
                     command.reason or "-",
-                    ", cleaned" if command.cleaned else "",
+                    ", cleaned" if getattr(command, "cleaned", False) else "",
                 )
                 self._tell(command, outgoing)
 
@@ -333,12 +342,30 @@ class Agent:
             if self.stopping.wait(max(0.0, next_at - time.monotonic())):
                 return
 
+    def _tick(self) -> None:
+        """Commands and members looked at every second (commands.tick), for as long as the
+        agent runs; each stream's watcher is woken after each look."""
+        while not self.stopping.wait(MEMBER_POLL_SECONDS):
+            try:
+                self.commands.tick()
+            except Exception:  # a look that failed never takes the agent down
+                logger.exception("looking at commands failed")
+            with self.ticked:
+                self.ticked.notify_all()
+
     def _watch(self, outgoing: queue.Queue, call) -> None:
-        """Members and commands, looked at every second for this stream: what changed is
-        reported (an exit, a cleanup done, a stop escalated); old logs are removed."""
+        """After each tick, for this stream: what changed is reported (an exit, a cleanup
+        done, a stop escalated); old logs are removed."""
         expired_at = 0.0
-        while not self.stopping.wait(MEMBER_POLL_SECONDS) and call.is_active():
-            self._report_finished(outgoing)
+        while not self.stopping.is_set() and call.is_active():
+            with self.ticked:
+                self.ticked.wait(MEMBER_POLL_SECONDS * 2)
+            if self.stopping.is_set() or not call.is_active():
+                return
+            try:
+                self._report_finished(outgoing)
+            except Exception:  # a report that failed is made again after the next tick
+                logger.exception("reporting commands failed")
             if time.monotonic() - expired_at > 3600:
                 expired_at = time.monotonic()
                 self.commands.expire_logs(LOG_RETENTION_SECONDS)

@@ -3,6 +3,7 @@ gateway imports this module, never the other way round (it imports no Django).""
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 
 from google.protobuf.json_format import MessageToDict
 
@@ -156,3 +157,111 @@ def telemetry_sample(message: pb.Telemetry) -> dict:
         "memory_used_bytes": message.memory_used_bytes,
         "memory_total_bytes": message.memory_total_bytes,
     }
+
+
+# A member's start, as the agent reads it ----------------------------------------------------
+
+
+class Refused(ValueError):
+    """A start the agent will not run; the text says why (reported as the member's detail)."""
+
+
+@dataclass(frozen=True)
+class Card:
+    index: int
+    uuid: str
+
+
+@dataclass(frozen=True)
+class Serve:
+    """A replica's port (given to it as PORT) and the path its readiness probe GETs (S1)."""
+
+    port: int
+    readiness_path: str = "/"
+
+
+DEFAULT_GRACE = 30.0
+
+
+@dataclass(frozen=True)
+class MemberSpec:
+    """What a ``start`` command's payload asks this node to run (R4), checked once, here.
+
+    Exactly one of ``argv`` and ``script`` says what runs, or neither when ``image`` has its
+    own entrypoint. ``serve`` makes it a replica; a ``serve`` that names no usable port is a
+    job's member (the console never sends one)."""
+
+    cards: tuple[Card, ...] = ()
+    argv: tuple[str, ...] = ()
+    script: str = ""
+    image: str = ""
+    env: dict = field(default_factory=dict)
+    labels: dict = field(default_factory=dict)
+    delivery_mode: str = ""
+    delivery_env: dict = field(default_factory=dict)
+    rendezvous: dict = field(default_factory=dict)
+    serve: Serve | None = None
+    cpus: float | None = None
+    memory_bytes: int | None = None
+    grace: float = DEFAULT_GRACE
+
+    @classmethod
+    def parse(cls, payload) -> "MemberSpec":
+        """The spec a payload gives, or Refused saying which part is unusable."""
+        if not isinstance(payload, dict):
+            raise Refused("refused: the start's payload is not an object")
+        argv, script, image = payload.get("argv"), payload.get("script"), payload.get("image")
+        if image is not None and not (isinstance(image, str) and image and image[0] != "-"):
+            raise Refused("refused: image must be an image reference")
+        argv_ok = isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
+        if not argv_ok and not (isinstance(script, str) and script) and not image:
+            raise Refused("refused: neither argv nor script nor image")
+        cards = payload.get("cards")
+        if not isinstance(cards, list) or not all(
+            isinstance(card, dict) and isinstance(card.get("index"), int) for card in cards
+        ):
+            raise Refused("refused: cards must be a list of {index, uuid}")
+        delivery = payload.get("delivery") if isinstance(payload.get("delivery"), dict) else {}
+        grace = payload.get("grace_seconds")
+        return cls(
+            cards=tuple(Card(card["index"], str(card.get("uuid"))) for card in cards),
+            argv=tuple(argv) if argv_ok else (),
+            script=script if isinstance(script, str) else "",
+            image=image or "",
+            env=_strings(payload.get("env")),
+            labels=_strings(payload.get("labels")),
+            delivery_mode=str(delivery.get("mode") or ""),
+            delivery_env=_strings(delivery.get("env")),
+            rendezvous=_strings(payload.get("rendezvous")),
+            serve=_serve(payload.get("serve")),
+            cpus=_positive(payload.get("cpus"), float),
+            memory_bytes=_positive(payload.get("memory_bytes"), int),
+            grace=float(grace) if _number(grace) and grace >= 0 else DEFAULT_GRACE,
+        )
+
+    @property
+    def card_indices(self) -> set[int]:
+        return {card.index for card in self.cards}
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _positive(value, kind):
+    return kind(value) if _number(value) and value > 0 else None
+
+
+def _strings(value) -> dict:
+    return {str(key): str(item) for key, item in value.items()} if isinstance(value, dict) else {}
+
+
+def _serve(value) -> Serve | None:
+    if not isinstance(value, dict):
+        return None
+    port, path = value.get("port"), value.get("readiness_path") or "/"
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        return None
+    if not isinstance(path, str) or not path.startswith("/") or any(c <= " " for c in path):
+        path = "/"
+    return Serve(port, path)

@@ -10,7 +10,7 @@ from contextlib import ExitStack
 import pytest
 
 from audit.models import AuditEvent
-from nodes.agent import members as agent_members
+from nodes.agent.member import cgroups as agent_cgroups
 from nodes.models import Node
 from nodes.services.liveness import liveness_sweep
 from placement.models import Member
@@ -59,9 +59,9 @@ def restartable_agents(require_redis, tmp_path, console_pki, node_fleet, mint, s
                     agent.send_signal(signal.SIGTERM)
                     agent.wait(20)
             for node, _, _ in laid:  # what a killed agent's members left running
-                for member_id in agent_members.cgroup_members(node.id):
-                    agent_members.signal_member(None, f"{node.id}/{member_id}", signal.SIGKILL)
-                    agent_members.release(f"{node.id}/{member_id}")
+                for member_id in agent_cgroups.cgroup_members(node.id):
+                    agent_cgroups.signal_member(None, f"{node.id}/{member_id}", signal.SIGKILL)
+                    agent_cgroups.release(f"{node.id}/{member_id}")
 
 
 def sweep_until(check, what: str, timeout: float = 60):
@@ -119,7 +119,7 @@ def test_R8_R9_past_the_deadline_it_is_retried_elsewhere_and_the_leftover_stoppe
     assert AuditEvent.objects.filter(
         action="member.leftover_running", target_id=str(member.pk)
     ).exists()
-    assert not agent_members.live_pids(f"{member.node_id}/{member.command_id}")
+    assert not agent_cgroups.live_pids(f"{member.node_id}/{member.command_id}")
     body = shown(member_api, job["id"])
     assert body["state"] == "running" and [a["state"] for a in body["attempts"]] == [
         "lost",

@@ -9,7 +9,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from nodes.agent import members as agent_members
+from nodes.agent.member import cgroups as agent_cgroups
 from nodes.models import ControlSession, Node, NodeCommand
 from placement.models import Attempt, CardHold
 from placement.services.reconcile import members_reconcile
@@ -116,9 +116,9 @@ def two_agents(require_redis, tmp_path, console_pki, node_fleet, mint):
                 agent.send_signal(signal.SIGTERM)
                 agent.wait(20)
             for node, _, _ in nodes:  # a start taken as its agent stopped runs on (R6)
-                for member_id in agent_members.cgroup_members(node.id):
-                    agent_members.signal_member(None, f"{node.id}/{member_id}", signal.SIGKILL)
-                    agent_members.release(f"{node.id}/{member_id}")
+                for member_id in agent_cgroups.cgroup_members(node.id):
+                    agent_cgroups.signal_member(None, f"{node.id}/{member_id}", signal.SIGKILL)
+                    agent_cgroups.release(f"{node.id}/{member_id}")
 
 
 def test_R3_R4_a_gang_runs_on_two_real_agents_with_its_rendezvous_env(

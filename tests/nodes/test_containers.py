@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from nodes.agent import containers, members
 from nodes.agent.commands import Commands
-from nodes.agent.orphans import adopt_orphans
+from nodes.agent.member import cgroups, containers
+from nodes.agent.member.adoption import adopt_orphans
+from nodes.agent.wire import MemberSpec
 from tests.conftest import H100_DEVICES
 from tests.dockerd import IMAGE, unique_scope
 
@@ -39,9 +40,9 @@ def node(dockerd, tmp_path):
     yield commands(tmp_path / "state", scope, tmp_path / "storage")
     for member_id in containers.members("docker", scope):
         containers.remove("docker", member_id)
-    for member_id in members.cgroup_members(scope):
-        members.signal_member(None, f"{scope}/{member_id}", members.SIGKILL)
-        members.release(f"{scope}/{member_id}")
+    for member_id in cgroups.cgroup_members(scope):
+        cgroups.signal_member(None, f"{scope}/{member_id}", cgroups.SIGKILL)
+        cgroups.release(f"{scope}/{member_id}")
 
 
 def start(node, member_id, cards=(), **payload):
@@ -49,6 +50,7 @@ def start(node, member_id, cards=(), **payload):
 
 
 def member(node, member_id):
+    node.tick()  # the agent looks at what runs every second
     return next(c for c in node.known() if c.command_id == member_id)
 
 
@@ -128,7 +130,7 @@ def test_R4_a_member_in_a_container_gets_its_cards_env_delivery_and_mounts(node,
             "docker",
             member_id="m",
             scope="s",
-            payload={"image": IMAGE, "env": {"SECRET": "s3cr3t"}},
+            spec=MemberSpec.parse({"image": IMAGE, "env": {"SECRET": "s3cr3t"}, "cards": []}),
             env_names={"SECRET": "s3cr3t"},
             scratch="/x",
             storage_root=None,
@@ -214,7 +216,7 @@ def test_R6_a_restarted_agent_keeps_its_container_members_and_rebuilds_lost_stat
     os.killpg(wrapper, signal.SIGKILL)
     (node.directory / "m-orphan.json").unlink()
     third = commands(node.root, node.scope, tmp_path / "storage")
-    assert adopt_orphans(third) == ["m-orphan"]
+    assert adopt_orphans(third.runner) == ["m-orphan"]
     adopted = member(third, "m-orphan")
     assert (adopted.state, adopted.reason, adopted.container) == ("running", "adopted", "docker")
     ended = settled(third, "m-orphan")  # read back from the container itself

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from nodes.agent import members
 from nodes.agent.command import process_start_time
 from nodes.agent.commands import Commands
-from nodes.agent.orphans import adopt_orphans
+from nodes.agent.member import cgroups, launch
+from nodes.agent.member.adoption import adopt_orphans
 from tests.conftest import H100_DEVICES
 
 pytestmark = pytest.mark.e2e
@@ -28,10 +28,10 @@ def node(tmp_path):
     yield Commands(
         tmp_path / "state", devices=lambda: H100_DEVICES, storage_root="/srv/tp", scope=scope
     )
-    for member_id in members.cgroup_members(scope):
-        members.signal_member(None, f"{scope}/{member_id}", members.SIGKILL)
-        members.release(f"{scope}/{member_id}")
-    for path in members.cgroup_paths(f"{scope}/-")[1]:
+    for member_id in cgroups.cgroup_members(scope):
+        cgroups.signal_member(None, f"{scope}/{member_id}", cgroups.SIGKILL)
+        cgroups.release(f"{scope}/{member_id}")
+    for path in cgroups.cgroup_paths(f"{scope}/-")[1]:
         if path.parent.exists():  # the last member's release took it already
             path.parent.rmdir()
 
@@ -40,10 +40,16 @@ def start(node, member_id, cards, **payload):
     return node.accept(member_id, "start", {"cards": cards, **payload})
 
 
+def looked_at(node, member_id):
+    """The member after the agent has looked at what runs, as it does every second."""
+    node.tick()
+    return next(c for c in node.known() if c.command_id == member_id)
+
+
 def settled(node, member_id, timeout=20):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        member = next(c for c in node.known() if c.command_id == member_id)
+        member = looked_at(node, member_id)
         if member.state != "running":
             return member
         time.sleep(0.1)
@@ -110,7 +116,7 @@ def test_R10_stop_is_sigterm_then_sigkill_after_the_grace(node, tmp_path):
     time.sleep(0.3)
     node.accept("c-stop", "stop", {"member": "m-stubborn", "grace_seconds": 1})
     time.sleep(0.5)
-    assert next(c for c in node.known() if c.command_id == "m-stubborn").state == "running"
+    assert looked_at(node, "m-stubborn").state == "running"
     ended = settled(node, "m-stubborn")  # SIGKILL after the grace
     assert (ended.state, ended.reason) == ("failed", "stopped")
     assert (tmp_path / "log").read_text().startswith("term")
@@ -130,7 +136,7 @@ def test_R5_a_member_over_its_memory_ends_oom_and_reports_its_confinement(node):
         cpus=0.5,
     )
     assert member.confinement == "cgroup-v1", member.confinement
-    version, paths = members.cgroup_paths(node.cgroup("m-hungry"))
+    version, paths = cgroups.cgroup_paths(node.cgroup("m-hungry"))
     assert (paths[0] / "memory.limit_in_bytes").read_text().strip() == str(64 << 20)
     assert (paths[1] / "cpu.cfs_quota_us").read_text().strip() == "50000"
     ended = settled(node, "m-hungry")
@@ -149,9 +155,9 @@ def test_R7_cleanup_kills_what_is_left_removes_the_scratch_and_keeps_the_log(nod
     deadline = time.monotonic() + 10
     while not ended.cleaned and time.monotonic() < deadline:
         time.sleep(0.2)
-        ended = next(c for c in node.known() if c.command_id == "m-left")
+        ended = looked_at(node, "m-left")
     assert ended.cleaned and not scratch.exists()
-    assert not members.cgroup_pids(node.cgroup("m-left"))  # the escaped grandchild too
+    assert not cgroups.cgroup_pids(node.cgroup("m-left"))  # the escaped grandchild too
     assert node.log_tail("m-left", 100).startswith(b"hello\n")
     # A cleanup of a member whose state file is lost still cleans by its id.
     stray = node.accept("c-clean-lost", "cleanup", {"member": "m-lost-file"})
@@ -177,13 +183,13 @@ def test_R4_a_member_is_on_the_nodes_disk_before_its_process_starts(node, monkey
     for its own record as its first act, finds it."""
     record = node.directory / "m-first.json"
     on_disk_at_spawn = []
-    spawn = node._spawn
+    spawn = launch.spawn
 
-    def spawned(command, *args, **kwargs):
+    def spawned(*args, **kwargs):
         on_disk_at_spawn.append(record.exists())
-        return spawn(command, *args, **kwargs)
+        return spawn(*args, **kwargs)
 
-    monkeypatch.setattr(node, "_spawn", spawned)
+    monkeypatch.setattr(launch, "spawn", spawned)
     check = f"import os, sys; sys.exit(0 if os.path.exists({str(record)!r}) else 7)"
     start(node, "m-first", [CARDS[0]], argv=["python3", "-c", check])
     assert on_disk_at_spawn == [True]
@@ -197,7 +203,7 @@ def test_R6_a_reused_pid_never_reads_running_and_a_stop_never_signals_it(node):
     import subprocess
 
     start(node, "m-reused", [CARDS[0]], argv=["sleep", "600"])
-    members.signal_member(None, f"{node.scope}/m-reused", members.SIGKILL)
+    cgroups.signal_member(None, f"{node.scope}/m-reused", cgroups.SIGKILL)
     time.sleep(0.1)  # ten clock ticks: the stranger's start time cannot be the member's
     stranger = subprocess.Popen(["sleep", "600"])
     try:
@@ -221,7 +227,8 @@ def test_logs_are_kept_for_the_retention_then_removed_by_the_agent(node):
     start(node, "m-kept", [CARDS[0]], argv=["echo", "kept"])
     settled(node, "m-kept")
     node.accept("c-clean", "cleanup", {"member": "m-kept"})
-    node.forget_finished(["m-kept", "c-clean"])  # reconciled by the console: forgotten
+    told = [(record.command_id, record.reported()) for record in node.known()]
+    node.forget_finished(told)  # reconciled by the console: forgotten
     log = node.logs / "m-kept.log"
     assert log.read_text() == "kept\n"
     node.expire_logs(retention_seconds=3600)
@@ -235,14 +242,14 @@ def test_logs_are_kept_for_the_retention_then_removed_by_the_agent(node):
 def test_R6_a_member_whose_state_file_is_lost_is_adopted_from_its_cgroup(node, tmp_path):
     first = start(node, "m-orphan", [CARDS[4]], argv=["sleep", "30"])
     deadline = time.monotonic() + 5
-    while not members.cgroup_pids(node.cgroup("m-orphan")) and time.monotonic() < deadline:
+    while not cgroups.cgroup_pids(node.cgroup("m-orphan")) and time.monotonic() < deadline:
         time.sleep(0.05)  # the wrapper joins its cgroup as it starts
     (node.directory / "m-orphan.json").unlink()  # the state file lost
     again = Commands(node.root, devices=lambda: H100_DEVICES, scope=node.scope)
-    assert adopt_orphans(again) == ["m-orphan"]
+    assert adopt_orphans(again.runner) == ["m-orphan"]
     adopted = next(c for c in again.known() if c.command_id == "m-orphan")
     assert (adopted.state, adopted.pid, adopted.reason) == ("running", first.pid, "adopted")
     other = Commands(tmp_path / "other", devices=lambda: H100_DEVICES, scope="another-node")
-    assert adopt_orphans(other) == []  # another agent's scope: never its members
+    assert adopt_orphans(other.runner) == []  # another agent's scope: never its members
     again.accept("c-clean", "cleanup", {"member": "m-orphan", "grace_seconds": 0})
     assert settled(again, "m-orphan").cleaned

@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from nodes.agent import replicas
+from nodes.agent.member import cgroups, policy
+from nodes.agent.member.probing import Prober, probe
 from tests.conftest import H100_DEVICES
 
 from .test_members import CARDS, node, start  # noqa: F401 -- node: a fixture
@@ -69,6 +70,8 @@ def until(what: str, check, timeout: float = 30):
 
 
 def member(node, member_id):  # noqa: F811 -- node: the fixture
+    """The member after the agent has looked at what runs, as it does every second."""
+    node.tick()
     return next(c for c in node.known() if c.command_id == member_id)
 
 
@@ -76,7 +79,7 @@ def answers(port: int, node=None):  # noqa: F811
     """What the server on the port answers, if it does; with ``node``, the agent first looks
     at its members, as its watcher does every second (a restart falls due there)."""
     if node is not None:
-        node.known()
+        node.tick()
     try:
         return get(port)
     except OSError:
@@ -141,29 +144,27 @@ def test_S1_readiness_one_success_ready_three_failures_not_ready(node):  # noqa:
     port = free_port()
     start(node, "r-probe", [CARDS[0]], **serve_payload(port, HEALTH_STATUS="503"))
     until("serving", lambda: answers(port))
-    prober = replicas.Prober(node, interval=0.0, startup=0.0)
+    prober = Prober(node.runner, interval=0.0, startup=0.0)
     prober.tick(time.monotonic())
     failing = until("probed", lambda: (m := member(node, "r-probe")).detail and m)
     assert (failing.ready, failing.detail) == (False, "HTTP 503 from /health")
     # Ready after one success; a ready replica stays ready through two failures, not three.
-    node.probed("r-probe", "", unready=False)
+    node.runner.probed("r-probe", "", failures=0)
     assert member(node, "r-probe").ready is True
-    node.probed("r-probe", "connection refused on port 1", unready=False)
+    node.runner.probed("r-probe", "connection refused on port 1", failures=1)
     assert (member(node, "r-probe").ready, member(node, "r-probe").detail) == (True, "")
-    node.probed("r-probe", "connection refused on port 1", unready=True)
+    node.runner.probed("r-probe", "connection refused on port 1", failures=3)
     assert member(node, "r-probe").ready is False
     assert member(node, "r-probe").detail == "connection refused on port 1"
 
 
 def test_S1_the_probe_says_why_in_stable_words():
     port = free_port()
-    assert replicas.probe(port, "/health") == f"connection refused on port {port}"
+    assert probe(port, "/health") == f"connection refused on port {port}"
     with socket.socket() as silent:  # accepts, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        assert replicas.probe(silent.getsockname()[1], "/", timeout=0.5) == (
-            "probe timed out after 0s"
-        )
+        assert probe(silent.getsockname()[1], "/", timeout=0.5) == ("probe timed out after 0s")
 
 
 def test_S1_the_prober_counts_failures_in_a_row_before_a_ready_replica_goes_unready(
@@ -172,7 +173,7 @@ def test_S1_the_prober_counts_failures_in_a_row_before_a_ready_replica_goes_unre
     port = free_port()
     start(node, "r-count", [CARDS[0]], **serve_payload(port))
     until("serving", lambda: answers(port))
-    prober = replicas.Prober(node, interval=0.0, startup=0.0)
+    prober = Prober(node.runner, interval=0.0, startup=0.0)
 
     def probe_once():
         prober.tick(time.monotonic())
@@ -182,7 +183,7 @@ def test_S1_the_prober_counts_failures_in_a_row_before_a_ready_replica_goes_unre
     assert member(node, "r-count").ready is True
     os.kill(answers(port)["pid"], signal.SIGSTOP)  # alive, not answering: probes time out
     try:
-        for _ in range(replicas.FAILURES_TO_UNREADY - 1):
+        for _ in range(policy.FAILURES_TO_UNREADY - 1):
             probe_once()
             assert member(node, "r-count").ready is True
         probe_once()
@@ -194,9 +195,7 @@ def test_S1_the_prober_counts_failures_in_a_row_before_a_ready_replica_goes_unre
 
 
 def members_pids(node, member_id):  # noqa: F811
-    from nodes.agent import members
-
-    return members.cgroup_pids(node.cgroup(member_id))
+    return cgroups.cgroup_pids(node.cgroup(member_id))
 
 
 def test_S1_a_replica_is_probed_every_second_until_first_ready_then_every_interval(
@@ -205,7 +204,7 @@ def test_S1_a_replica_is_probed_every_second_until_first_ready_then_every_interv
     port = free_port()
     start(node, "r-startup", [CARDS[0]], **serve_payload(port))
     until("serving", lambda: answers(port))
-    prober = replicas.Prober(node, interval=5.0, startup=1.0)
+    prober = Prober(node.runner, interval=5.0, startup=1.0)
     now = time.monotonic()
     prober.tick(now)  # not Ready yet: the next probe a second on
     until("probed", lambda: not prober.pending)

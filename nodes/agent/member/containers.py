@@ -1,7 +1,7 @@
 """Members that run in a container: a start naming an ``image`` on a node with a container
 runtime (docker or podman) (DESIGN §7).
 
-The member is still started by the agent's wrapper (members.WRAPPER), in a session of its
+The member is still started by the agent's wrapper (launch.WRAPPER), in a session of its
 own, its exit code in its exit file and its output in its log: the wrapper runs the
 runtime's foreground ``run``, whose exit code is the container's. The container itself is
 the runtime's child, not the agent's, so everything that ends it goes through the runtime
@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+
+from ..wire import MemberSpec
 
 logger = logging.getLogger("tuneplane-node")
 
@@ -99,12 +101,12 @@ def _run(runtime: str, *args: str, timeout: float = RUNTIME_TIMEOUT) -> str | No
     return done.stdout
 
 
-def _gpus(runtime: str, cards: list[dict]) -> list[str]:
+def _gpus(runtime: str, cards) -> list[str]:
     """Exactly its cards, by UUID, where the NVIDIA container toolkit is installed (without
     it there are no cards to pass; the member's CUDA_/NVIDIA_VISIBLE_DEVICES still say)."""
     if not cards or not (shutil.which("nvidia-container-cli") or shutil.which("nvidia-ctk")):
         return []
-    uuids = [card["uuid"] for card in cards]
+    uuids = [card.uuid for card in cards]
     if runtime == "podman":  # CDI names
         return [option for uuid in uuids for option in ("--device", f"nvidia.com/gpu={uuid}")]
     return ["--gpus", f'"device={",".join(uuids)}"']
@@ -115,7 +117,7 @@ def run_argv(
     *,
     member_id: str,
     scope: str,
-    payload: dict,
+    spec: MemberSpec,
     env_names,
     scratch,
     storage_root: str | None,
@@ -126,20 +128,19 @@ def run_argv(
     argv = [runtime, "run", "--init", "--name", name_of(member_id)]
     argv += ["--label", f"{LABEL_MEMBER}={member_id}", "--label", f"{LABEL_SCOPE}={scope}"]
     argv += ["--network", "host", "--workdir", str(scratch), "-v", f"{scratch}:{scratch}"]
-    delivery = payload.get("delivery") or {}
-    if delivery.get("mode") == "shared-mount" and storage_root:
+    if spec.delivery_mode == "shared-mount" and storage_root:
         argv += ["-v", f"{storage_root}:{storage_root}"]
-    if payload.get("cpus"):
-        argv += ["--cpus", f"{float(payload['cpus']):g}"]
-    if payload.get("memory_bytes"):
-        memory = str(int(payload["memory_bytes"]))
+    if spec.cpus:
+        argv += ["--cpus", f"{spec.cpus:g}"]
+    if spec.memory_bytes:
+        memory = str(spec.memory_bytes)
         argv += ["--memory", memory, "--memory-swap", memory]  # no swap beyond it: an OOM
-    argv += _gpus(runtime, payload.get("cards") or [])
+    argv += _gpus(runtime, spec.cards)
     for name in sorted(env_names):
         argv += ["-e", name]
     if script is not None:
-        return [*argv, "--entrypoint", "/bin/sh", payload["image"], "-c", SCRIPT_RUNNER, script]
-    return [*argv, payload["image"], *(payload.get("argv") or [])]
+        return [*argv, "--entrypoint", "/bin/sh", spec.image, "-c", SCRIPT_RUNNER, script]
+    return [*argv, spec.image, *spec.argv]
 
 
 def inspect(runtime: str, member_id: str) -> dict | None:

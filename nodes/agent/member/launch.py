@@ -1,0 +1,89 @@
+"""What a member's process is started with (R4): its argv, its env, its scratch dir and the
+wrapper that confines it and records how it ended — everything named by the member's id, so
+that a cleanup finds it even when the state file is gone (R7)."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..wire import MemberSpec
+
+# "$1" is the exit file, "$2" the cgroup.procs files to join (space-separated); the argv
+# follows. The wrapper joins the cgroups, then runs the argv in the foreground with a TERM
+# trap: a stop's SIGTERM to the process group reaches the member, while the wrapper (whose
+# trap runs only once the member is gone, and which the member does not inherit) stays to
+# write the exit code, atomically, for an agent that may have restarted since.
+WRAPPER = (
+    'exitfile=$1; procs=$2; shift 2; for f in $procs; do echo $$ > "$f" || '
+    '{ echo 125 > "$exitfile.tmp"; mv "$exitfile.tmp" "$exitfile"; exit 125; }; done; '
+    'trap : TERM; "$@"; code=$?; echo "$code" > "$exitfile.tmp" && mv "$exitfile.tmp" "$exitfile"'
+)
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def member_env(spec: MemberSpec, scratch: Path, storage_root: str | None = None) -> dict:
+    """R4: exactly its cards, the job's env, its Fleet's delivery, a gang's rendezvous —
+    over the agent's own environment, less what names cards or the agent's settings."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("TUNEPLANE_", "CUDA_", "NVIDIA_"))
+    }
+    env.update(own_env(spec, scratch, storage_root))
+    return env
+
+
+def own_env(spec: MemberSpec, scratch: Path, storage_root: str | None = None) -> dict:
+    """What the member's env says of it alone (all a container gets)."""
+    cards = sorted(spec.cards, key=lambda card: card.index)
+    env = dict(spec.env)
+    env.update(
+        {
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(card.index) for card in cards),
+            "NVIDIA_VISIBLE_DEVICES": ",".join(card.uuid for card in cards) or "void",
+            "TUNEPLANE_SCRATCH_DIR": str(scratch),
+        }
+    )
+    env.update(spec.labels)
+    shared = spec.delivery_mode == "shared-mount"
+    for key, value in spec.delivery_env.items():
+        env[key] = str(Path(storage_root or "/", value)) if shared else value
+    env.update(spec.rendezvous)
+    if spec.serve is not None:
+        env["PORT"] = str(spec.serve.port)  # a replica listens there (S1)
+    return env
+
+
+def argv_of(spec: MemberSpec, scratch: Path) -> list[str]:
+    """What runs: its argv, or its script written to its scratch dir and run by bash."""
+    if spec.script:
+        script = scratch / "script.sh"
+        script.write_text(spec.script)
+        return ["/bin/bash", str(script)]
+    return list(spec.argv)
+
+
+def remove_scratch(scratch: Path) -> None:
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def spawn(argv: list[str], log_path: Path, **options) -> subprocess.Popen:
+    """A process in a session of its own (it outlives the agent, R6), its output appended to
+    its log. OSError when it cannot start."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            **options,
+        )

@@ -1,0 +1,77 @@
+"""A member as the agent keeps it in its state dir: one JSON file per member, written before
+its process starts (R4) and after every change, so that an agent that restarts knows what
+each of its members is, holds and was asked (R6)."""
+
+from dataclasses import dataclass, field
+
+RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+START = "start"  # the command kind that makes a member
+
+
+@dataclass
+class Member:
+    command_id: str  # the member's id: its start command's
+    kind: str = START
+    argv: list = field(default_factory=list)  # its first word, for the log
+    state: str = RUNNING
+    exit_code: int | None = None
+    # Its process group's leader, and that process's start time in /proc (against pid reuse).
+    pid: int | None = None
+    started: str | None = None
+    # Why it ended, whether what it left is gone (R7), its confinement (R5), the boot it
+    # started in (R6), its cards, and a stop under way (when asked, its grace, when killed).
+    reason: str = ""
+    cleaned: bool = False
+    confinement: str = ""
+    boot_id: str = ""
+    cards: list = field(default_factory=list)
+    stop_at: float | None = None
+    grace: float = 30.0
+    killed_at: float | None = None
+    cleanup_wanted: bool = False
+    # The runtime a member in a container runs under ("docker", "podman"); "": a process.
+    container: str = ""
+    # A replica's: its port and readiness path, the start it restarts from, whether its
+    # probe passes, restarts so far, the probe's error or why it restarts, and when.
+    serve: dict | None = None
+    spec: dict | None = None
+    ready: bool = False
+    restarts: int = 0
+    detail: str = ""
+    restart_at: float | None = None
+    backoff: int = 0
+    launched_at: float | None = None
+    # A container member with a memory limit: the node's OOM-kill count at its launch
+    # (containers.oom_ended).
+    oom_kills: int | None = None
+
+    def reported(self) -> tuple:
+        """What the console is told: a change in any of it is reported."""
+        return (
+            self.state,
+            self.exit_code,
+            self.reason,
+            self.cleaned,
+            self.confinement,
+            self.ready,
+            self.restarts,
+            self.detail,
+        )
+
+    @property
+    def holds_cards(self) -> bool:
+        return not self.cleaned
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_at is not None or self.cleanup_wanted
+
+    @property
+    def serving(self) -> bool:
+        """A replica whose process runs now: what the readiness probe asks."""
+        return (
+            self.serve is not None
+            and self.state == RUNNING
+            and self.restart_at is None
+            and self.stop_at is None
+        )

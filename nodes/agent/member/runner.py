@@ -1,0 +1,301 @@
+"""The member runner: starts what a ``start`` asks (R4), stops (R10) and cleans (R7) what the
+console says, and advances every member on an explicit ``tick`` — an exit noticed, a stop
+escalated to SIGKILL, a replica restarted after its backoff, a cleanup finished. Nothing
+happens to a member between ticks but what the console asks; reading the store changes
+nothing. Every decision is member/policy.py's; this module observes and acts."""
+
+import logging
+import subprocess
+import time
+from pathlib import Path
+
+from .. import state
+from ..command import COMMAND_ID, process_start_time
+from ..wire import MemberSpec, Refused
+from . import cgroups, launch, logs, policy
+from .drivers import ContainerDriver, ProcessDriver, driver_of
+from .record import FAILED, RUNNING, Member
+from .store import Store
+
+logger = logging.getLogger("tuneplane-node")
+
+
+class Runner:
+    def __init__(
+        self,
+        store: Store,
+        root: Path,
+        *,
+        devices=lambda: [],
+        storage_root: str | None = None,
+        scope: str = "local",
+        runtime=lambda: "",
+    ):
+        self.store = store
+        self.logs = root / "logs"
+        self.scratch = root / "members"
+        # The cards this node has now, as its inventory reports them ({index, uuid}).
+        self.devices = devices
+        self.storage_root = storage_root
+        # The agent's cgroups are under tuneplane/<scope>/ (the node id): its own only.
+        self.scope = scope
+        # The container runtime this node has now ("docker", "podman" or ""), for an image.
+        self.runtime = runtime
+        self.children: dict[str, subprocess.Popen] = {}
+
+    def cgroup(self, member_id: str) -> str:
+        return f"{self.scope}/{member_id}"
+
+    # What the console asks -----------------------------------------------------------------
+
+    def start(self, member_id: str, payload, now: float | None = None) -> Member:
+        """Persisted before it starts (R4); a start this node refuses is recorded failed,
+        never run (R1)."""
+        now = time.time() if now is None else now
+        member = Member(command_id=member_id, boot_id=launch.boot_id())
+        try:
+            spec = MemberSpec.parse(payload)
+            held = {
+                card["index"]
+                for other in self.store.members()
+                if other.holds_cards
+                for card in other.cards
+            }
+            refusal = policy.refusal(spec, self.devices(), held, self.runtime())
+        except Refused as error:
+            spec, refusal = None, str(error)
+        if refusal:
+            member.state, member.exit_code, member.reason = FAILED, policy.VANISHED, "refused"
+            member.cleaned, member.detail = True, refusal[: policy.MAX_DETAIL]
+            logger.warning("member %s %s", member_id, refusal)
+            self.store.save(member)
+            return member
+        member.cards = [{"index": card.index, "uuid": card.uuid} for card in spec.cards]
+        member.grace = spec.grace
+        if spec.serve is not None:
+            member.serve = {"port": spec.serve.port, "readiness_path": spec.serve.readiness_path}
+            member.spec = payload  # what a restart starts again
+        self.store.save(member)
+        self._launch(member, spec, now)
+        return member
+
+    def stop(self, member: Member, grace: float, now: float | None = None) -> Member:
+        """SIGTERM to its process group and cgroup (and its container), SIGKILL once the
+        grace is over (R10): a later tick sends it."""
+        now = time.time() if now is None else now
+        member = self.advance(member, now)
+        if member.state != RUNNING or member.stop_at is not None:
+            return member
+        member.stop_at, member.grace = now, grace
+        self.store.save(member)
+        cgroups.signal_member(self._leader(member), self.cgroup(member.command_id), cgroups.SIGTERM)
+        driver_of(member).terminate(member, grace)
+        return self._escalate(member, now)
+
+    def cleanup(self, member: Member, grace: float, now: float | None = None) -> Member:
+        """A stop, then everything it left removed once it has ended (R7)."""
+        now = time.time() if now is None else now
+        member = self.stop(member, grace, now)
+        member.cleanup_wanted = True
+        self.store.save(member)
+        return self.advance(member, now)
+
+    def clean_unknown(self, member_id: str) -> None:
+        """A cleanup for a member this node has no record of (a lost state file): whatever
+        carries its id is removed all the same (R7)."""
+        if not COMMAND_ID.fullmatch(member_id):
+            return
+        cgroup = self.cgroup(member_id)
+        cgroups.signal_member(None, cgroup, cgroups.SIGKILL)
+        if self.runtime():
+            ContainerDriver(self.runtime()).remove(member_id)
+        cgroups.release(cgroup)
+        launch.remove_scratch(self.scratch / member_id)
+
+    # The tick --------------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> None:
+        """Every member advanced once."""
+        now = time.time() if now is None else now
+        with self.store.lock:
+            for member in self.store.members():
+                self.advance(member, now)
+
+    def advance(self, member: Member, now: float) -> Member:
+        if member.state != RUNNING:
+            if member.cleanup_wanted and not member.cleaned:
+                self._clean(member, now)
+            return member
+        if member.restart_at is not None:
+            return self._restart_due(member, now)
+        child = self.children.get(member.command_id)
+        if child is not None:
+            child.poll()  # reap it, so its pid is not a zombie
+        driver = driver_of(member)
+        leader = self._leader(member)
+        exit_code = self.store.exit_code(member.command_id, policy.VANISHED)
+        seen = policy.Observed(
+            exit_code=exit_code,
+            oom=exit_code is not None and driver.oom(member, self.cgroup(member.command_id)),
+            leader_alive=leader is not None,
+            container=driver.container_state(member) if leader is None else None,
+            stopping=member.stop_at is not None,
+            boot_then=member.boot_id,
+            boot_now=launch.boot_id(),
+        )
+        outcome = policy.ended(seen)
+        if outcome is None:
+            return self._escalate(member, now)
+        code, reason = outcome
+        self.children.pop(member.command_id, None)
+        restart = policy.restart_after_exit(
+            serving=member.serve is not None,
+            stopping=member.stopping,
+            launched_at=member.launched_at,
+            backoff=member.backoff,
+            code=code,
+            reason=reason,
+            now=now,
+        )
+        if restart is not None:
+            member.exit_code, member.restart_at, member.backoff = code, restart.at, restart.backoff
+            member.ready, member.pid, member.started = False, None, None
+            member.reason, member.detail = "restarting", restart.detail
+            self.store.save(member)
+            return member
+        member.state = policy.final_state(code, reason)
+        member.exit_code, member.reason = code, reason
+        if member.cleanup_wanted:
+            self._clean(member, now)
+        self.store.save(member)
+        return member
+
+    def _restart_due(self, member: Member, now: float) -> Member:
+        """A replica waiting out its restart backoff: stopped meanwhile, it ends; due, its
+        process starts again from the start it was given."""
+        if member.stopping:
+            member.state, member.reason, member.restart_at = FAILED, "stopped", None
+            member.exit_code = policy.VANISHED if member.exit_code is None else member.exit_code
+            if member.cleanup_wanted:
+                self._clean(member, now)
+            self.store.save(member)
+        elif now >= member.restart_at:
+            member.restart_at, member.restarts, member.reason = None, member.restarts + 1, ""
+            self.store.path(member.command_id, ".exit").unlink(missing_ok=True)
+            try:
+                spec = MemberSpec.parse(member.spec or {})
+            except Refused as error:  # a record an older agent wrote, say
+                member.state, member.reason, member.detail = FAILED, "refused", str(error)
+                self.store.save(member)
+                return member
+            self._launch(member, spec, now)
+        return member
+
+    def _escalate(self, member: Member, now: float) -> Member:
+        """A stop under way: SIGKILL once the grace is over; unkillable a minute after."""
+        step = policy.escalation(member.stop_at, member.grace, member.killed_at, member.reason, now)
+        if step == "kill":
+            cgroup = self.cgroup(member.command_id)
+            cgroups.signal_member(self._leader(member), cgroup, cgroups.SIGKILL)
+            driver_of(member).kill(member)
+            member.killed_at = now
+            self.store.save(member)
+        elif step == "unkillable":
+            member.reason = "unkillable"
+            self.store.save(member)
+        return member
+
+    def _clean(self, member: Member, now: float) -> None:
+        """Whatever the member left is gone: its processes, cgroup and scratch dir (R7)."""
+        cgroup = self.cgroup(member.command_id)
+        cgroups.signal_member(self._leader(member), cgroup, cgroups.SIGKILL)
+        gone = driver_of(member).remove(member.command_id)
+        cgroups.release(cgroup)
+        launch.remove_scratch(self.scratch / member.command_id)
+        member.cleaned = gone and not cgroups.live_pids(cgroup)
+        if not member.cleaned:
+            # Something of it outlived SIGKILL: a minute on, it is unkillable (stuck in the
+            # kernel); the node is cordoned for it and its cards stay held (DESIGN §7).
+            member.killed_at = member.killed_at or now
+            if policy.unkillable(member.killed_at, now):
+                member.reason = "unkillable"
+        self.store.save(member)
+
+    # Starting its process --------------------------------------------------------------------
+
+    def _launch(self, member: Member, spec: MemberSpec, now: float) -> None:
+        scratch = self.scratch / member.command_id
+        state.ensure_private_dir(scratch)
+        argv = launch.argv_of(spec, scratch)
+        member.argv = argv[:1]
+        driver = ContainerDriver(self.runtime()) if spec.image else ProcessDriver()
+        member.container = driver.runtime
+        argv, limits = driver.launch(
+            member,
+            spec,
+            argv,
+            scratch,
+            scope=self.scope,
+            env_names=launch.own_env(spec, scratch, self.storage_root),
+            storage_root=self.storage_root,
+        )
+        confinement, procs = cgroups.confine(self.cgroup(member.command_id), *limits)
+        member.confinement = driver.confinement(confinement)
+        state.ensure_private_dir(self.logs)
+        wrapper = ["/bin/sh", "-c", launch.WRAPPER, "sh"]
+        exit_file = str(self.store.path(member.command_id, ".exit"))
+        try:
+            child = launch.spawn(
+                [*wrapper, exit_file, " ".join(procs), *argv],
+                self.logs / f"{member.command_id}.log",
+                cwd=scratch,
+                env=launch.member_env(spec, scratch, self.storage_root),
+            )
+        except OSError as error:
+            logger.warning("member %s could not start: %s", member.command_id, error)
+            member.state, member.exit_code, member.reason = FAILED, policy.VANISHED, "start_failed"
+        else:
+            self.children[member.command_id] = child
+            member.pid, member.started = child.pid, process_start_time(child.pid)
+        member.launched_at, member.boot_id = now, launch.boot_id()
+        self.store.save(member)
+
+    def _leader(self, member: Member) -> int | None:
+        """The member's process group, if its leader is still the process it started (a pid
+        reused by another job's wrapper is never signalled)."""
+        pid = member.pid
+        if pid and process_start_time(pid) == member.started and not cgroups.zombie(pid):
+            return pid
+        return None
+
+    # Readers and the prober's answers -------------------------------------------------------
+
+    def serving(self) -> list[Member]:
+        """Replicas whose process runs now: what the readiness probe asks."""
+        return [member for member in self.store.members() if member.serving]
+
+    def probed(
+        self, member_id: str, error: str, failures: int, launched_at: float | None = None
+    ) -> None:
+        """A probe's answer, applied to the launch it probed only: an answer from before a
+        restart never makes the new process Ready. Written only when it changes something."""
+        with self.store.lock:
+            member = self.store.get(member_id)
+            if not isinstance(member, Member) or not member.serving:
+                return
+            if launched_at is not None and member.launched_at != launched_at:
+                return
+            after = policy.probed(member.ready, member.detail, error, failures)
+            if after != (member.ready, member.detail):
+                member.ready, member.detail = after
+                self.store.save(member)
+
+    def log_tail(self, member_id: str, tail_bytes: int) -> bytes | None:
+        if not COMMAND_ID.fullmatch(member_id):
+            return None
+        path = self.logs / f"{member_id}.log"
+        return logs.tail(path, tail_bytes) if path.exists() else None
+
+    def expire_logs(self, retention_seconds: float, keep: set[str]) -> None:
+        for path in logs.expired(self.logs, retention_seconds, keep):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,169 @@
+"""The agent's member decisions as pure functions (nodes/agent/member/policy.py) and the start
+it reads (wire.MemberSpec): no process, cgroup, root or clock — what the runner does with
+them on real processes is test_members.py, test_replicas.py and test_containers.py."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodes.agent.member import policy
+from nodes.agent.member.policy import Observed, ended
+from nodes.agent.wire import Card, MemberSpec, Refused, Serve
+
+DEVICES = [{"index": i, "uuid": f"GPU-{i}"} for i in range(4)]
+
+
+def spec(**payload):
+    return MemberSpec.parse({"cards": [], "argv": ["true"], **payload})
+
+
+# The start as read (R4) ----------------------------------------------------------------------
+
+
+def test_R4_a_start_is_read_into_a_typed_spec_once():
+    read = MemberSpec.parse(
+        {
+            "cards": [{"index": 2, "uuid": "GPU-2"}],
+            "script": "echo hi",
+            "env": {"LR": 0.001},
+            "labels": {"TUNEPLANE_RANK": 0},
+            "delivery": {"mode": "shared-mount", "env": {"D": "ml/x"}},
+            "rendezvous": {"WORLD_SIZE": 2},
+            "serve": {"port": 8000, "readiness_path": "/health"},
+            "cpus": 1.5,
+            "memory_bytes": 1 << 30,
+            "grace_seconds": 0,
+        }
+    )
+    assert read.cards == (Card(2, "GPU-2"),) and read.script == "echo hi" and read.argv == ()
+    assert (read.env, read.labels, read.rendezvous) == (
+        {"LR": "0.001"},
+        {"TUNEPLANE_RANK": "0"},
+        {"WORLD_SIZE": "2"},
+    )
+    assert (read.delivery_mode, read.delivery_env) == ("shared-mount", {"D": "ml/x"})
+    assert read.serve == Serve(8000, "/health")
+    assert (read.cpus, read.memory_bytes, read.grace) == (1.5, 1 << 30, 0.0)
+
+
+@pytest.mark.parametrize(
+    "payload, why",
+    [
+        ([], "the start's payload is not an object"),
+        ({"cards": []}, "neither argv nor script nor image"),
+        ({"cards": [], "argv": [1]}, "neither argv nor script nor image"),
+        ({"cards": [], "image": "--privileged"}, "image must be an image reference"),
+        ({"cards": "all", "argv": ["x"]}, "cards must be a list of {index, uuid}"),
+        ({"cards": [{"uuid": "GPU-0"}], "argv": ["x"]}, "cards must be a list of {index, uuid}"),
+    ],
+)
+def test_R1_a_start_that_cannot_be_read_is_refused_saying_which_part(payload, why):
+    with pytest.raises(Refused) as refused:
+        MemberSpec.parse(payload)
+    assert str(refused.value) == f"refused: {why}"
+
+
+def test_S1_a_serve_without_a_usable_port_is_no_replica_and_a_bad_path_probes_the_root():
+    assert spec(serve={"port": 0}).serve is None
+    assert spec(serve={"port": True}).serve is None
+    assert spec(serve={"port": 8000, "readiness_path": "no-slash"}).serve == Serve(8000, "/")
+    assert spec(serve={"port": 8000, "readiness_path": "/a b"}).serve == Serve(8000, "/")
+
+
+def test_R1_cards_the_node_lacks_or_another_member_holds_are_refused_never_substituted():
+    wanted = spec(cards=[{"index": 1, "uuid": "GPU-1"}, {"index": 3, "uuid": "GPU-3"}])
+    assert policy.refusal(wanted, DEVICES, held=set()) == ""
+    taken = policy.refusal(wanted, DEVICES, held={3})
+    assert taken == "refused: card(s) [3] held by another member"
+    wrong = spec(cards=[{"index": 1, "uuid": "GPU-2"}])
+    assert policy.refusal(wrong, DEVICES, held=set()) == "refused: no card 1 (GPU-2) on this node"
+    image = spec(image="busybox")
+    assert policy.refusal(image, DEVICES, set(), runtime="") == (
+        "refused: an image, and no container runtime on this node"
+    )
+    assert policy.refusal(image, DEVICES, set(), runtime="docker") == ""
+
+
+# How a member ended (R6, R10) ------------------------------------------------------------------
+
+
+def test_its_exit_file_says_how_it_ended():
+    assert ended(Observed(exit_code=0)) == (0, "exit")
+    assert ended(Observed(exit_code=3, stopping=True)) == (3, "stopped")
+    assert ended(Observed(exit_code=137, oom=True)) == (137, "oom")
+    assert policy.final_state(0, "exit") == "succeeded"
+    assert policy.final_state(0, "stopped") == policy.final_state(1, "exit") == "failed"
+
+
+def test_a_member_runs_while_its_group_leads_or_its_container_runs():
+    assert ended(Observed(leader_alive=True)) is None
+    running = {"running": True, "exit_code": 0, "oom_killed": False}
+    assert ended(Observed(container=running)) is None
+
+
+def test_R6_a_container_whose_wrapper_is_gone_says_how_it_ended_in_this_boot_only():
+    exited = {"running": False, "exit_code": 2, "oom_killed": False}
+    assert ended(Observed(container=exited, boot_then="b", boot_now="b")) == (2, "exit")
+    killed = {**exited, "exit_code": 137, "oom_killed": True}
+    assert ended(Observed(container=killed, boot_then="b", boot_now="b")) == (137, "oom")
+    assert ended(Observed(container=exited, boot_then="a", boot_now="b")) == (-1, "node_rebooted")
+
+
+def test_R6_a_member_with_nothing_left_is_node_rebooted_after_a_reboot_else_vanished():
+    assert ended(Observed(boot_then="a", boot_now="b")) == (policy.VANISHED, "node_rebooted")
+    assert ended(Observed(boot_then="a", boot_now="a")) == (policy.VANISHED, "vanished")
+    assert ended(Observed(stopping=True)) == (-9, "stopped")  # killed with its wrapper
+
+
+# Stops (R10) -------------------------------------------------------------------------------
+
+
+def test_R10_a_stop_escalates_to_sigkill_after_its_grace_then_unkillable_a_minute_on():
+    assert policy.escalation(None, 5, None, "", now=100) == ""
+    assert policy.escalation(100, 5, None, "", now=104.9) == ""
+    assert policy.escalation(100, 5, None, "", now=105) == "kill"
+    assert policy.escalation(100, 5, 105, "", now=164.9) == ""
+    assert policy.escalation(100, 5, 105, "", now=165) == "unkillable"
+    assert policy.escalation(100, 5, 105, "unkillable", now=999) == ""  # said once
+
+
+# Restarts (S1) -------------------------------------------------------------------------------
+
+
+def restart(**changed):
+    values = {"serving": True, "stopping": False, "launched_at": 0.0, "backoff": 0, "code": 1}
+    values.update({"reason": "exit", **changed})
+    return policy.restart_after_exit(now=10.0, **values)
+
+
+def test_S1_a_replica_restarts_with_a_doubling_backoff_saying_why():
+    first = restart(code=137)
+    assert (first.at, first.backoff, first.detail) == (11.0, 1, "exited with 137; restarting in 1s")
+    assert restart(backoff=1).detail == "exited with 1; restarting in 2s"
+    assert restart(reason="oom").detail.startswith("out of memory")
+    assert restart(reason="node_rebooted").detail.startswith("node rebooted")
+    assert restart(reason="vanished").detail.startswith("process vanished")
+    assert restart(serving=False) is None and restart(stopping=True) is None
+
+
+def test_S1_a_replica_that_ran_five_minutes_starts_its_backoff_afresh():
+    assert restart(backoff=6, launched_at=10.0 - 299).backoff == 7
+    assert restart(backoff=6, launched_at=10.0 - 300).backoff == 1
+
+
+@given(st.integers(min_value=0, max_value=10_000))
+def test_S1_the_backoff_never_shrinks_and_never_passes_a_minute(restarts):
+    delay = policy.restart_delay(restarts)
+    assert policy.RESTART_FIRST <= delay <= policy.RESTART_MAX
+    assert policy.restart_delay(restarts + 1) >= delay
+
+
+# Readiness (S1) ------------------------------------------------------------------------------
+
+
+def test_S1_one_success_makes_it_ready_three_failures_in_a_row_unready():
+    assert policy.probed(False, "", "", failures=0) == (True, "")
+    assert policy.probed(False, "", "HTTP 503 from /", failures=1) == (False, "HTTP 503 from /")
+    assert policy.probed(True, "", "HTTP 503 from /", failures=2) == (True, "")
+    assert policy.probed(True, "", "HTTP 503 from /", failures=3) == (False, "HTTP 503 from /")
+    assert len(policy.probed(False, "", "x" * 500, failures=1)[1]) == policy.MAX_DETAIL

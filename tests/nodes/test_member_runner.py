@@ -1,0 +1,113 @@
+"""The member runner (nodes/agent/member/runner.py) on real processes with no cgroups and no
+root: the cgroup root is an empty folder, so confinement reads "none" and nothing needs
+privileges. Time is passed to ``tick`` explicitly: a stop's grace, a replica's backoff and
+an escalation are stepped through, not slept through. With cgroups and containers as root
+it is test_members.py, test_replicas.py and test_containers.py."""
+
+import contextlib
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from nodes.agent.commands import Commands
+from nodes.agent.member.record import Member
+
+DEVICES = [{"index": i, "uuid": f"GPU-{i}"} for i in range(2)]
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNEPLANE_NODE_CGROUP_ROOT", str(tmp_path / "no-cgroups"))
+    commands = Commands(tmp_path / "state", devices=lambda: DEVICES, scope="test")
+    yield commands
+    for record in commands.known():
+        if isinstance(record, Member) and record.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(record.pid, signal.SIGKILL)
+
+
+def card(index):
+    return {"index": index, "uuid": f"GPU-{index}"}
+
+
+def record(node, member_id):
+    return next(r for r in node.known() if r.command_id == member_id)
+
+
+def until_exited(node, member_id, timeout=10.0):
+    """Waits until the member's wrapper has written its exit file."""
+    deadline = time.monotonic() + timeout
+    while not node.store.path(member_id, ".exit").exists():
+        assert time.monotonic() < deadline, f"{member_id} never exited"
+        time.sleep(0.02)
+
+
+def test_R4_a_start_is_recorded_before_it_runs_and_reading_changes_nothing_until_a_tick(node):
+    started = node.accept("m-1", "start", {"cards": [card(0)], "argv": ["sh", "-c", "exit 0"]})
+    assert started.state == "running" and started.confinement.startswith("none: ")
+    until_exited(node, "m-1")
+    # known() is a read: the process ended, and nothing says so until the agent looks.
+    assert record(node, "m-1").state == "running"
+    assert record(node, "m-1").state == "running"
+    node.tick()
+    assert (record(node, "m-1").state, record(node, "m-1").exit_code) == ("succeeded", 0)
+
+
+def test_R10_a_stop_is_sigterm_then_sigkill_once_its_grace_has_passed_by_the_tick(node, tmp_path):
+    ignores = ["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"]
+    node.accept("m-2", "start", {"cards": [card(1)], "argv": ignores})
+    time.sleep(0.2)  # its trap is set
+    t0 = time.time()
+    node.runner.stop(record(node, "m-2"), grace=30, now=t0)
+    node.tick(now=t0 + 29)
+    time.sleep(0.2)
+    assert record(node, "m-2").state == "running"  # TERM ignored, the grace not over
+    node.tick(now=t0 + 30)  # the grace is over: SIGKILL, to its wrapper too (no exit file)
+    deadline = time.monotonic() + 10
+    while record(node, "m-2").state == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        node.tick(now=t0 + 31)
+    assert (record(node, "m-2").state, record(node, "m-2").reason) == ("failed", "stopped")
+    assert record(node, "m-2").killed_at == t0 + 30
+
+
+def test_S1_a_replica_that_exits_waits_its_backoff_then_is_started_again(node):
+    port = 1  # never listened on: the probe is not what this test is about
+    payload = {"cards": [], "argv": ["sh", "-c", "exit 3"], "serve": {"port": port}}
+    node.accept("r-1", "start", payload)
+    until_exited(node, "r-1")
+    t0 = time.time()
+    node.tick(now=t0)
+    waiting = record(node, "r-1")
+    assert (waiting.state, waiting.reason, waiting.exit_code) == ("running", "restarting", 3)
+    assert waiting.detail == "exited with 3; restarting in 1s" and waiting.restart_at == t0 + 1
+    node.tick(now=t0 + 0.5)
+    assert record(node, "r-1").restarts == 0  # not yet due
+    node.tick(now=t0 + 1)
+    again = record(node, "r-1")
+    assert (again.restarts, again.reason, again.restart_at) == (1, "", None)
+    assert again.launched_at == t0 + 1 and again.pid
+
+
+def test_S1_a_probe_answer_from_before_a_restart_never_makes_the_new_launch_ready(node):
+    node.accept("r-2", "start", {"cards": [], "argv": ["sleep", "30"], "serve": {"port": 1}})
+    launched = record(node, "r-2").launched_at
+    node.runner.probed("r-2", "", failures=0, launched_at=launched - 5)  # an older launch's
+    assert record(node, "r-2").ready is False
+    node.runner.probed("r-2", "", failures=0, launched_at=launched)
+    assert record(node, "r-2").ready is True
+
+
+def test_R6_a_record_an_older_agent_wrote_is_read_and_one_a_newer_wrote_too(node):
+    node.store.directory.mkdir(parents=True, exist_ok=True)
+    older = {"command_id": "m-old", "kind": "start", "argv": ["python3"], "state": "failed"}
+    older.update(exit_code=1, reason="exit", cleaned=True, some_newer_field={"x": 1})
+    (node.store.directory / "m-old.json").write_text(json.dumps(older))
+    read = record(node, "m-old")
+    assert isinstance(read, Member) and (read.state, read.cleaned) == ("failed", True)
+    told = [(read.command_id, read.reported())]
+    node.forget_finished(told)
+    assert node.store.get("m-old") is None

@@ -21,8 +21,8 @@ from .models import (
     Volume,
 )
 from .selectors import deployments_with_status, replica_not_ready, revisions_with_ready
-from .services import runs, sessions
-from .services.payloads import host
+from .services import playground, runs
+from .services.starts import host
 
 
 class WorkloadAdmin(ReadOnlyAdmin):
@@ -257,6 +257,6 @@ class PlaygroundSessionAdmin(WorkloadAdmin):
     def end(self, request, queryset):
         for session in queryset:
             try:
-                sessions.session_end(actor=Actor.of_user(request.user), session=session)
+                playground.session_end(actor=Actor.of_user(request.user), session=session)
             except ApplicationError as error:
                 self.message_user(request, f"{session}: {error.message}", messages.WARNING)

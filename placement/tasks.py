@@ -11,9 +11,9 @@ from .handover import (
 )
 from .services.allocator import ALLOCATE_TASK, allocate, allocate_all
 from .services.episodes import episodes_time_out
+from .services.playground import sessions_expire
 from .services.reconcile import members_reconcile
 from .services.serving import rollouts_settle
-from .services.sessions import sessions_expire
 
 
 @shared_task(name=HANDOVER_TASK, ignore_result=True)

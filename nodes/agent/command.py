@@ -1,4 +1,4 @@
-"""A command as the agent keeps it in its state dir (commands.py): ``run`` (a process of its
+"""A command as the agent keeps it in its state dir (executor.py): ``run`` (a process of its
 own), or the answer to a ``stop`` or ``cleanup`` of a member. A member's own record, made by
 a ``start``, is member/record.py's."""
 

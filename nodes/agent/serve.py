@@ -13,7 +13,7 @@ import grpc
 from cryptography import x509
 
 from . import __version__, enroll, inventory, state, telemetry
-from .commands import CLEANUP, STOP, Commands
+from .executor import CLEANUP, STOP, Executor
 from .member import containers
 from .member.adoption import adopt_orphans
 from .member.probing import Prober
@@ -112,14 +112,14 @@ class Agent:
         self.ticked = threading.Condition()
         self.call = None
         self.runtime_probe = containers.RuntimeProbe()
-        self.commands = Commands(
+        self.executor = Executor(
             directory,
             devices=self.devices,
             storage_root=storage_root,
             scope=(self.identity or {}).get("node_id", "local"),
             runtime=self.runtime,
         )
-        adopt_orphans(self.commands.runner)
+        adopt_orphans(self.executor.runner)
         # What this stream has told the console of each command, to report only changes.
         self.reported: dict[str, tuple] = {}
         self.last_inventory: pb.InventoryReport | None = None
@@ -161,7 +161,7 @@ class Agent:
         # Members are advanced (exits noticed, stops escalated, replicas restarted) and
         # replicas probed whether or not the console is reachable.
         threading.Thread(target=self._tick, daemon=True).start()
-        prober = Prober(self.commands.runner)
+        prober = Prober(self.executor.runner)
         threading.Thread(target=prober.run, args=(self.stopping,), daemon=True).start()
         attempt = 0
         while not self.stopping.is_set():
@@ -178,8 +178,8 @@ class Agent:
     def _stream(self) -> bool:
         """One stream, until it ends. Returns whether it got as far as a Welcome."""
         outgoing: queue.Queue = queue.Queue()
-        self.commands.tick()  # the Hello tells what runs now
-        known = self.commands.known()
+        self.executor.tick()  # the Hello tells what runs now
+        known = self.executor.known()
         self.reported = {command.command_id: command.reported() for command in known}
         outgoing.put(
             pb.NodeMessage(
@@ -215,7 +215,7 @@ class Agent:
                         )
                         # Reconciled by the console: finished ones need not be told again
                         # (those the Hello told as they are now: a change since is told).
-                        self.commands.forget_finished(list(self.reported.items()))
+                        self.executor.forget_finished(list(self.reported.items()))
                         self._send_inventory(outgoing, held=message.welcome.inventory_digest)
                         threading.Thread(
                             target=self._heartbeat,
@@ -264,18 +264,18 @@ class Agent:
         return True
 
     def _accept(self, message: pb.Command, outgoing: queue.Queue) -> None:
-        command = self.commands.accept(message.command_id, message.kind, command_payload(message))
+        command = self.executor.accept(message.command_id, message.kind, command_payload(message))
         if command is not None:
             logger.info("command %s %s", command.command_id, command.state)
             self._tell(command, outgoing)
             if command.kind in (STOP, CLEANUP) and command.state != "running":
                 # An answer, not work: told once, it is not carried into every later Hello
                 # (which the console caps). Lost on the way, it is delivered again.
-                self.commands.forget_finished([(command.command_id, command.reported())])
+                self.executor.forget_finished([(command.command_id, command.reported())])
                 self.reported.pop(command.command_id, None)
 
     def _answer_log(self, request: pb.LogRequest, outgoing: queue.Queue) -> None:
-        data = self.commands.log_tail(request.member_id, request.tail_bytes)
+        data = self.executor.log_tail(request.member_id, request.tail_bytes)
         outgoing.put(
             pb.NodeMessage(
                 log_tail=pb.LogTail(
@@ -290,7 +290,7 @@ class Agent:
 
     def _report_finished(self, outgoing: queue.Queue) -> None:
         """Every change since the last report: an exit, a cleanup done, a stop escalated."""
-        for command in self.commands.known():
+        for command in self.executor.known():
             if self.reported.get(command.command_id) not in (None, command.reported()):
                 logger.info(
                     "command %s %s (exit %s, %s%s)",
@@ -343,11 +343,11 @@ class Agent:
                 return
 
     def _tick(self) -> None:
-        """Commands and members looked at every second (commands.tick), for as long as the
+        """Commands and members looked at every second (executor.tick), for as long as the
         agent runs; each stream's watcher is woken after each look."""
         while not self.stopping.wait(MEMBER_POLL_SECONDS):
             try:
-                self.commands.tick()
+                self.executor.tick()
             except Exception:  # a look that failed never takes the agent down
                 logger.exception("looking at commands failed")
             with self.ticked:
@@ -368,7 +368,7 @@ class Agent:
                 logger.exception("reporting commands failed")
             if time.monotonic() - expired_at > 3600:
                 expired_at = time.monotonic()
-                self.commands.expire_logs(LOG_RETENTION_SECONDS)
+                self.executor.expire_logs(LOG_RETENTION_SECONDS)
 
     def _seconds_until_rotation(self) -> float:
         cert = x509.load_pem_x509_certificate((self.directory / state.CERTIFICATE).read_bytes())

@@ -16,7 +16,7 @@ from ..services import control, logs
 from .streams import expire_pass
 
 if TYPE_CHECKING:
-    from .replica import Gateway
+    from .process import Gateway
 
 logger = logging.getLogger("tuneplane.gateway")
 

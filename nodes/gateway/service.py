@@ -24,7 +24,7 @@ from ..pki import NODE_URI_PREFIX
 from ..services import commands, control, cordons, logs, sessions
 from .aio import AsyncService
 from .metrics import ACK_LATENCY, HEARTBEATS, HELLOS, OPENS_REFUSED, STREAMS_CLOSED, close_reason
-from .replica import Gateway
+from .process import Gateway
 from .storage_watch import StorageWatch
 from .streams import Stream
 

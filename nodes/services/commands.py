@@ -29,7 +29,7 @@ from ..models import Node, NodeCommand
 from .cordons import node_observe_unkillable
 from .drains import node_drain_settle
 from .observers import command_changed
-from .payloads import member_payload, member_ref_payload, run_payload
+from .shapes import member_payload, member_ref_payload, run_payload
 from .strays import node_strays_flag
 
 # What a node may say of a command; "pending" and "lost" are the console's words.

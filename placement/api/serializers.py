@@ -27,7 +27,7 @@ from ..models import (
     Volume,
 )
 from ..selectors import delivery_of, replica_not_ready, replica_ready
-from ..services.payloads import host
+from ..services.starts import host
 
 
 class WorkloadSerializer(serializers.ModelSerializer):

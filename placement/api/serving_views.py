@@ -1,5 +1,5 @@
 """Playground sessions ended early, and an environment's episodes (S4, S5): thin views over
-placement.services.sessions and .episodes."""
+placement.services.playground and .episodes."""
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -12,14 +12,14 @@ from tuneplane.errors import NotFound
 
 from ..models import Deployment, Environment, Episode, Member, PlaygroundSession
 from ..selectors import workloads_shown_to, workloads_visible_to
-from ..services import episodes, serving, sessions
-from . import requests as r
-from . import serializers as s
+from ..services import episodes, playground, serving
+from . import requests as bodies
+from . import serializers as answers
 from .views import seen_by
 
 
 class PlaygroundSessionDetailView(GenericAPIView):
-    serializer_class = s.PlaygroundSessionSerializer
+    serializer_class = answers.PlaygroundSessionSerializer
 
     def _session(self, request, session_id: int) -> PlaygroundSession:
         found = workloads_shown_to(request.user, PlaygroundSession).filter(pk=session_id).first()
@@ -29,21 +29,21 @@ class PlaygroundSessionDetailView(GenericAPIView):
 
     def _shown(self, request, session_id: int) -> Response:
         session = self._session(request, session_id)
-        return Response(s.PlaygroundSessionSerializer(session, context=seen_by(request)).data)
+        return Response(answers.PlaygroundSessionSerializer(session, context=seen_by(request)).data)
 
     @extend_schema(
         summary="A playground session: its process, Ready, its address once Ready",
-        responses={200: s.PlaygroundSessionSerializer, **errors(401, 404)},
+        responses={200: answers.PlaygroundSessionSerializer, **errors(401, 404)},
     )
     def get(self, request, session_id: int):
         return self._shown(request, session_id)
 
     @extend_schema(
         summary="End a playground session now (S4): stopped, then cleaned up",
-        responses={200: s.PlaygroundSessionSerializer, **errors(401, 404, 409)},
+        responses={200: answers.PlaygroundSessionSerializer, **errors(401, 404, 409)},
     )
     def delete(self, request, session_id: int):
-        sessions.session_end(
+        playground.session_end(
             actor=Actor.of_user(request.user), session=self._session(request, session_id)
         )
         return self._shown(request, session_id)
@@ -61,31 +61,31 @@ def _episodes(environment):
 
 
 class EpisodesView(GenericAPIView):
-    serializer_class = s.EpisodeSerializer
+    serializer_class = answers.EpisodeSerializer
 
     @extend_schema(
         summary="An environment's episodes, newest first",
-        responses={200: s.EpisodeSerializer(many=True), **errors(401, 404)},
+        responses={200: answers.EpisodeSerializer(many=True), **errors(401, 404)},
     )
     def get(self, request, environment_id: int):
         page = self.paginate_queryset(_episodes(_environment(request, environment_id)))
-        return self.get_paginated_response(s.EpisodeSerializer(page, many=True).data)
+        return self.get_paginated_response(answers.EpisodeSerializer(page, many=True).data)
 
     @extend_schema(
         summary="Start an episode (S5): on a node of the environment's Fleet answering for "
         "env now, ended by its exit or its own timeout",
-        request=r.EpisodeRequest,
-        responses={201: s.EpisodeSerializer, **errors(400, 401, 404, 409)},
+        request=bodies.EpisodeRequest,
+        responses={201: answers.EpisodeSerializer, **errors(400, 401, 404, 409)},
     )
     def post(self, request, environment_id: int):
         environment = _environment(request, environment_id)
-        incoming = r.EpisodeRequest(data=request.data)
+        incoming = bodies.EpisodeRequest(data=request.data)
         incoming.is_valid(raise_exception=True)
         episode = episodes.episode_start(
             actor=Actor.of_user(request.user), environment=environment, **incoming.validated_data
         )
         shown = _episodes(environment).get(pk=episode.pk)
-        return Response(s.EpisodeSerializer(shown).data, status=status.HTTP_201_CREATED)
+        return Response(answers.EpisodeSerializer(shown).data, status=status.HTTP_201_CREATED)
 
 
 def _episode(request, environment_id: int, number: int) -> Episode:
@@ -96,28 +96,28 @@ def _episode(request, environment_id: int, number: int) -> Episode:
 
 
 class EpisodeDetailView(GenericAPIView):
-    serializer_class = s.EpisodeSerializer
+    serializer_class = answers.EpisodeSerializer
 
     @extend_schema(
         summary="An episode: state, exit code, duration",
-        responses={200: s.EpisodeSerializer, **errors(401, 404)},
+        responses={200: answers.EpisodeSerializer, **errors(401, 404)},
     )
     def get(self, request, environment_id: int, number: int):
-        return Response(s.EpisodeSerializer(_episode(request, environment_id, number)).data)
+        return Response(answers.EpisodeSerializer(_episode(request, environment_id, number)).data)
 
 
 class EpisodeCancelView(GenericAPIView):
-    serializer_class = s.EpisodeSerializer
+    serializer_class = answers.EpisodeSerializer
 
     @extend_schema(
         summary="Cancel a queued or running episode (S5); its process is stopped and cleaned",
         request=None,
-        responses={200: s.EpisodeSerializer, **errors(401, 404, 409)},
+        responses={200: answers.EpisodeSerializer, **errors(401, 404, 409)},
     )
     def post(self, request, environment_id: int, number: int):
         episode = _episode(request, environment_id, number)
         episodes.episode_cancel(actor=Actor.of_user(request.user), episode=episode)
-        return Response(s.EpisodeSerializer(_episode(request, environment_id, number)).data)
+        return Response(answers.EpisodeSerializer(_episode(request, environment_id, number)).data)
 
 
 class EpisodeLogsSerializer(serializers.Serializer):
@@ -132,12 +132,12 @@ class EpisodeLogsView(GenericAPIView):
 
     @extend_schema(
         summary="The tail of an episode's output, fetched from its node now",
-        parameters=[r.TailQuery],
+        parameters=[bodies.TailQuery],
         responses={200: EpisodeLogsSerializer, **errors(400, 401, 404, 503)},
     )
     def get(self, request, environment_id: int, number: int):
         episode = _episode(request, environment_id, number)
-        incoming = r.TailQuery(data=request.query_params)
+        incoming = bodies.TailQuery(data=request.query_params)
         incoming.is_valid(raise_exception=True)
         tail_bytes = incoming.validated_data["tail_bytes"]
         member, output = episodes.episode_output(episode=episode, tail_bytes=tail_bytes)
@@ -166,14 +166,14 @@ class DeploymentLogsView(GenericAPIView):
 
     @extend_schema(
         summary="The tail of a replica's output, fetched from its node now",
-        parameters=[r.ReplicaLogsQuery],
+        parameters=[bodies.ReplicaLogsQuery],
         responses={200: ReplicaLogsSerializer, **errors(400, 401, 404, 503)},
     )
     def get(self, request, deployment_id: int):
         deployment = workloads_visible_to(request.user, Deployment).filter(pk=deployment_id).first()
         if deployment is None:
             raise NotFound(f"Deployment {deployment_id} not found.")
-        incoming = r.ReplicaLogsQuery(data=request.query_params)
+        incoming = bodies.ReplicaLogsQuery(data=request.query_params)
         incoming.is_valid(raise_exception=True)
         query = incoming.validated_data
         member, output = serving.replica_output(deployment=deployment, **query)

@@ -23,8 +23,8 @@ from ..models import (
 )
 from ..selectors import environment_resolve, workloads_shown_to, workloads_visible_to
 from ..services import runs, serving
-from . import requests as r
-from . import serializers as s
+from . import requests as bodies
+from . import serializers as answers
 from .schema import refusals
 
 
@@ -76,28 +76,28 @@ def documented(noun: str, request, response, *, refused=(404, 422)):
     )
 
 
-@documented("training job", r.TrainingJobRequest, s.TrainingJobSerializer)
+@documented("training job", bodies.TrainingJobRequest, answers.TrainingJobSerializer)
 class TrainingJobsView(WorkloadListView):
     model = TrainingJob
-    serializer_class, request_serializer = s.TrainingJobSerializer, r.TrainingJobRequest
+    serializer_class, request_serializer = answers.TrainingJobSerializer, bodies.TrainingJobRequest
 
     def submit(self, actor, data):
         return services.training_job_submit(actor=actor, **data)
 
 
-@documented("lifecycle job", r.LifecycleJobRequest, s.LifecycleJobSerializer)
+@documented("lifecycle job", bodies.LifecycleJobRequest, answers.LifecycleJobSerializer)
 class LifecycleJobsView(WorkloadListView):
-    model, serializer_class = LifecycleJob, s.LifecycleJobSerializer
-    request_serializer = r.LifecycleJobRequest
+    model, serializer_class = LifecycleJob, answers.LifecycleJobSerializer
+    request_serializer = bodies.LifecycleJobRequest
 
     def submit(self, actor, data):
         return services.lifecycle_job_submit(actor=actor, **data)
 
 
-@documented("deployment", r.DeploymentRequest, s.DeploymentSerializer)
+@documented("deployment", bodies.DeploymentRequest, answers.DeploymentSerializer)
 class DeploymentsView(WorkloadListView):
-    model, serializer_class = Deployment, s.DeploymentSerializer
-    request_serializer = r.DeploymentRequest
+    model, serializer_class = Deployment, answers.DeploymentSerializer
+    request_serializer = bodies.DeploymentRequest
 
     def submit(self, actor, data):
         return services.deployment_submit(actor=actor, **data)
@@ -120,19 +120,19 @@ class JobCancelView(GenericAPIView):
 @extend_schema(
     summary="Cancel a training job (R10)",
     request=None,
-    responses={200: s.TrainingJobSerializer, **errors(401, 404, 409)},
+    responses={200: answers.TrainingJobSerializer, **errors(401, 404, 409)},
 )
 class TrainingJobCancelView(JobCancelView):
-    model, serializer_class = TrainingJob, s.TrainingJobSerializer
+    model, serializer_class = TrainingJob, answers.TrainingJobSerializer
 
 
 @extend_schema(
     summary="Cancel a lifecycle job (R10)",
     request=None,
-    responses={200: s.LifecycleJobSerializer, **errors(401, 404, 409)},
+    responses={200: answers.LifecycleJobSerializer, **errors(401, 404, 409)},
 )
 class LifecycleJobCancelView(JobCancelView):
-    model, serializer_class = LifecycleJob, s.LifecycleJobSerializer
+    model, serializer_class = LifecycleJob, answers.LifecycleJobSerializer
 
 
 class JobLogsView(GenericAPIView):
@@ -144,7 +144,7 @@ class JobLogsView(GenericAPIView):
         job = workloads_shown_to(request.user, self.model).filter(pk=job_id).first()
         if job is None:
             raise NotFound(f"{self.model._meta.verbose_name.capitalize()} {job_id} not found.")
-        incoming = r.LogsQuery(data=request.query_params)
+        incoming = bodies.LogsQuery(data=request.query_params)
         incoming.is_valid(raise_exception=True)
         query = incoming.validated_data
         member, output = runs.member_output(job=job, **query)
@@ -162,8 +162,8 @@ class JobLogsView(GenericAPIView):
 def _logs_documented(noun, view):
     return extend_schema(
         summary=f"The tail of a {noun} member's output, fetched from its node now",
-        parameters=[r.LogsQuery],
-        responses={200: s.LogsSerializer, **errors(400, 401, 404, 503)},
+        parameters=[bodies.LogsQuery],
+        responses={200: answers.LogsSerializer, **errors(400, 401, 404, 503)},
     )(view)
 
 
@@ -178,7 +178,7 @@ class LifecycleJobLogsView(JobLogsView):
 
 
 class DeploymentView(GenericAPIView):
-    serializer_class = s.DeploymentSerializer
+    serializer_class = answers.DeploymentSerializer
 
     def _deployment(self, request, deployment_id: int) -> Deployment:
         found = workloads_shown_to(request.user, Deployment).filter(pk=deployment_id).first()
@@ -190,29 +190,29 @@ class DeploymentView(GenericAPIView):
 class DeploymentDetailView(DeploymentView):
     @extend_schema(
         summary="A deployment, with its revisions and whether each is Ready",
-        responses={200: s.DeploymentSerializer, **errors(401, 404)},
+        responses={200: answers.DeploymentSerializer, **errors(401, 404)},
     )
     def get(self, request, deployment_id: int):
         return Response(
-            s.DeploymentSerializer(
+            answers.DeploymentSerializer(
                 self._deployment(request, deployment_id), context=seen_by(request)
             ).data
         )
 
     @extend_schema(
         summary="Stop a deployment; its Fleet never changes (P2)",
-        request=r.DeploymentUpdateRequest,
-        responses={200: s.DeploymentSerializer, **errors(400, 401, 404)},
+        request=bodies.DeploymentUpdateRequest,
+        responses={200: answers.DeploymentSerializer, **errors(400, 401, 404)},
     )
     def patch(self, request, deployment_id: int):
         deployment = self._deployment(request, deployment_id)
-        incoming = r.DeploymentUpdateRequest(data=request.data)
+        incoming = bodies.DeploymentUpdateRequest(data=request.data)
         incoming.is_valid(raise_exception=True)
         services.deployment_update(
             actor=Actor.of_user(request.user), deployment=deployment, **incoming.validated_data
         )
         return Response(
-            s.DeploymentSerializer(
+            answers.DeploymentSerializer(
                 self._deployment(request, deployment_id), context=seen_by(request)
             ).data
         )
@@ -222,44 +222,44 @@ class DeploymentRevisionsView(DeploymentView):
     @extend_schema(
         summary="Roll out a new revision (S2): its replicas start beside the old ones; each "
         "old one stops only when a new one is Ready; not Ready within the deadline: rolled back",
-        request=r.RevisionRequest,
-        responses={201: s.DeploymentSerializer, **errors(400, 401, 404, 409)},
+        request=bodies.RevisionRequest,
+        responses={201: answers.DeploymentSerializer, **errors(400, 401, 404, 409)},
     )
     def post(self, request, deployment_id: int):
         deployment = self._deployment(request, deployment_id)
-        incoming = r.RevisionRequest(data=request.data)
+        incoming = bodies.RevisionRequest(data=request.data)
         incoming.is_valid(raise_exception=True)
         serving.revision_create(
             actor=Actor.of_user(request.user), deployment=deployment, **incoming.validated_data
         )
         return Response(
-            s.DeploymentSerializer(
+            answers.DeploymentSerializer(
                 self._deployment(request, deployment_id), context=seen_by(request)
             ).data,
             status=status.HTTP_201_CREATED,
         )
 
 
-@documented("playground session", r.PlaygroundRequest, s.PlaygroundSessionSerializer)
+@documented("playground session", bodies.PlaygroundRequest, answers.PlaygroundSessionSerializer)
 class PlaygroundSessionsView(WorkloadListView):
-    model, serializer_class = PlaygroundSession, s.PlaygroundSessionSerializer
-    request_serializer = r.PlaygroundRequest
+    model, serializer_class = PlaygroundSession, answers.PlaygroundSessionSerializer
+    request_serializer = bodies.PlaygroundRequest
 
     def submit(self, actor, data):
         return services.playground_session_submit(actor=actor, **data)
 
 
-@documented("environment", r.EnvironmentRequest, s.EnvironmentSerializer)
+@documented("environment", bodies.EnvironmentRequest, answers.EnvironmentSerializer)
 class EnvironmentsView(WorkloadListView):
-    model, serializer_class = Environment, s.EnvironmentSerializer
-    request_serializer = r.EnvironmentRequest
+    model, serializer_class = Environment, answers.EnvironmentSerializer
+    request_serializer = bodies.EnvironmentRequest
 
     def submit(self, actor, data):
         return services.environment_submit(actor=actor, **data)
 
 
 class EnvironmentResolveView(GenericAPIView):
-    serializer_class = s.EnvironmentSerializer
+    serializer_class = answers.EnvironmentSerializer
 
     @extend_schema(
         summary="The address of a node of the environment's Fleet answering now "
@@ -284,17 +284,21 @@ class EnvironmentResolveView(GenericAPIView):
         )
 
 
-@documented("volume", r.StorageRequest, s.StorageSerializer, refused=(404,))
+@documented("volume", bodies.StorageRequest, answers.StorageSerializer, refused=(404,))
 class VolumesView(WorkloadListView):
-    model, serializer_class, request_serializer = Volume, s.StorageSerializer, r.StorageRequest
+    model, serializer_class, request_serializer = (
+        Volume,
+        answers.StorageSerializer,
+        bodies.StorageRequest,
+    )
 
     def submit(self, actor, data):
         return services.storage_create(Volume, actor=actor, **data)
 
 
-@documented("dataset", r.StorageRequest, s.DatasetSerializer, refused=(404,))
+@documented("dataset", bodies.StorageRequest, answers.DatasetSerializer, refused=(404,))
 class DatasetsView(VolumesView):
-    model, serializer_class = Dataset, s.DatasetSerializer
+    model, serializer_class = Dataset, answers.DatasetSerializer
 
     def submit(self, actor, data):
         return services.storage_create(Dataset, actor=actor, **data)

@@ -44,8 +44,8 @@ from ..runspec import (
     require_servable,
 )
 from .allocator import allocate_on_commit
+from .playground import session_ends_at
 from .serving import revisions_stop
-from .sessions import session_ends_at
 
 
 def project_for(user, slug: str) -> Project:

@@ -45,7 +45,7 @@ from ..choices import (
 from ..decide import NodeCapacity, Placement, decide
 from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS
 from ..models import Attempt, CardHold, Episode, Member, PlaygroundSession, Revision
-from .payloads import MASTER_PORT_BASE, host
+from .starts import MASTER_PORT_BASE, host
 from .waiting import (
     ALLOCATOR,
     JOB_MODELS,

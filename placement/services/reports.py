@@ -15,9 +15,9 @@ from nodes.services.commands import node_command_cleaned_by_id
 
 from ..models import Member
 from .episodes import episode_member_reported
+from .playground import session_member_reported
 from .runs import attempt_member_reported
 from .serving import deployment_member_reported
-from .sessions import session_member_reported
 
 # The owner's id column, read with the member, and who settles a report for that owner.
 OWNERS = (

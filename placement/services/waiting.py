@@ -27,7 +27,7 @@ from ..models import (
     Revision,
     TrainingJob,
 )
-from .payloads import episode_payload, job_payload, replica_payload, session_payload
+from .starts import episode_payload, job_payload, replica_payload, session_payload
 
 ALLOCATOR = Actor.system("allocator")
 JOB_MODELS = (TrainingJob, LifecycleJob)

@@ -10,7 +10,7 @@ from nodes.models import NodeCommand
 from nodes.services import control
 from placement import services as placement
 from placement.models import Deployment, Member, Revision
-from placement.services import allocator, episodes, serving, sessions
+from placement.services import allocator, episodes, playground, serving
 from tests.conftest import H100_DEVICE_INVENTORY, SERVE
 
 from .scenarios import Scenario, changed, created, deleted, deployment_update, submitted
@@ -62,20 +62,20 @@ def session_placed(w):
     member = Member.objects.get(session=session)
     NodeCommand.objects.filter(pk=member.command_id).update(state="running", ready=True)
     command = NodeCommand.objects.get(pk=member.command_id)
-    return lambda: sessions.session_member_reported(
+    return lambda: playground.session_member_reported(
         member.session_id, command, {"state": "pending"}
     )
 
 
 def session_end(w):
     session = _session(w)
-    return lambda: sessions.session_end(actor=Actor.of_user(w.member), session=session)
+    return lambda: playground.session_end(actor=Actor.of_user(w.member), session=session)
 
 
 def session_past_ttl(w):
     _session(w)
     later = timezone.now() + timedelta(days=2)
-    return lambda: sessions.sessions_expire(now=later)
+    return lambda: playground.sessions_expire(now=later)
 
 
 def _environment(w):
@@ -174,13 +174,13 @@ SCENARIOS = {
     "placement.services.allocator.allocate/replica": Scenario(
         allocate_replica, (created("replica.created"), created("node_command.created"))
     ),
-    "placement.services.sessions.session_member_reported": Scenario(
+    "placement.services.playground.session_member_reported": Scenario(
         session_placed, (changed("session_member.running"),)
     ),
-    "placement.services.sessions.session_end": Scenario(
+    "placement.services.playground.session_end": Scenario(
         session_end, (changed("playgroundsession.ended"),)
     ),
-    "placement.services.sessions.sessions_expire": Scenario(
+    "placement.services.playground.sessions_expire": Scenario(
         session_past_ttl, (changed("playgroundsession.ended"),)
     ),
     "placement.services.episodes.episode_start": Scenario(
@@ -215,7 +215,7 @@ SCENARIOS = {
 
 READS = {
     "placement.services.serving.locked_deployment",  # row locks, in the one order
-    "placement.services.sessions.session_ends_at",  # a pure computation
+    "placement.services.playground.session_ends_at",  # a pure computation
     "placement.services.episodes.episode_output",  # reads a log tail from its node
     "placement.services.serving.replica_output",  # reads a log tail from its node
 }

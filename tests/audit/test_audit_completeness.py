@@ -78,7 +78,7 @@ WRITING_MODULES = (
     "placement.services.members",
     "placement.services.reconcile",
     "placement.services.serving",
-    "placement.services.sessions",
+    "placement.services.playground",
     "placement.services.episodes",
     "placement.handover",
     "tuneplane.lifecycle",

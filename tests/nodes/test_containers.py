@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from nodes.agent.commands import Commands
+from nodes.agent.executor import Executor
 from nodes.agent.member import cgroups, containers
 from nodes.agent.member.adoption import adopt_orphans
 from nodes.agent.wire import MemberSpec
@@ -23,7 +23,7 @@ CARDS = [{"index": d["index"], "uuid": d["uuid"]} for d in H100_DEVICES]
 
 
 def commands(directory, scope, storage_root, runtime="docker"):
-    return Commands(
+    return Executor(
         directory,
         devices=lambda: H100_DEVICES,
         storage_root=str(storage_root),

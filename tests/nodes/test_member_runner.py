@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from nodes.agent.commands import Commands
+from nodes.agent.executor import Executor
 from nodes.agent.member.record import Member
 
 DEVICES = [{"index": i, "uuid": f"GPU-{i}"} for i in range(2)]
@@ -21,7 +21,7 @@ DEVICES = [{"index": i, "uuid": f"GPU-{i}"} for i in range(2)]
 @pytest.fixture
 def node(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNEPLANE_NODE_CGROUP_ROOT", str(tmp_path / "no-cgroups"))
-    commands = Commands(tmp_path / "state", devices=lambda: DEVICES, scope="test")
+    commands = Executor(tmp_path / "state", devices=lambda: DEVICES, scope="test")
     yield commands
     for record in commands.known():
         if isinstance(record, Member) and record.pid:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nodes.agent.command import process_start_time
-from nodes.agent.commands import Commands
+from nodes.agent.executor import Executor
 from nodes.agent.member import cgroups, launch
 from nodes.agent.member.adoption import adopt_orphans
 from tests.conftest import H100_DEVICES
@@ -25,7 +25,7 @@ CARDS = [{"index": d["index"], "uuid": d["uuid"]} for d in H100_DEVICES]
 def node(tmp_path):
     """An agent's commands with a cgroup scope of their own, whose cgroups go with the test."""
     scope = f"test-{uuid.uuid4().hex[:8]}"
-    yield Commands(
+    yield Executor(
         tmp_path / "state", devices=lambda: H100_DEVICES, storage_root="/srv/tp", scope=scope
     )
     for member_id in cgroups.cgroup_members(scope):
@@ -245,11 +245,11 @@ def test_R6_a_member_whose_state_file_is_lost_is_adopted_from_its_cgroup(node, t
     while not cgroups.cgroup_pids(node.cgroup("m-orphan")) and time.monotonic() < deadline:
         time.sleep(0.05)  # the wrapper joins its cgroup as it starts
     (node.directory / "m-orphan.json").unlink()  # the state file lost
-    again = Commands(node.root, devices=lambda: H100_DEVICES, scope=node.scope)
+    again = Executor(node.root, devices=lambda: H100_DEVICES, scope=node.scope)
     assert adopt_orphans(again.runner) == ["m-orphan"]
     adopted = next(c for c in again.known() if c.command_id == "m-orphan")
     assert (adopted.state, adopted.pid, adopted.reason) == ("running", first.pid, "adopted")
-    other = Commands(tmp_path / "other", devices=lambda: H100_DEVICES, scope="another-node")
+    other = Executor(tmp_path / "other", devices=lambda: H100_DEVICES, scope="another-node")
     assert adopt_orphans(other.runner) == []  # another agent's scope: never its members
     again.accept("c-clean", "cleanup", {"member": "m-orphan", "grace_seconds": 0})
     assert settled(again, "m-orphan").cleaned

@@ -31,7 +31,7 @@ from placement.choices import (
     RunState,
 )
 from placement.models import Member, TrainingJob
-from placement.services import episodes, runs, serving, sessions
+from placement.services import episodes, playground, runs, serving
 from placement.services.allocator import allocate
 from placement.services.reconcile import members_reconcile
 from tests.conftest import SERVE, SYSTEM
@@ -290,7 +290,7 @@ def session_ended(user):
     session = services.playground_session_submit(
         actor=Actor.of_user(user), project="ml", name="try", **SERVE
     )
-    sessions.session_end(actor=SYSTEM, session=session)
+    playground.session_end(actor=SYSTEM, session=session)
 
 
 def environment(user):

@@ -16,7 +16,7 @@ from nodes.models import Node, NodeCommand
 from nodes.services.commands import Reported, node_command_report, node_commands_reconcile
 from placement import services
 from placement.models import Attempt, CardHold, Member, PlaygroundSession, TrainingJob
-from placement.services import episodes, serving, sessions
+from placement.services import episodes, playground, serving
 from placement.services.allocator import allocate
 from placement.services.reconcile import members_reconcile
 from tests.conftest import SERVE, SYSTEM
@@ -193,7 +193,7 @@ def test_S4_a_sessions_member_is_sent_a_cleanup_after_its_stop_as_a_real_agent_n
     allocate(fleet_id=node_fleet.id)
     [process] = Member.objects.filter(session=session)
     report(process, ready=True)
-    sessions.sessions_expire(now=timezone.now() + timedelta(seconds=61))
+    playground.sessions_expire(now=timezone.now() + timedelta(seconds=61))
     # The agent ends the process on the stop and reports it; it cleans up only when told.
     report(process, "failed", -15, "stopped")
     cleanups = NodeCommand.objects.filter(

@@ -12,7 +12,7 @@ from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
 from placement import services
 from placement.models import CardHold, Episode, Member, PlaygroundSession
-from placement.services import episodes, sessions
+from placement.services import episodes, playground
 from placement.services.allocator import allocate
 from tests.conftest import SERVE
 
@@ -60,8 +60,8 @@ def test_S4_at_its_lifetime_a_session_is_stopped_then_cleaned_and_its_cards_rele
     allocate(fleet_id="gpu-lab")
     [process] = Member.objects.filter(session=session)
     report(process, ready=True)
-    assert sessions.sessions_expire()["ended"] == 0  # not yet
-    assert sessions.sessions_expire(now=timezone.now() + timedelta(seconds=61))["ended"] == 1
+    assert playground.sessions_expire()["ended"] == 0  # not yet
+    assert playground.sessions_expire(now=timezone.now() + timedelta(seconds=61))["ended"] == 1
     session.refresh_from_db()
     assert (session.state, stops_for(process)) == ("stopped", 1)
     assert "lifetime" in session.reason

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from . import loops
 from .db_threads import DatabaseThreads
-from .opens import SessionBatches
+from .sessions import SessionBatches
 from .streams import LeaseBatcher, Streams
 from .telemetry import TelemetryBatcher
 

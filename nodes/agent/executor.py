@@ -41,7 +41,9 @@ from .wire import DEFAULT_GRACE
 logger = logging.getLogger("tuneplane-node")
 
 
-class Commands:
+class Executor:
+    """Accepts the console's commands, runs them, and looks at what runs on each tick."""
+
     def __init__(
         self,
         directory: Path,

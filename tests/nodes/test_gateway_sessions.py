@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from audit.models import AuditEvent
 from nodes.agent.proto import control_pb2 as pb
 from nodes.choices import SchedulingState
-from nodes.gateway.opens import ABANDONED
+from nodes.gateway.sessions import ABANDONED
 from nodes.models import ControlSession, Node
 from nodes.services import control, cordons, sessions
 from nodes.services.join import node_join

@@ -21,7 +21,7 @@ from .loops import deliver_pending
 from .metrics import SESSION_BATCH
 
 if TYPE_CHECKING:
-    from .replica import Gateway
+    from .process import Gateway
 
 logger = logging.getLogger("tuneplane.gateway")
 

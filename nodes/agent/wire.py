@@ -224,7 +224,7 @@ class MemberSpec:
         delivery = payload.get("delivery") if isinstance(payload.get("delivery"), dict) else {}
         grace = payload.get("grace_seconds")
         return cls(
-            cards=tuple(Card(card["index"], str(card.get("uuid"))) for card in cards),
+            cards=tuple(Card(card["index"], str(card.get("uuid") or "")) for card in cards),
             argv=tuple(argv) if argv_ok else (),
             script=script if isinstance(script, str) else "",
             image=image or "",
@@ -243,6 +243,30 @@ class MemberSpec:
     def card_indices(self) -> set[int]:
         return {card.index for card in self.cards}
 
+    def payload(self) -> dict:
+        """The ``start`` command's payload as the console writes it: ``parse`` reads it back
+        to an equal spec."""
+        payload = {
+            "cards": [{"index": card.index, "uuid": card.uuid} for card in self.cards],
+            "env": dict(self.env),
+            "labels": dict(self.labels),
+            "delivery": {"mode": self.delivery_mode, "env": dict(self.delivery_env)},
+            "rendezvous": dict(self.rendezvous),
+            "cpus": self.cpus,
+            "memory_bytes": self.memory_bytes,
+            "grace_seconds": self.grace,
+        }
+        if self.argv:
+            payload["argv"] = list(self.argv)
+        if self.script:
+            payload["script"] = self.script
+        if self.image:
+            payload["image"] = self.image
+        if self.serve is not None:
+            serve = self.serve
+            payload["serve"] = {"port": serve.port, "readiness_path": serve.readiness_path}
+        return payload
+
 
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -253,7 +277,14 @@ def _positive(value, kind):
 
 
 def _strings(value) -> dict:
-    return {str(key): str(item) for key, item in value.items()} if isinstance(value, dict) else {}
+    """A mapping of names to values as written (a label's or a rank's number stays a number;
+    launch.own_env makes each a string)."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(key): item if isinstance(item, (str, int, float)) else str(item)
+        for key, item in value.items()
+    }
 
 
 def _serve(value) -> Serve | None:

@@ -1,6 +1,7 @@
 """The shapes of command payloads the console sends to nodes, checked before a command is
 written: a ``run`` command's argv, a member's start, a stop's or cleanup's member."""
 
+from nodes.agent.wire import MemberSpec, Refused
 from tuneplane.errors import ValidationFailed
 
 MAX_ARGV = 64
@@ -25,24 +26,15 @@ def run_payload(payload) -> dict:
 
 
 def member_payload(payload) -> dict:
-    """What placement's allocator asks a node to run; placement validated the job's
-    fields for the user, this is the node-facing shape."""
-    if not isinstance(payload, dict) or not (
-        payload.get("argv") or payload.get("script") or payload.get("image")
-    ):
-        raise ValidationFailed(
-            "payload of a start command names argv, script or image.", field="payload"
-        )
-    image = payload.get("image")
-    if image is not None and not (isinstance(image, str) and image and image[0] != "-"):
-        raise ValidationFailed("payload.image must be an image reference.", field="payload.image")
-    if payload.get("argv"):
-        run_payload({"argv": payload["argv"]})
-    cards = payload.get("cards", [])
-    if not isinstance(cards, list) or not all(
-        isinstance(card, dict) and isinstance(card.get("index"), int) and card.get("uuid")
-        for card in cards
-    ):
+    """What placement's allocator asks a node to run, read as the agent will read it
+    (``MemberSpec.parse``): a start the agent would refuse is never written."""
+    try:
+        spec = MemberSpec.parse(payload)
+    except Refused as refused:
+        raise ValidationFailed(f"payload of a start command: {refused}.", field="payload") from None
+    if spec.argv:
+        run_payload({"argv": list(spec.argv)})
+    if not all(card.uuid for card in spec.cards):
         raise ValidationFailed("payload.cards must be [{index, uuid}, ...].", field="payload.cards")
     return payload
 

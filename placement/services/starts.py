@@ -1,8 +1,11 @@
-"""What a start command asks a node to run (R4, S1): a job member's or a replica's payload."""
+"""What a start command asks a node to run (R4, S1): a job member's, a replica's, a playground
+session's or an episode's, each built as the agent's own ``MemberSpec`` (nodes/agent/wire.py),
+which the agent parses back: one shape, written in one place for both ends."""
 
 from django.conf import settings
 
 from fleets.choices import FleetDelivery
+from nodes.agent.wire import Card, MemberSpec, Serve
 
 # A gang's rank 0 listens here (torchrun's default), offset by the attempt so that two gangs
 # whose rank 0 share a node do not collide.
@@ -29,72 +32,64 @@ def delivery(job) -> dict:
     return {"mode": job.fleet.delivery, "env": env}
 
 
+def _spec(run, cards, labels: dict, **given) -> MemberSpec:
+    """What every start carries: the record's argv or script and image (with neither, the
+    image's default), env, cpus and memory, its cards and labels, and the stop grace."""
+    return MemberSpec(
+        cards=tuple(Card(card["index"], card["uuid"]) for card in cards),
+        argv=tuple(run.command or ()),
+        script="" if run.command else (run.script or ""),
+        image=run.image or "",
+        env=dict(run.env or {}),
+        labels=labels,
+        cpus=run.cpus,
+        memory_bytes=run.memory_bytes,
+        grace=float(settings.TUNEPLANE_STOP_GRACE),
+        **given,
+    )
+
+
 def job_payload(job, attempt_number: int, rank: int, cards, rendezvous) -> dict:
-    payload = {
-        "env": job.env,
-        "cards": cards,
-        "cpus": job.cpus,
-        "memory_bytes": job.memory_bytes,
-        "grace_seconds": settings.TUNEPLANE_STOP_GRACE,
-        "labels": {
-            "TUNEPLANE_JOB": f"{job._meta.model_name}-{job.pk}",
-            "TUNEPLANE_ATTEMPT": attempt_number,
-            "TUNEPLANE_RANK": rank,
-        },
-        "delivery": delivery(job),
-        "rendezvous": rendezvous(rank) if rendezvous else {},
+    labels = {
+        "TUNEPLANE_JOB": f"{job._meta.model_name}-{job.pk}",
+        "TUNEPLANE_ATTEMPT": attempt_number,
+        "TUNEPLANE_RANK": rank,
     }
-    return _what(job, payload)
+    where = delivery(job)
+    return _spec(
+        job,
+        cards,
+        labels,
+        delivery_mode=where["mode"],
+        delivery_env=where["env"],
+        rendezvous=rendezvous(rank) if rendezvous else {},
+    ).payload()
 
 
-def _what(spec, payload: dict) -> dict:
-    """Its argv or script, and the image it runs in (with neither, the image's default)."""
-    if spec.command:
-        payload["argv"] = spec.command
-    elif spec.script:
-        payload["script"] = spec.script
-    if spec.image:
-        payload["image"] = spec.image
-    return payload
-
-
-def _run(spec, cards, fleet, labels: dict) -> dict:
-    payload = {
-        "env": spec.env,
-        "cards": cards,
-        "cpus": spec.cpus,
-        "memory_bytes": spec.memory_bytes,
-        "grace_seconds": settings.TUNEPLANE_STOP_GRACE,
-        "labels": labels,
-        "delivery": {"mode": fleet.delivery, "env": {}},
-        "rendezvous": {},
-    }
-    return _what(spec, payload)
-
-
-def _served(spec) -> dict:
-    return {"serve": {"port": spec.port, "readiness_path": spec.readiness_path}}
+def _served(run, cards, fleet, labels: dict) -> dict:
+    """A served member: on its port, probed at its readiness path (S1)."""
+    serve = Serve(run.port, run.readiness_path)
+    return _spec(run, cards, labels, delivery_mode=fleet.delivery, serve=serve).payload()
 
 
 def replica_payload(revision, rank: int, cards) -> dict:
-    """A replica: what its revision serves, on its port, probed at its readiness path (S1)."""
+    """A replica: what its revision serves (S1)."""
     deployment = revision.deployment
     labels = {
         "TUNEPLANE_DEPLOYMENT": deployment.pk,
         "TUNEPLANE_REVISION": revision.number,
         "TUNEPLANE_REPLICA": rank,
     }
-    return {**_run(revision, cards, deployment.fleet, labels), **_served(revision)}
+    return _served(revision, cards, deployment.fleet, labels)
 
 
 def session_payload(session, cards) -> dict:
     """A playground session's process: served like a replica (S4)."""
-    labels = {"TUNEPLANE_PLAYGROUND_SESSION": session.pk}
-    return {**_run(session, cards, session.fleet, labels), **_served(session)}
+    return _served(session, cards, session.fleet, {"TUNEPLANE_PLAYGROUND_SESSION": session.pk})
 
 
 def episode_payload(episode, cards) -> dict:
     """An episode's process: run once, never restarted (S5)."""
     environment = episode.environment
     labels = {"TUNEPLANE_ENVIRONMENT": environment.pk, "TUNEPLANE_EPISODE": episode.number}
-    return _run(episode, cards, environment.fleet, labels)
+    return _spec(episode, cards, labels, delivery_mode=environment.fleet.delivery).payload()

@@ -37,9 +37,9 @@ def test_R4_a_start_is_read_into_a_typed_spec_once():
     )
     assert read.cards == (Card(2, "GPU-2"),) and read.script == "echo hi" and read.argv == ()
     assert (read.env, read.labels, read.rendezvous) == (
-        {"LR": "0.001"},
-        {"TUNEPLANE_RANK": "0"},
-        {"WORLD_SIZE": "2"},
+        {"LR": 0.001},
+        {"TUNEPLANE_RANK": 0},
+        {"WORLD_SIZE": 2},
     )
     assert (read.delivery_mode, read.delivery_env) == ("shared-mount", {"D": "ml/x"})
     assert read.serve == Serve(8000, "/health")
@@ -167,3 +167,28 @@ def test_S1_one_success_makes_it_ready_three_failures_in_a_row_unready():
     assert policy.probed(True, "", "HTTP 503 from /", failures=2) == (True, "")
     assert policy.probed(True, "", "HTTP 503 from /", failures=3) == (False, "HTTP 503 from /")
     assert len(policy.probed(False, "", "x" * 500, failures=1)[1]) == policy.MAX_DETAIL
+
+
+words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=8)
+specs = st.builds(
+    MemberSpec,
+    cards=st.lists(st.builds(Card, st.integers(0, 7), words), max_size=4).map(tuple),
+    argv=st.lists(words, min_size=1, max_size=3).map(tuple),
+    image=st.one_of(st.just(""), words),
+    env=st.dictionaries(words, words, max_size=3),
+    labels=st.dictionaries(words, st.one_of(words, st.integers()), max_size=3),
+    delivery_mode=st.sampled_from(["", "shared-mount", "object-pull"]),
+    delivery_env=st.dictionaries(words, words, max_size=2),
+    rendezvous=st.dictionaries(words, st.one_of(words, st.integers()), max_size=2),
+    serve=st.one_of(st.none(), st.builds(Serve, st.integers(1, 65535), st.just("/health"))),
+    cpus=st.one_of(st.none(), st.floats(0.1, 64)),
+    memory_bytes=st.one_of(st.none(), st.integers(1, 1 << 40)),
+    grace=st.floats(0, 600),
+)
+
+
+@given(specs)
+def test_R4_what_the_console_writes_the_agent_reads_back_the_same(written):
+    """The console builds a start as a MemberSpec (placement/services/starts.py) and the agent
+    parses its payload: one shape for both ends."""
+    assert MemberSpec.parse(written.payload()) == written

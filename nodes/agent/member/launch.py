@@ -43,7 +43,7 @@ def member_env(spec: MemberSpec, scratch: Path, storage_root: str | None = None)
 def own_env(spec: MemberSpec, scratch: Path, storage_root: str | None = None) -> dict:
     """What the member's env says of it alone (all a container gets)."""
     cards = sorted(spec.cards, key=lambda card: card.index)
-    env = dict(spec.env)
+    env = {key: str(value) for key, value in spec.env.items()}
     env.update(
         {
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -52,11 +52,11 @@ def own_env(spec: MemberSpec, scratch: Path, storage_root: str | None = None) ->
             "TUNEPLANE_SCRATCH_DIR": str(scratch),
         }
     )
-    env.update(spec.labels)
+    env.update({key: str(value) for key, value in spec.labels.items()})
     shared = spec.delivery_mode == "shared-mount"
     for key, value in spec.delivery_env.items():
-        env[key] = str(Path(storage_root or "/", value)) if shared else value
-    env.update(spec.rendezvous)
+        env[key] = str(Path(storage_root or "/", str(value))) if shared else str(value)
+    env.update({key: str(value) for key, value in spec.rendezvous.items()})
     if spec.serve is not None:
         env["PORT"] = str(spec.serve.port)  # a replica listens there (S1)
     return env

@@ -6,7 +6,6 @@ from audit.services import Actor
 from tuneplane.admin import ReadOnlyAdmin
 from tuneplane.errors import ApplicationError
 
-from . import services
 from .models import (
     Attempt,
     Dataset,
@@ -21,7 +20,7 @@ from .models import (
     Volume,
 )
 from .selectors import deployments_with_status, replica_not_ready, revisions_with_ready
-from .services import playground, runs
+from .services import playground, runs, serving
 from .services.starts import host
 
 
@@ -179,7 +178,7 @@ class DeploymentAdmin(WorkloadAdmin):
     @admin.action(description="Stop selected deployments (their replicas stopped and cleaned)")
     def stop(self, request, queryset):
         for deployment in queryset:
-            services.deployment_update(
+            serving.deployment_update(
                 actor=Actor.of_user(request.user), deployment=deployment, state="stopped"
             )
         self.message_user(

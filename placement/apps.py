@@ -17,9 +17,9 @@ class PlacementConfig(AppConfig):
         from . import (
             tasks,  # noqa: F401 -- registered wherever placement runs: services send them by name
         )
+        from .deletion import live_deployments_blocking_deletion, workload_records_blocking_deletion
         from .fleet_page import fleet_work_section
         from .metrics import QueueCollector
-        from .services import live_deployments_blocking_deletion, workload_records_blocking_deletion
         from .services.reports import command_observed
         from .services.serving import stopped_deployments_release
 

@@ -11,7 +11,6 @@ from audit.services import Actor
 from tuneplane.api.schema import errors
 from tuneplane.errors import NotFound
 
-from .. import services
 from ..models import (
     Dataset,
     Deployment,
@@ -22,7 +21,7 @@ from ..models import (
     Volume,
 )
 from ..selectors import environment_resolve, workloads_shown_to, workloads_visible_to
-from ..services import runs, serving
+from ..services import runs, serving, storage, submission
 from . import requests as bodies
 from . import serializers as answers
 from .schema import refusals
@@ -82,7 +81,7 @@ class TrainingJobsView(WorkloadListView):
     serializer_class, request_serializer = answers.TrainingJobSerializer, bodies.TrainingJobRequest
 
     def submit(self, actor, data):
-        return services.training_job_submit(actor=actor, **data)
+        return submission.training_job_submit(actor=actor, **data)
 
 
 @documented("lifecycle job", bodies.LifecycleJobRequest, answers.LifecycleJobSerializer)
@@ -91,7 +90,7 @@ class LifecycleJobsView(WorkloadListView):
     request_serializer = bodies.LifecycleJobRequest
 
     def submit(self, actor, data):
-        return services.lifecycle_job_submit(actor=actor, **data)
+        return submission.lifecycle_job_submit(actor=actor, **data)
 
 
 @documented("deployment", bodies.DeploymentRequest, answers.DeploymentSerializer)
@@ -100,7 +99,7 @@ class DeploymentsView(WorkloadListView):
     request_serializer = bodies.DeploymentRequest
 
     def submit(self, actor, data):
-        return services.deployment_submit(actor=actor, **data)
+        return submission.deployment_submit(actor=actor, **data)
 
 
 class JobCancelView(GenericAPIView):
@@ -208,7 +207,7 @@ class DeploymentDetailView(DeploymentView):
         deployment = self._deployment(request, deployment_id)
         incoming = bodies.DeploymentUpdateRequest(data=request.data)
         incoming.is_valid(raise_exception=True)
-        services.deployment_update(
+        serving.deployment_update(
             actor=Actor.of_user(request.user), deployment=deployment, **incoming.validated_data
         )
         return Response(
@@ -246,7 +245,7 @@ class PlaygroundSessionsView(WorkloadListView):
     request_serializer = bodies.PlaygroundRequest
 
     def submit(self, actor, data):
-        return services.playground_session_submit(actor=actor, **data)
+        return submission.playground_session_submit(actor=actor, **data)
 
 
 @documented("environment", bodies.EnvironmentRequest, answers.EnvironmentSerializer)
@@ -255,7 +254,7 @@ class EnvironmentsView(WorkloadListView):
     request_serializer = bodies.EnvironmentRequest
 
     def submit(self, actor, data):
-        return services.environment_submit(actor=actor, **data)
+        return submission.environment_submit(actor=actor, **data)
 
 
 class EnvironmentResolveView(GenericAPIView):
@@ -293,7 +292,7 @@ class VolumesView(WorkloadListView):
     )
 
     def submit(self, actor, data):
-        return services.storage_create(Volume, actor=actor, **data)
+        return storage.storage_create(Volume, actor=actor, **data)
 
 
 @documented("dataset", bodies.StorageRequest, answers.DatasetSerializer, refused=(404,))
@@ -301,4 +300,4 @@ class DatasetsView(VolumesView):
     model, serializer_class = Dataset, answers.DatasetSerializer
 
     def submit(self, actor, data):
-        return services.storage_create(Dataset, actor=actor, **data)
+        return storage.storage_create(Dataset, actor=actor, **data)

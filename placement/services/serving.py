@@ -26,10 +26,17 @@ from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
 from nodes.models import NodeCommand
 from nodes.services.logs import log_tail_fetch
-from tuneplane.errors import Conflict, NotFound
+from tuneplane.errors import Conflict, NotFound, ValidationFailed
 from tuneplane.lifecycle import move
 
-from ..choices import REVISION_LIFECYCLE, RUN_LIVE, Cleanup, DeploymentState, RevisionState
+from ..choices import (
+    DEPLOYMENT_LIFECYCLE,
+    REVISION_LIFECYCLE,
+    RUN_LIVE,
+    Cleanup,
+    DeploymentState,
+    RevisionState,
+)
 from ..models import Deployment, Member, Revision
 from ..runspec import checked_serve, require_servable
 from ..selectors import replica_ready
@@ -237,3 +244,38 @@ def replica_output(*, deployment: Deployment, revision=None, replica: int = 0, t
             field="revision" if revision is not None else "replica",
         )
     return member, log_tail_fetch(node=member.node, member=member.command_id, tail_bytes=tail_bytes)
+
+
+def deployment_update(
+    *, actor: Actor, deployment: Deployment, state: str | None = None, fleet: str | None = None
+) -> Deployment:
+    """A deployment never changes Fleet (P2); it may be stopped: on a node Fleet every
+    replica is then stopped and cleaned up, and its cards released after the cleanup."""
+    if fleet is not None and fleet != deployment.fleet_id:
+        raise ValidationFailed(
+            "fleet: a deployment never changes Fleet; create a new "
+            "deployment on the other Fleet (rule P2).",
+            field="fleet",
+            rule="P2",
+        )
+    if state is not None and state not in DeploymentState.values:
+        raise ValidationFailed(
+            f"state must be one of {', '.join(DeploymentState.values)}.", field="state"
+        )
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        if state is not None and state != deployment.state:
+            if state == DeploymentState.LIVE:
+                raise ValidationFailed(
+                    "state: a stopped deployment stays stopped; submit a new one.",
+                    field="state",
+                )
+            move(
+                deployment,
+                DEPLOYMENT_LIFECYCLE,
+                state,
+                actor=actor,
+                action="deployment.state_changed",
+            )
+            revisions_stop(deployment=deployment, actor=actor)
+    return deployment

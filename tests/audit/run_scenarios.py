@@ -9,10 +9,9 @@ from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
 from nodes.services import commands, control, cordons
 from placement import handover
-from placement import services as placement
 from placement.choices import JOB_LIFECYCLE
 from placement.models import Member, TrainingJob
-from placement.services import allocator, members, reconcile, reports, runs
+from placement.services import allocator, members, reconcile, reports, runs, submission
 from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM
 from tuneplane.lifecycle import move
 
@@ -31,7 +30,7 @@ def _queued(w) -> TrainingJob:
     """A member's job, queued on a node Fleet with one placeable node of 8 cards by UUID."""
     placeable = w.placeable()
     control.node_report_inventory(node_id=placeable.id, inventory=H100_DEVICE_INVENTORY)
-    return placement.training_job_submit(
+    return submission.training_job_submit(
         actor=Actor.of_user(w.member), project="ml", name="sft", command=["true"], cards=2
     )
 

@@ -15,7 +15,7 @@ from nodes.models import Node, NodeCommand
 from nodes.services import clusters as node_clusters
 from nodes.services import commands, control, join, removal, sessions
 from placement import handover as placement_clusters
-from placement import services as placement
+from placement.services import serving, storage, submission
 from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr
 from tests.nodes.kube_replay import KubeReplay
 from tuneplane import services as tuneplane
@@ -131,7 +131,7 @@ class World:
         """A training job admitted to the kubernetes Fleet and not handed over yet."""
         _, replay = self.kube()
         replay.serve("POST", RAYJOBS, "rayjob-created.json", status=201)
-        job = placement.training_job_submit(
+        job = submission.training_job_submit(
             actor=Actor.of_user(self.member), project="ml", name="sft", cards=1, script=script
         )
         return job, replay
@@ -266,17 +266,17 @@ def submitted(submit, **fields):
 
 def deployment_update(w):
     w.placeable()
-    deployment = placement.deployment_submit(
+    deployment = submission.deployment_submit(
         actor=Actor.of_user(w.member), project="ml", name="chat", **SERVE
     )
-    return lambda: placement.deployment_update(
+    return lambda: serving.deployment_update(
         actor=Actor.of_user(w.admin), deployment=deployment, state="stopped"
     )
 
 
 def storage_create(model):
     def arrange(w):
-        return lambda: placement.storage_create(
+        return lambda: storage.storage_create(
             model, actor=Actor.of_user(w.member), project="ml", name="ckpt", uri="s3://ml/ckpt"
         )
 

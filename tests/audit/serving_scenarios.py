@@ -8,9 +8,8 @@ from django.utils import timezone
 from audit.services import Actor
 from nodes.models import NodeCommand
 from nodes.services import control
-from placement import services as placement
 from placement.models import Deployment, Member, Revision
-from placement.services import allocator, episodes, playground, serving
+from placement.services import allocator, episodes, playground, serving, submission
 from tests.conftest import H100_DEVICE_INVENTORY, SERVE
 
 from .scenarios import Scenario, changed, created, deleted, deployment_update, submitted
@@ -20,7 +19,7 @@ def _deployment(w) -> Deployment:
     """A member's deployment on a node Fleet with one placeable node of 8 cards by UUID."""
     placeable = w.placeable()
     control.node_report_inventory(node_id=placeable.id, inventory=H100_DEVICE_INVENTORY)
-    return placement.deployment_submit(
+    return submission.deployment_submit(
         actor=Actor.of_user(w.member), project="ml", name="chat", **SERVE
     )
 
@@ -34,9 +33,7 @@ def _placed(w) -> Member:
 def release_stopped(w):
     """A stopped deployment none of whose replicas was ever placed: nothing left to clean."""
     deployment = _deployment(w)
-    placement.deployment_update(
-        actor=Actor.of_user(w.admin), deployment=deployment, state="stopped"
-    )
+    serving.deployment_update(actor=Actor.of_user(w.admin), deployment=deployment, state="stopped")
     return lambda: serving.stopped_deployments_release(
         actor=Actor.of_user(w.admin), fleet=deployment.fleet
     )
@@ -50,7 +47,7 @@ def allocate_replica(w):
 def _session(w):
     placeable = w.placeable()
     control.node_report_inventory(node_id=placeable.id, inventory=H100_DEVICE_INVENTORY)
-    return placement.playground_session_submit(
+    return submission.playground_session_submit(
         actor=Actor.of_user(w.member), project="ml", name="try", **SERVE
     )
 
@@ -81,7 +78,7 @@ def session_past_ttl(w):
 def _environment(w):
     placeable = w.placeable()
     control.node_report_inventory(node_id=placeable.id, inventory=H100_DEVICE_INVENTORY)
-    return placement.environment_submit(
+    return submission.environment_submit(
         actor=Actor.of_user(w.member), project="ml", name="env", manifest={"fleet": w.fleet().id}
     )
 
@@ -155,16 +152,16 @@ def rollout_late(w):
 
 
 SCENARIOS = {
-    "placement.services.playground_session_submit": Scenario(
-        submitted(placement.playground_session_submit, name="try", **SERVE),
+    "placement.services.submission.playground_session_submit": Scenario(
+        submitted(submission.playground_session_submit, name="try", **SERVE),
         (created("playgroundsession.admitted"),),
     ),
-    "placement.services.deployment_submit": Scenario(
-        submitted(placement.deployment_submit, name="chat", **SERVE),
+    "placement.services.submission.deployment_submit": Scenario(
+        submitted(submission.deployment_submit, name="chat", **SERVE),
         (created("deployment.admitted"),),
     ),
     # Stopped: its revisions too (a replica placed would get a stop command).
-    "placement.services.deployment_update": Scenario(
+    "placement.services.serving.deployment_update": Scenario(
         deployment_update, (changed("deployment.state_changed"), changed("revision.stopped"))
     ),
     "placement.services.serving.stopped_deployments_release": Scenario(

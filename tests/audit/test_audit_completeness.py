@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from audit.models import AuditEvent
-from placement import services as placement
 from placement.models import Dataset, Volume
+from placement.services import submission
 
 from . import node_scenarios as nodes
 from . import run_scenarios, serving_scenarios, session_scenarios
@@ -72,7 +72,8 @@ WRITING_MODULES = (
     "nodes.services.drains",
     "nodes.services.liveness",
     "nodes.services.clusters",
-    "placement.services",
+    "placement.services.submission",
+    "placement.services.storage",
     "placement.services.allocator",
     "placement.services.runs",
     "placement.services.members",
@@ -94,9 +95,7 @@ READS = {
     "nodes.services.liveness.gone_threshold",  # a pure computation (L4)
     "nodes.services.liveness.console_hearing",  # reads the gateway replicas
     "nodes.services.control.replica_gone_after",  # a pure computation
-    "placement.services.project_for",  # reads the project and the membership
-    "placement.services.live_deployments_blocking_deletion",  # F7's check, a count
-    "placement.services.workload_records_blocking_deletion",  # F7's check, counts
+    "placement.services.submission.project_for",  # reads the project and the membership
     "placement.services.reconcile.backoff",  # a pure computation
     "placement.services.runs.member_output",  # reads a log tail from its node
     "placement.services.runs.locked_run",  # row locks, in the one order
@@ -300,22 +299,22 @@ SCENARIOS = {
     "nodes.services.clusters.clusters_refresh": Scenario(
         nodes.clusters_refresh, (changed("fleet.cluster_unreachable"),)
     ),
-    "placement.services.training_job_submit": Scenario(
-        submitted(placement.training_job_submit, name="sft", command=["true"]),
+    "placement.services.submission.training_job_submit": Scenario(
+        submitted(submission.training_job_submit, name="sft", command=["true"]),
         (created("trainingjob.admitted"),),
     ),
-    "placement.services.lifecycle_job_submit": Scenario(
-        submitted(placement.lifecycle_job_submit, name="evals", kind="eval", script="true"),
+    "placement.services.submission.lifecycle_job_submit": Scenario(
+        submitted(submission.lifecycle_job_submit, name="evals", kind="eval", script="true"),
         (created("lifecyclejob.admitted"),),
     ),
-    "placement.services.environment_submit": Scenario(
-        submitted(placement.environment_submit, name="nb", manifest={"fleet": "gpu-lab"}),
+    "placement.services.submission.environment_submit": Scenario(
+        submitted(submission.environment_submit, name="nb", manifest={"fleet": "gpu-lab"}),
         (created("environment.admitted"),),
     ),
-    "placement.services.storage_create": Scenario(
+    "placement.services.storage.storage_create": Scenario(
         storage_create(Volume), (created("volume.created"),)
     ),
-    "placement.services.storage_create/dataset": Scenario(
+    "placement.services.storage.storage_create/dataset": Scenario(
         storage_create(Dataset), (created("dataset.created"),)
     ),
     # It dispatches the hand-over through the broker: run at once here, one event.

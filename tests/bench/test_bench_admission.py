@@ -19,7 +19,7 @@ from nodes.choices import SchedulingState
 from nodes.models import ControlSession, Node
 from nodes.selectors import cards_summary
 from placement.admission import Need, admit_automatically
-from placement.services import training_job_submit
+from placement.services.submission import training_job_submit
 from tests.conftest import H100_INVENTORY
 
 pytestmark = [pytest.mark.bench]

@@ -18,9 +18,9 @@ from django.db import connection
 
 from audit.services import Actor
 from nodes.models import ControlSession, Node
-from placement import services
 from placement.models import CardHold, Deployment, Member
 from placement.selectors import deployments_with_status
+from placement.services import submission
 from tests.conftest import H100_DEVICE_INVENTORY
 from tests.e2e.agents import lay_out_a_joined_node, serve, wait_until
 from tests.e2e.test_deployments import ROLLOUT, answers, serving_node  # noqa: F401
@@ -91,7 +91,7 @@ def _writes_per_second() -> float:
 def _deploy(member, name) -> Deployment:
     """One replica on a port of its own (every agent here is on this one machine), a CPU
     of its node's ten: the allocator fills the nodes ten replicas each."""
-    return services.deployment_submit(
+    return submission.deployment_submit(
         actor=Actor.of_user(member),
         project="ml",
         name=name,

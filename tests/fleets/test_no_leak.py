@@ -20,7 +20,7 @@ from nodes.models import JoinToken
 from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
 from nodes.services.sessions import session_open
-from placement import services as placement
+from placement.services import submission
 from tests.conftest import H100_INVENTORY, SERVE, make_csr
 from tuneplane.models import Project
 
@@ -111,7 +111,7 @@ def make_hidden(make_fleet, add_node, mint, admin_user):
         for inventory in (SIXTEEN_H100, SIXTEEN_H100, EIGHT_A100):
             add_node(made, inventory)
         mint(made)
-        placement.training_job_submit(
+        submission.training_job_submit(
             actor=Actor.of_user(admin_user),
             project="secret",
             name="t",
@@ -120,7 +120,7 @@ def make_hidden(make_fleet, add_node, mint, admin_user):
             command=["true"],
         )
         return (
-            placement.deployment_submit(
+            submission.deployment_submit(
                 actor=Actor.of_user(admin_user),
                 project="secret",
                 name="d",
@@ -128,7 +128,7 @@ def make_hidden(make_fleet, add_node, mint, admin_user):
                 cards=1,
                 **SERVE,
             ),
-            placement.environment_submit(
+            submission.environment_submit(
                 actor=Actor.of_user(admin_user),
                 project="secret",
                 name="e",

@@ -16,8 +16,8 @@ from nodes.models import Node, NodeCommand, NodeCordon
 from nodes.selectors import nodes_placeable
 from nodes.services.cordons import node_cordon
 from nodes.services.telemetry import telemetry_store
-from placement import services
 from placement.models import CardHold, Member
+from placement.services import submission
 from placement.services.allocator import allocate
 from tuneplane.errors import PlacementRefused
 
@@ -72,7 +72,7 @@ def refreshed(node: Node) -> Node:
 
 
 def submit(member, cards: int):
-    return services.training_job_submit(
+    return submission.training_job_submit(
         actor=Actor.of_user(member), project="ml", name="sft", command=["true"], cards=cards
     )
 

@@ -20,7 +20,7 @@ from nodes.services.join import JoinRefused, JoinResult, node_join
 from nodes.services.removal import node_remove
 from nodes.services.sessions import session_open
 from placement.models import Deployment
-from placement.services import deployment_submit
+from placement.services.submission import deployment_submit
 from tests.conftest import H100_INVENTORY, SERVE, make_csr
 from tests.fleets.test_concurrency import race
 from tuneplane.errors import ApplicationError

@@ -15,8 +15,8 @@ from fleets.models import Fleet
 from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
 from nodes.services.cordons import node_cordon
-from placement import services
 from placement.models import Attempt, CardHold, Member, TrainingJob
+from placement.services import submission
 from placement.services.allocator import allocate
 from tests.conftest import SYSTEM
 
@@ -28,7 +28,7 @@ def lab(node_fleet, gpu_node):
 
 
 def job(member, name="job", cards=1, **fields) -> TrainingJob:
-    return services.training_job_submit(
+    return submission.training_job_submit(
         actor=Actor.of_user(member),
         project="ml",
         name=name,

@@ -22,11 +22,10 @@ from nodes.services.cordons import node_cordon
 from nodes.services.drains import node_drain
 from nodes.services.join import node_join
 from nodes.services.sessions import session_open
-from placement import services
 from placement.choices import DeploymentState, LifecycleKind
 from placement.models import Dataset, Deployment, Member, Revision, Volume
 from placement.selectors import deployments_with_status, revisions_with_ready
-from placement.services import episodes, serving
+from placement.services import episodes, serving, storage, submission
 from placement.services.allocator import allocate
 from tests.api_contract import ListContract, list_paths
 from tests.conftest import H100_DEVICE_INVENTORY, SERVE, SYSTEM, make_csr
@@ -143,14 +142,14 @@ class WorkloadListContract(ListContract):
         self.actor = Actor.of_user(member)
         for model, names in ((Volume, ["ckpt", "logs"]), (Dataset, ["corpus", "evals"])):
             for name in names:
-                services.storage_create(model, actor=self.actor, project="ml", name=name)
+                storage.storage_create(model, actor=self.actor, project="ml", name=name)
 
 
 class TestTrainingJobList(WorkloadListContract):
     list_path = "/api/training-jobs"
 
     def make_listed(self, n):
-        services.training_job_submit(
+        submission.training_job_submit(
             actor=self.actor,
             project="ml",
             name=f"job-{n}",
@@ -165,7 +164,7 @@ class TestLifecycleJobList(WorkloadListContract):
     list_path = "/api/lifecycle-jobs"
 
     def make_listed(self, n):
-        services.lifecycle_job_submit(
+        submission.lifecycle_job_submit(
             actor=self.actor,
             project="ml",
             name=f"eval-{n}",
@@ -182,7 +181,7 @@ class TestDeploymentList(WorkloadListContract):
 
     def make_listed(self, n):
         """Two replicas placed, and a second revision rolling out: listed with both."""
-        deployment = services.deployment_submit(
+        deployment = submission.deployment_submit(
             actor=self.actor,
             project="ml",
             name=f"serve-{n}",
@@ -198,7 +197,7 @@ class TestPlaygroundSessionList(WorkloadListContract):
     list_path = "/api/playground-sessions"
 
     def make_listed(self, n):
-        services.playground_session_submit(
+        submission.playground_session_submit(
             actor=self.actor, project="ml", name=f"play-{n}", **{**SERVE, "port": 9000 + n}
         )
         assert allocate(fleet_id=self.fleet.id)["allocated"] == 1  # listed with its process
@@ -208,7 +207,7 @@ class TestEnvironmentList(WorkloadListContract):
     list_path = "/api/environments"
 
     def make_listed(self, n):
-        services.environment_submit(
+        submission.environment_submit(
             actor=self.actor, project="ml", name=f"env-{n}", manifest={"fleet": "lab"}
         )
 
@@ -221,7 +220,7 @@ class TestEpisodeList(WorkloadListContract):
 
     def make_listed(self, n):
         if n == 0:
-            self.environment = services.environment_submit(
+            self.environment = submission.environment_submit(
                 actor=self.actor, project="ml", name="env", manifest={"fleet": "lab"}
             )
         episodes.episode_start(actor=self.actor, environment=self.environment, command=["true"])
@@ -232,14 +231,14 @@ class TestVolumeList(WorkloadListContract):
     list_path = "/api/volumes"
 
     def make_listed(self, n):
-        services.storage_create(Volume, actor=self.actor, project="ml", name=f"vol-{n}")
+        storage.storage_create(Volume, actor=self.actor, project="ml", name=f"vol-{n}")
 
 
 class TestDatasetList(WorkloadListContract):
     list_path = "/api/datasets"
 
     def make_listed(self, n):
-        services.storage_create(Dataset, actor=self.actor, project="ml", name=f"data-{n}")
+        storage.storage_create(Dataset, actor=self.actor, project="ml", name=f"data-{n}")
 
 
 def _contracts(base=ListContract):
@@ -274,7 +273,7 @@ def _admin_status(client, deployment_id) -> tuple[str, list[str]]:
 def test_L2_S1_api_and_admin_read_status_and_ready_from_one_selector(
     lab, member, member_api, admin_user, client
 ):
-    deployment = services.deployment_submit(
+    deployment = submission.deployment_submit(
         actor=Actor.of_user(member), project="ml", name="serve", fleet="lab", **SERVE, replicas=2
     )
     allocate(fleet_id="lab")
@@ -309,8 +308,10 @@ def test_L2_S1_api_and_admin_read_status_and_ready_from_one_selector(
 
 def test_L2_a_deployment_without_a_ready_revision_is_degraded(lab, member):
     actor = Actor.of_user(member)
-    unplaced = services.deployment_submit(actor=actor, project="ml", name="a", fleet="lab", **SERVE)
-    empty = services.deployment_submit(actor=actor, project="ml", name="b", fleet="lab", **SERVE)
+    unplaced = submission.deployment_submit(
+        actor=actor, project="ml", name="a", fleet="lab", **SERVE
+    )
+    empty = submission.deployment_submit(actor=actor, project="ml", name="b", fleet="lab", **SERVE)
     Revision.objects.filter(deployment=empty).delete()
     shown = deployments_with_status(Deployment.objects.all())
     assert {d.name: d.status for d in shown} == {"a": "degraded", "b": "degraded"}
@@ -329,9 +330,9 @@ def test_admin_deployment_list_shows_status_in_queries_flat_in_rows(
         assert page.count('<td class="field-status">') == expected_rows
         return len(queries)
 
-    services.deployment_submit(actor=actor, project="ml", name="d0", fleet="lab", **SERVE)
+    submission.deployment_submit(actor=actor, project="ml", name="d0", fleet="lab", **SERVE)
     read(1)
     one = read(1)
     for n in range(1, 4):
-        services.deployment_submit(actor=actor, project="ml", name=f"d{n}", fleet="lab", **SERVE)
+        submission.deployment_submit(actor=actor, project="ml", name=f"d{n}", fleet="lab", **SERVE)
     assert read(4) == one

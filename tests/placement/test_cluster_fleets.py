@@ -13,7 +13,7 @@ from audit.services import Actor
 from nodes.services.clusters import cluster_refresh, clusters_refresh
 from placement.admission import Need, admit_automatically
 from placement.handover import cluster_job_handover, cluster_jobs_track
-from placement.services import training_job_submit
+from placement.services.submission import training_job_submit
 from tests.nodes.kube_replay import KubeReplay
 from tuneplane.errors import PlacementRefused
 

@@ -100,7 +100,7 @@ def test_a_managers_states_move_the_job_by_its_table(world):  # noqa: F811
     them to this test): queued → running → queued again (its manager requeued it) →
     succeeded; another job queued → failed."""
     from audit.services import Actor
-    from placement.services import training_job_submit
+    from placement.services.submission import training_job_submit
     from tests.audit.scenarios import RAYJOBS
     from tuneplane.lifecycle import recording
 

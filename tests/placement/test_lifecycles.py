@@ -21,7 +21,6 @@ from nodes.choices import COMMAND_LIFECYCLE
 from nodes.models import Node
 from nodes.services.commands import Reported, node_command_report, node_commands_reconcile
 from nodes.services.removal import node_remove
-from placement import services
 from placement.choices import (
     EPISODE_ENDED,
     JOB_ENDED,
@@ -31,7 +30,7 @@ from placement.choices import (
     RunState,
 )
 from placement.models import Member, TrainingJob
-from placement.services import episodes, playground, runs, serving
+from placement.services import episodes, playground, runs, serving, submission
 from placement.services.allocator import allocate
 from placement.services.reconcile import members_reconcile
 from tests.conftest import SERVE, SYSTEM
@@ -91,7 +90,7 @@ def lab(node_fleet, gpu_node):
 
 
 def job(user, **fields) -> TrainingJob:
-    return services.training_job_submit(
+    return submission.training_job_submit(
         actor=Actor.of_user(user), project="ml", name="job", command=["true"], cards=1, **fields
     )
 
@@ -257,7 +256,7 @@ def gang_past_its_deadline(user):
 
 
 def deploy(user, **fields):
-    return services.deployment_submit(
+    return submission.deployment_submit(
         actor=Actor.of_user(user), project="ml", name="chat", **{**SERVE, **fields}
     )
 
@@ -276,7 +275,7 @@ def rolled_out_then_stopped(user):
     [new] = replicas(deployment, 2)
     report(new, ready=True)  # the old revision retires; its replica is stopped
     report(old, "failed", -15, "stopped")
-    services.deployment_update(actor=SYSTEM, deployment=deployment, state="stopped")
+    serving.deployment_update(actor=SYSTEM, deployment=deployment, state="stopped")
 
 
 def rolled_back(user):
@@ -287,14 +286,14 @@ def rolled_back(user):
 
 
 def session_ended(user):
-    session = services.playground_session_submit(
+    session = submission.playground_session_submit(
         actor=Actor.of_user(user), project="ml", name="try", **SERVE
     )
     playground.session_end(actor=SYSTEM, session=session)
 
 
 def environment(user):
-    return services.environment_submit(
+    return submission.environment_submit(
         actor=Actor.of_user(user), project="ml", name="env", manifest={"fleet": "gpu-lab"}
     )
 

@@ -14,9 +14,8 @@ from audit.services import Actor
 from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
 from nodes.services.commands import Reported, node_command_report, node_commands_reconcile
-from placement import services
 from placement.models import Attempt, CardHold, Member, PlaygroundSession, TrainingJob
-from placement.services import episodes, playground, serving
+from placement.services import episodes, playground, serving, submission
 from placement.services.allocator import allocate
 from placement.services.reconcile import members_reconcile
 from tests.conftest import SERVE, SYSTEM
@@ -25,7 +24,9 @@ GIB = 2**30
 
 
 def submit(user, model="training", **fields):
-    submit = services.training_job_submit if model == "training" else services.lifecycle_job_submit
+    submit = (
+        submission.training_job_submit if model == "training" else submission.lifecycle_job_submit
+    )
     extra = {} if model == "training" else {"kind": "export"}
     return submit(
         actor=Actor.of_user(user), project="ml", name="job", command=["true"], **extra, **fields
@@ -75,7 +76,7 @@ def test_R2_a_replica_admitted_first_is_offered_the_cards_before_a_training_job(
     node_fleet.capabilities = ["train", "serve"]
     node_fleet.save(update_fields=["capabilities"])
     gpu_node(node_fleet, cards=8)
-    deployment = services.deployment_submit(
+    deployment = submission.deployment_submit(
         actor=Actor.of_user(member), project="ml", name="chat", cards=8, **SERVE
     )
     later = submit(member, cards=8)
@@ -161,7 +162,7 @@ def test_S2_a_stopped_old_replica_reporting_its_exit_stops_no_second_one_early(
     node_fleet.save(update_fields=["capabilities"])
     for n in (1, 2, 3, 4):
         gpu_node(node_fleet, address=f"10.0.0.{n}:1")
-    deployment = services.deployment_submit(
+    deployment = submission.deployment_submit(
         actor=Actor.of_user(member), project="ml", name="chat", replicas=2, **SERVE
     )
     allocate(fleet_id=node_fleet.id)
@@ -187,7 +188,7 @@ def test_S4_a_sessions_member_is_sent_a_cleanup_after_its_stop_as_a_real_agent_n
     node_fleet.capabilities = ["serve"]
     node_fleet.save(update_fields=["capabilities"])
     gpu_node(node_fleet)
-    session = services.playground_session_submit(
+    session = submission.playground_session_submit(
         actor=Actor.of_user(member), project="ml", name="try", ttl_seconds=60, **SERVE
     )
     allocate(fleet_id=node_fleet.id)
@@ -211,7 +212,7 @@ def test_S5_an_episode_stuck_starting_ends_timed_out_at_its_timeout(node_fleet, 
     node_fleet.capabilities = ["env"]
     node_fleet.save(update_fields=["capabilities"])
     gpu_node(node_fleet)
-    environment = services.environment_submit(
+    environment = submission.environment_submit(
         actor=Actor.of_user(member), project="ml", name="env", manifest={"fleet": node_fleet.id}
     )
     episode = episodes.episode_start(
@@ -232,7 +233,7 @@ def test_S6_a_single_node_quiet_for_env_gets_no_new_episode(node_fleet, gpu_node
     node_fleet.save(update_fields=["capabilities"])
     quiet = gpu_node(node_fleet)
     Node.objects.filter(pk=quiet.pk).update(quiet_env=True)
-    environment = services.environment_submit(
+    environment = submission.environment_submit(
         actor=Actor.of_user(member), project="ml", name="env", manifest={"fleet": node_fleet.id}
     )
     episodes.episode_start(actor=SYSTEM, environment=environment, command=["x"])

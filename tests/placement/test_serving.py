@@ -16,10 +16,9 @@ from nodes.models import Node, NodeCommand
 from nodes.services.commands import Reported, node_command_report
 from nodes.services.drains import node_drain
 from nodes.services.removal import node_remove
-from placement import services
 from placement.models import CardHold, Deployment, Member, Revision
 from placement.selectors import deployments_with_status, replica_not_ready
-from placement.services import serving
+from placement.services import serving, submission
 from placement.services.allocator import allocate
 from placement.services.reconcile import members_reconcile
 from tests.conftest import SERVE, SYSTEM
@@ -33,7 +32,7 @@ def lab(node_fleet, gpu_node):
 
 
 def deploy(member, **fields) -> Deployment:
-    return services.deployment_submit(
+    return submission.deployment_submit(
         actor=Actor.of_user(member), project="ml", name="chat", **{**SERVE, **fields}
     )
 
@@ -73,12 +72,12 @@ def test_S1_each_replica_is_placed_on_a_node_with_its_cards_and_port_and_told_wh
 
 def test_S1_a_port_in_use_on_a_node_keeps_another_replica_off_it(lab, member):
     deploy(member, replicas=2)
-    other = services.deployment_submit(
+    other = submission.deployment_submit(
         actor=Actor.of_user(member), project="ml", name="other", **SERVE
     )
     assert allocate(fleet_id="gpu-lab")["allocated"] == 2
     assert replicas(other) == []  # both nodes have port 8000 taken
-    elsewhere = services.deployment_submit(
+    elsewhere = submission.deployment_submit(
         actor=Actor.of_user(member), project="ml", name="third", **{**SERVE, "port": 8001}
     )
     assert allocate(fleet_id="gpu-lab")["allocated"] == 1 and len(replicas(elsewhere)) == 1
@@ -215,7 +214,7 @@ def test_S1_R7_F7_a_stopped_deployments_replicas_are_stopped_cleaned_and_release
     allocate(fleet_id="gpu-lab")
     first, second = replicas(deployment)
     report(first, ready=True)
-    services.deployment_update(actor=Actor.of_user(member), deployment=deployment, state="stopped")
+    serving.deployment_update(actor=Actor.of_user(member), deployment=deployment, state="stopped")
     assert [stops_for(m) for m in (first, second)] == [1, 1]
     assert list(deployment.revisions.values_list("state", flat=True)) == ["stopped"]
     report(first, "failed", exit_code=-15, reason="stopped")
@@ -288,7 +287,7 @@ def test_S2_a_new_revision_inherits_what_it_does_not_say_and_refuses_bad_input(
         8001,
         2,
     )
-    services.deployment_update(actor=Actor.of_user(member), deployment=deployment, state="stopped")
+    serving.deployment_update(actor=Actor.of_user(member), deployment=deployment, state="stopped")
     assert member_api.post(path, {"port": 8002}).status_code == 409
 
 
@@ -297,7 +296,7 @@ def test_S2_revisions_roll_out_on_node_fleets_only(member, make_fleet):
     no revision to roll out, and no port makes its Ready a replica's."""
     fleet = make_fleet("k8s", kind="kubernetes", capabilities=["serve"])
     deployment = Deployment.objects.create(
-        project=services.project_for(member, "ml"), fleet=fleet, name="d", cards=0
+        project=submission.project_for(member, "ml"), fleet=fleet, name="d", cards=0
     )
     Revision.objects.create(deployment=deployment, number=1)
     with pytest.raises(Conflict, match="roll out on node Fleets"):

@@ -10,9 +10,8 @@ from django.utils import timezone
 from audit.services import Actor
 from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
-from placement import services
 from placement.models import CardHold, Episode, Member, PlaygroundSession
-from placement.services import episodes, playground
+from placement.services import episodes, playground, submission
 from placement.services.allocator import allocate
 from tests.conftest import SERVE
 
@@ -28,13 +27,13 @@ def lab(make_fleet, gpu_node):
 
 @pytest.fixture
 def environment(lab, member):
-    return services.environment_submit(
+    return submission.environment_submit(
         actor=Actor.of_user(member), project="ml", name="env", manifest={"fleet": "gpu-lab"}
     )
 
 
 def play(member, **fields) -> PlaygroundSession:
-    return services.playground_session_submit(
+    return submission.playground_session_submit(
         actor=Actor.of_user(member), project="ml", name="try", **{**SERVE, **fields}
     )
 
@@ -123,7 +122,7 @@ def test_S5_an_episode_runs_on_a_node_answering_for_env_and_ends_by_its_exit(
 
 
 def test_S5_an_episode_without_a_command_runs_the_manifests(lab, member):
-    environment = services.environment_submit(
+    environment = submission.environment_submit(
         actor=Actor.of_user(member),
         project="ml",
         name="env",

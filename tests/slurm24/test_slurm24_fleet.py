@@ -17,7 +17,7 @@ from nodes.services.clusters import cluster_refresh
 from nodes.services.hardware import card_alias_map
 from placement.admission import Need, admit_automatically
 from placement.handover import _spec, cluster_job_handover, cluster_jobs_track
-from placement.services import training_job_submit
+from placement.services.submission import training_job_submit
 from tests.audit.scenarios import tasks_run_at_once
 from tests.slurm24_cluster import API_VERSIONS
 from tuneplane.errors import PlacementRefused

@@ -1,3 +1,4 @@
+import contextlib
 import importlib
 import json
 import os
@@ -15,7 +16,7 @@ from nodes.services.sessions import session_open
 from tuneplane.models import Membership, Project
 from tuneplane.services import api_token_create
 
-pytest_plugins = ["tests.missing_parts", "tests.dockerd"]
+pytest_plugins = ["tests.missing_parts", "tests.dockerd", "tests.e2e.running"]
 
 # Playwright's sync API runs an event loop in the test thread; the ORM calls the
 # tests make beside it are ordinary synchronous ones.
@@ -400,3 +401,19 @@ def pytest_xdist_make_scheduler(config, log):
             return xdist_group(nodeid) or super()._split_scope(nodeid)
 
     return Scheduling(config, log)
+
+
+@pytest.fixture
+def world(admin_user, member, project, make_fleet, mint, monkeypatch):
+    """What the audit scenarios stand on (tests/audit/scenarios.py's World), made on demand."""
+    from tests.audit.scenarios import World
+
+    with contextlib.ExitStack() as stack:
+        yield World(
+            admin=admin_user,
+            member=member,
+            make_fleet=make_fleet,
+            mint=mint,
+            monkeypatch=monkeypatch,
+            stack=stack,
+        )

@@ -9,7 +9,6 @@ fails until it is listed. The other half of A1 — events are never edited or de
 tests/audit/test_audit.py.
 """
 
-import contextlib
 import importlib
 import inspect
 import re
@@ -30,7 +29,6 @@ from .scenarios import (
     DELETED,
     Event,
     Scenario,
-    World,
     api_token_create,
     api_token_revoke,
     changed,
@@ -402,19 +400,6 @@ def test_A1_every_module_that_records_audit_events_is_a_writing_module():
         f"{sorted(recording - set(WRITING_MODULES))}; listed but record none: "
         f"{sorted(set(WRITING_MODULES) - recording)}"
     )
-
-
-@pytest.fixture
-def world(admin_user, member, project, make_fleet, mint, monkeypatch):
-    with contextlib.ExitStack() as stack:
-        yield World(
-            admin=admin_user,
-            member=member,
-            make_fleet=make_fleet,
-            mint=mint,
-            monkeypatch=monkeypatch,
-            stack=stack,
-        )
 
 
 def problems_with(event: AuditEvent, expected: Event) -> list[str]:

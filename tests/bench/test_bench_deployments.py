@@ -21,11 +21,10 @@ from nodes.models import ControlSession, Node
 from placement.models import CardHold, Deployment, Member
 from placement.selectors import deployments_with_status
 from placement.services import submission
+from tests.agent_members import SERVER, free_port
 from tests.conftest import H100_DEVICE_INVENTORY
 from tests.e2e.agents import lay_out_a_joined_node, serve, wait_until
-from tests.e2e.test_deployments import ROLLOUT, answers, serving_node  # noqa: F401
-from tests.e2e.test_liveness import sweeping_console
-from tests.nodes.test_replicas import SERVER, free_port
+from tests.e2e.running import ROLLOUT, answers, sweeping_console
 
 pytestmark = [pytest.mark.bench, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -39,7 +38,7 @@ def _status(deployment_id) -> str:
     return deployments_with_status(Deployment.objects.filter(pk=deployment_id)).get().status
 
 
-def test_bench_submit_to_ready_with_a_trivial_http_server(serving_node, member_api, capsys):  # noqa: F811
+def test_bench_submit_to_ready_with_a_trivial_http_server(serving_node, member_api, capsys):
     samples = []
     for n in range(SUBMISSIONS):
         response = member_api.post(

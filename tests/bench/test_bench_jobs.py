@@ -24,7 +24,6 @@ from nodes.selectors import cards_summary
 from placement.models import CardHold, TrainingJob
 from placement.services.allocator import allocate
 from tests.conftest import H100_DEVICE_INVENTORY
-from tests.e2e.test_jobs import running_node  # noqa: F401 -- the fixture
 
 pytestmark = [pytest.mark.bench]
 
@@ -109,7 +108,7 @@ def test_bench_allocation_1000_jobs_onto_1000_nodes(node_fleet, member, project,
 
 @pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
-def test_bench_admitted_to_running_with_a_connected_agent(running_node, member_api, capsys):  # noqa: F811
+def test_bench_admitted_to_running_with_a_connected_agent(running_node, member_api, capsys):
     samples = []
     for n in range(SUBMISSIONS):
         response = member_api.post(

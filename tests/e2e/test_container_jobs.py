@@ -9,13 +9,11 @@ import time
 import pytest
 
 from placement.models import CardHold, Member
+from tests.agent_members import free_port
 from tests.dockerd import IMAGE
-from tests.nodes.test_replicas import free_port
 
 from .agents import wait_until
-from .test_deployments import answers, deploy, serving_node, status_is  # noqa: F401
-from .test_deployments import shown as deployment_shown
-from .test_jobs import running_node, shown, state_is, submit  # noqa: F401 -- the fixture
+from .running import answers, deploy, deployment_shown, job_shown, state_is, status_is, submit
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -32,7 +30,7 @@ def container_of(member_id: str) -> str:
 
 def test_a_job_naming_an_image_runs_in_a_container_its_logs_read_back_then_removed(
     dockerd,
-    running_node,  # noqa: F811
+    running_node,
     member_api,
 ):
     submitted_at = time.monotonic()
@@ -53,7 +51,8 @@ def test_a_job_naming_an_image_runs_in_a_container_its_logs_read_back_then_remov
     output = member_api.get(f"/api/training-jobs/{job['id']}/logs").json()["output"]
     assert f"cards {indices} lr 3e-4\npath /bin\n" == output  # the image's PATH: inside it
     wait_until(
-        lambda: shown(member_api, job["id"])["attempts"][0]["members"][0]["cleanup"] == "cleaned",
+        lambda: job_shown(member_api, job["id"])["attempts"][0]["members"][0]["cleanup"]
+        == "cleaned",
         what="the cleanup confirmed",
     )
     assert container_of(Member.objects.get().command_id) == ""  # removed
@@ -63,7 +62,7 @@ def test_a_job_naming_an_image_runs_in_a_container_its_logs_read_back_then_remov
 
 def test_R10_a_cancelled_container_job_is_stopped_by_the_runtime_and_removed(
     dockerd,
-    running_node,  # noqa: F811
+    running_node,
     member_api,
 ):
     job = submit(
@@ -87,7 +86,7 @@ HTTPD = 'echo "{\\"pid\\": 0, \\"port\\": $PORT}" > index.html; exec httpd -f -p
 
 def test_S1_a_replica_in_a_container_serves_on_the_hosts_network_is_restarted_then_removed(
     dockerd,
-    serving_node,  # noqa: F811
+    serving_node,
     member_api,
 ):
     port = free_port()

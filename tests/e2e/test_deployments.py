@@ -4,91 +4,18 @@ server, probed by the agent, restarted when killed, rolled out, stopped and clea
 console's beat sweeping liveness meanwhile. Cards come from a fake inventory (no GPU here);
 processes, ports, signals and cgroups are real."""
 
-import json
 import os
 import signal
-import urllib.request
 
 import pytest
 
-from nodes.models import ControlSession, Node
-from placement.models import CardHold, Member
-from tests.conftest import H100_DEVICE_INVENTORY
-from tests.nodes.test_replicas import SERVER, free_port
+from placement.models import CardHold
+from tests.agent_members import free_port
 
-from .agents import lay_out_a_joined_node, serve, wait_until
-from .test_liveness import ROOMY, sweeping_console
+from .agents import wait_until
+from .running import answers, deploy, deployment_shown, status_is
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
-
-ROLLOUT = {**ROOMY, "TUNEPLANE_ROLLOUT_DEADLINE": "12", "TUNEPLANE_STOP_GRACE": "3"}
-
-
-@pytest.fixture
-def serving_node(require_redis, tmp_path, console_pki, make_fleet, mint, settings):
-    """A node Fleet's node with a live agent, a gateway, a worker and beat sweeping."""
-    settings.TUNEPLANE_SWEEP_INTERVAL = 1
-    fleet = make_fleet("serve-lab", kind="node", capabilities=["train", "serve", "env"])
-    node, env, _ = lay_out_a_joined_node(fleet, mint, tmp_path)
-    Node.objects.filter(pk=node.pk).update(address="127.0.0.1:9")
-    agents = []
-    with sweeping_console(tmp_path, console_pki, require_redis, ROLLOUT) as target:
-
-        def start_agent():
-            agents.append(serve(env, target, tmp_path, inventory=H100_DEVICE_INVENTORY))
-            wait_until(
-                lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()
-                and Node.objects.get(pk=node.pk).inventory.get("devices"),
-                what="the node connected with its devices",
-            )
-            return agents[-1]
-
-        start_agent()
-        try:
-            yield node, start_agent, agents
-        finally:
-            for agent in agents:
-                if agent.returncode is None:
-                    agent.send_signal(signal.SIGTERM)
-                    agent.wait(20)
-            for member in Member.objects.filter(node=node, port__isnull=False):  # none listening
-                pid = answers(member.port) and answers(member.port)["pid"]
-                if pid:
-                    os.kill(pid, signal.SIGKILL)
-
-
-def answers(port):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=3) as response:
-            return json.loads(response.read())
-    except OSError:
-        return None
-
-
-def shown(api, deployment_id):
-    return api.get(f"/api/deployments/{deployment_id}").json()
-
-
-def deploy(api, port, **body):
-    response = api.post(
-        "/api/deployments",
-        {
-            "project": "ml",
-            "name": "chat",
-            "cards": 1,
-            "command": ["python3", "-c", SERVER],
-            "port": port,
-            "readiness_path": "/health",
-            **body,
-        },
-    )
-    assert response.status_code == 201, response.content
-    return response.json()
-
-
-def status_is(api, deployment_id, status):
-    body = shown(api, deployment_id)
-    return body if body["status"] == status else None
 
 
 def test_S1_a_replica_serves_is_ready_at_its_address_restarted_when_killed_then_stopped(
@@ -109,7 +36,7 @@ def test_S1_a_replica_serves_is_ready_at_its_address_restarted_when_killed_then_
     degraded = wait_until(lambda: status_is(member_api, made["id"], "degraded"), 30, "degraded")
     assert degraded["addresses"] == []
     wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready again")
-    [again] = shown(member_api, made["id"])["revisions"][0]["members"]
+    [again] = deployment_shown(member_api, made["id"])["revisions"][0]["members"]
     assert again["restarts"] == 1 and answers(port)["pid"] != served["pid"]
     logs = member_api.get(f"/api/deployments/{made['id']}/logs?replica=0&tail_bytes=4096")
     assert logs.status_code == 200, logs.content  # both runs' output, from the node
@@ -118,7 +45,8 @@ def test_S1_a_replica_serves_is_ready_at_its_address_restarted_when_killed_then_
     stopped = member_api.patch(f"/api/deployments/{made['id']}", {"state": "stopped"})
     assert stopped.status_code == 200 and stopped.json()["status"] == "stopped"
     wait_until(
-        lambda: shown(member_api, made["id"])["revisions"][0]["members"][0]["cleanup"] == "cleaned",
+        lambda: deployment_shown(member_api, made["id"])["revisions"][0]["members"][0]["cleanup"]
+        == "cleaned",
         60,
         "the replica cleaned up",
     )
@@ -129,7 +57,7 @@ def test_S1_a_failing_probe_degrades_the_deployment_with_the_probes_error(servin
     made = deploy(member_api, free_port(), env={"HEALTH_STATUS": "503"})
 
     def probed():
-        body = shown(member_api, made["id"])
+        body = deployment_shown(member_api, made["id"])
         members = body["revisions"][0]["members"]
         return body if members and "HTTP 503" in members[0]["not_ready_because"] else None
 
@@ -152,7 +80,7 @@ def test_S2_a_good_revision_replaces_the_old_a_bad_one_is_rolled_back(serving_no
     assert response.status_code == 201, response.content
 
     def replaced():
-        body = shown(member_api, made["id"])
+        body = deployment_shown(member_api, made["id"])
         states = [revision["state"] for revision in body["revisions"]]
         return body if states == ["retired", "live"] and body["status"] == "ready" else None
 
@@ -171,7 +99,7 @@ def test_S2_a_good_revision_replaces_the_old_a_bad_one_is_rolled_back(serving_no
     def rolled_back():
         # Both read: a response reads the deployment, then its revisions, each as committed
         # when it is read, so the pass may land between the two (seen once in CI).
-        body = shown(member_api, made["id"])
+        body = deployment_shown(member_api, made["id"])
         return body if body["revisions"][-1]["state"] == "rolled_back" and body["reason"] else None
 
     body = wait_until(rolled_back, 60, "revision 3 rolled back")
@@ -199,5 +127,5 @@ def test_S3_L2_an_agent_quiet_past_serve_degrades_the_deployment_and_nothing_is_
     assert answers(port)["pid"] == pid  # the replica serves on: nothing stopped, nothing moved
     start_agent()
     wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready again")
-    [replica] = shown(member_api, made["id"])["revisions"][0]["members"]
+    [replica] = deployment_shown(member_api, made["id"])["revisions"][0]["members"]
     assert replica["restarts"] == 0 and answers(port)["pid"] == pid

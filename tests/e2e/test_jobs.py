@@ -6,7 +6,6 @@ machine has no GPU); the processes, signals and cgroups are real.
 
 import json
 import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,69 +14,10 @@ from nodes.models import ControlSession
 from placement.models import CardHold, Member, TrainingJob
 from tests.conftest import H100_DEVICE_INVENTORY
 
-from .agents import lay_out_a_joined_node, running_gateway, serve, wait_until
-from .console import console_env
-from .test_liveness import celery
+from .agents import serve, wait_until
+from .running import job_shown, state_is, submit
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
-
-FAST = {"TUNEPLANE_HEARTBEAT_INTERVAL": "1", "TUNEPLANE_LEASE_TTL": "3"}
-
-
-@contextmanager
-def worker(tmp_path, redis_url, **settings):
-    """A real Celery worker: what admission's allocation task runs in."""
-    process = celery(
-        "worker",
-        "-l",
-        "INFO",
-        "--pool",
-        "solo",
-        env=console_env(tmp_path, REDIS_URL=redis_url, **settings),
-    )
-    try:
-        yield process
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-@pytest.fixture
-def running_node(require_redis, tmp_path, console_pki, node_fleet, mint):
-    """A node Fleet's node with a live agent, a gateway and a worker: where jobs run."""
-    node, env, directory = lay_out_a_joined_node(node_fleet, mint, tmp_path)
-    with (
-        worker(tmp_path, require_redis, TUNEPLANE_STOP_GRACE="3"),
-        running_gateway(tmp_path, console_pki, REDIS_URL=require_redis, **FAST) as target,
-    ):
-        agent = serve(env, target, tmp_path, inventory=H100_DEVICE_INVENTORY)
-        try:
-            wait_until(
-                lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).exists()
-                and node.__class__.objects.get(pk=node.pk).inventory.get("devices"),
-                what="the node connected with its devices",
-            )
-            yield node, env, directory, target, agent
-        finally:
-            agent.send_signal(signal.SIGTERM)
-            agent.wait(20)
-
-
-def submit(api, **body):
-    response = api.post("/api/training-jobs", {"project": "ml", "name": "job", "cards": 2, **body})
-    assert response.status_code == 201, response.content
-    return response.json()
-
-
-def shown(api, job_id):
-    return next(
-        job for job in api.get("/api/training-jobs").json()["results"] if job["id"] == job_id
-    )
-
-
-def state_is(api, job_id, *states):
-    job = shown(api, job_id)
-    return job if job["state"] in states else None
 
 
 def test_R4_R7_a_job_runs_with_exactly_its_cards_succeeds_and_holds_them_until_cleanup(
@@ -115,7 +55,8 @@ def test_R4_R7_a_job_runs_with_exactly_its_cards_succeeds_and_holds_them_until_c
     assert env["LEARNING_RATE"] == "3e-4"
     # R7: released only once the node confirmed the cleanup.
     wait_until(
-        lambda: shown(member_api, job["id"])["attempts"][0]["members"][0]["cleanup"] == "cleaned",
+        lambda: job_shown(member_api, job["id"])["attempts"][0]["members"][0]["cleanup"]
+        == "cleaned",
         what="the cleanup confirmed",
     )
     assert not CardHold.objects.filter(node=node).exists()

@@ -18,7 +18,7 @@ from placement.services.reconcile import members_reconcile
 from tests.conftest import H100_DEVICE_INVENTORY
 
 from .agents import lay_out_a_joined_node, running_gateway, serve, wait_until
-from .test_jobs import FAST, shown, state_is, submit, worker
+from .running import FAST, job_shown, state_is, submit, worker
 from .test_jobs_outages import connected
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
@@ -90,7 +90,7 @@ def test_R8_a_node_back_before_the_deadline_running_the_member_just_continues(
     assert Node.objects.get(pk=member.node_id).scheduling_state == "gone"
     start(member.node_id)
     sweep_until(lambda: Member.objects.get(pk=member.pk).state == "running", "running again")
-    body = shown(member_api, job["id"])
+    body = job_shown(member_api, job["id"])
     assert body["state"] == "running" and len(body["attempts"]) == 1  # no retry, no kill
     assert member_api.post(f"/api/training-jobs/{job['id']}/cancel").status_code == 200
 
@@ -120,7 +120,7 @@ def test_R8_R9_past_the_deadline_it_is_retried_elsewhere_and_the_leftover_stoppe
         action="member.leftover_running", target_id=str(member.pk)
     ).exists()
     assert not agent_cgroups.live_pids(f"{member.node_id}/{member.command_id}")
-    body = shown(member_api, job["id"])
+    body = job_shown(member_api, job["id"])
     assert body["state"] == "running" and [a["state"] for a in body["attempts"]] == [
         "lost",
         "running",

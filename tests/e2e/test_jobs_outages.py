@@ -17,7 +17,7 @@ from tests.conftest import H100_DEVICE_INVENTORY
 
 from .agents import lay_out_a_joined_node, running_gateway, serve, start_gateway, wait_until
 from .console import free_port
-from .test_jobs import FAST, shown, state_is, submit, worker
+from .running import FAST, job_shown, state_is, submit, worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -45,7 +45,7 @@ def test_R6_a_gateway_killed_mid_job_changes_nothing_and_the_exit_is_recorded_on
             gateway.send_signal(signal.SIGKILL)
             gateway.wait(10)
             release.touch()  # it finishes while no gateway listens
-            assert shown(member_api, job["id"])["state"] == "running"  # L5: nothing assumed
+            assert job_shown(member_api, job["id"])["state"] == "running"  # L5: nothing assumed
             gateway, _ = start_gateway(tmp_path, console_pki, port, **settings)
             done = wait_until(
                 lambda: state_is(member_api, job["id"], "succeeded"), 40, what="the exit"
@@ -153,7 +153,8 @@ def test_R3_a_gang_member_failing_fails_the_attempt_and_stops_the_other(two_agen
     ranks = {m["rank"]: m for m in attempt["members"]}
     assert (ranks[1]["exit_code"], ranks[1]["reason"]) == (7, "exit")
     wait_until(
-        lambda: shown(member_api, job["id"])["attempts"][0]["members"][0]["reason"] == "stopped",
+        lambda: job_shown(member_api, job["id"])["attempts"][0]["members"][0]["reason"]
+        == "stopped",
         what="rank 0 stopped",
     )
     wait_until(lambda: not CardHold.objects.exists(), what="both cleaned up")
@@ -169,19 +170,20 @@ def test_R3_a_gang_whose_second_member_never_starts_fails_its_deadline(two_agent
     )
     wait_until(
         lambda: any(
-            m["state"] == "running" for m in shown(member_api, job["id"])["attempts"][0]["members"]
+            m["state"] == "running"
+            for m in job_shown(member_api, job["id"])["attempts"][0]["members"]
         ),
         what="rank 0 running",
     )
     wait_until(lambda: members_reconcile()["gang_deadline"] or None, 20, what="the deadline missed")
-    attempt = shown(member_api, job["id"])["attempts"][0]
+    attempt = job_shown(member_api, job["id"])["attempts"][0]
     assert (attempt["state"], attempt["reason"]) == ("failed", "gang_deadline")
-    assert shown(member_api, job["id"])["state"] == "queued"  # retried after a backoff
+    assert job_shown(member_api, job["id"])["state"] == "queued"  # retried after a backoff
     running = next(m for m in attempt["members"] if m["node"] == nodes[0].id)
     wait_until(
         lambda: next(
             m
-            for m in shown(member_api, job["id"])["attempts"][0]["members"]
+            for m in job_shown(member_api, job["id"])["attempts"][0]["members"]
             if m["rank"] == running["rank"]
         )["cleanup"]
         == "cleaned",

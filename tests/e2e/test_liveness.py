@@ -6,11 +6,7 @@ deployment degrading while its node is quiet is tests/e2e/test_deployments.py (S
 """
 
 import signal
-import subprocess
-import sys
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from django_celery_beat.models import PeriodicTask
@@ -18,63 +14,9 @@ from django_celery_beat.models import PeriodicTask
 from tuneplane.schedule import seed_schedule
 
 from .agents import lay_out_a_joined_node, running_gateway, serve, wait_until
-from .console import ROOT, console_env
+from .running import SHORT, sweepers, sweeping_console
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
-
-# The lease too: silence counts only once a gateway has listened for one (the grace rule).
-SHORT = {
-    "TUNEPLANE_SWEEP_INTERVAL": "1",
-    "TUNEPLANE_QUIET_SERVE": "2",
-    "TUNEPLANE_QUIET_ENV": "2",
-    "TUNEPLANE_QUIET_TRAIN": "8",
-    "TUNEPLANE_HEARTBEAT_INTERVAL": "1",
-    "TUNEPLANE_LEASE_TTL": "3",
-}
-# Where a test watches one threshold pass before the next, room between them: on a loaded
-# machine (tests in parallel on two cores) a few sweeps may come late.
-ROOMY = {**SHORT, "TUNEPLANE_QUIET_TRAIN": "20"}
-
-
-def celery(*args, env):
-    """A Celery process whose output goes to a file in its var dir: a pipe nobody reads fills
-    up within a minute of INFO lines, and the process then blocks on its next log line."""
-    log = Path(env["TUNEPLANE_VAR_DIR"]) / f"celery-{args[0]}-{time.monotonic_ns()}.log"
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tuneplane", *args],
-            env=env,
-            cwd=ROOT,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    process.log = log
-    return process
-
-
-@contextmanager
-def sweepers(tmp_path, redis_url, thresholds=SHORT):
-    """A Celery worker and beat sweeping every second, thresholds in seconds."""
-    seed_schedule()
-    console = console_env(tmp_path, REDIS_URL=redis_url, **thresholds)
-    worker = celery("worker", "-l", "INFO", "--pool", "solo", env=console)
-    beat = celery("beat", "-l", "INFO", "-s", str(tmp_path / "beat-schedule"), env=console)
-    try:
-        yield
-    finally:
-        for process in (beat, worker):
-            process.terminate()
-            process.wait(30)
-
-
-@contextmanager
-def sweeping_console(tmp_path, console_pki, redis_url, thresholds=ROOMY):
-    """The sweepers and a gateway."""
-    with (
-        sweepers(tmp_path, redis_url, thresholds),
-        running_gateway(tmp_path, console_pki, REDIS_URL=redis_url, **thresholds) as target,
-    ):
-        yield target
 
 
 def test_schedule_is_seeded_with_an_expiry_and_keeps_a_pause(settings):

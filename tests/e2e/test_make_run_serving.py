@@ -6,7 +6,7 @@ Ready at its address, a new revision rolled out, the deployment stopped; an epis
 import json
 import urllib.request
 
-from tests.nodes.test_replicas import free_port
+from tests.agent_members import free_port
 
 from .test_make_run import call
 from .test_make_run_jobs import make_run_with_an_agent, wait_for

@@ -29,7 +29,7 @@ from tests.nodes.agent_process import agent, inventory_file, machine
 
 from .agents import serve, wait_until
 from .console import Console, console_env, free_port, manage
-from .test_liveness import SHORT
+from .running import SHORT
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

@@ -12,8 +12,8 @@ from django.test import override_settings
 
 from .agents import lay_out_a_joined_node, running_gateway, serve, wait_until
 from .console import free_port
+from .running import SHORT, sweepers
 from .test_commands import connected, send, state_of
-from .test_liveness import SHORT, sweepers
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 

@@ -8,16 +8,16 @@ import signal
 import pytest
 
 from placement.models import CardHold
-from tests.nodes.test_replicas import SERVER, free_port
+from tests.agent_members import SERVER, free_port
 
 from .agents import wait_until
-from .test_deployments import answers, serving_node  # noqa: F401 -- serving_node: a fixture
+from .running import answers
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 def test_S4_a_session_serves_at_its_address_until_its_lifetime_then_is_stopped_and_cleaned(
-    serving_node,  # noqa: F811
+    serving_node,
     member_api,
 ):
     node, _, _ = serving_node
@@ -72,7 +72,7 @@ def ended(api, path, timeout=60):
 
 
 def test_S5_an_episode_that_finishes_reports_its_exit_duration_and_output(
-    serving_node,  # noqa: F811
+    serving_node,
     member_api,
 ):
     path = episode(
@@ -89,7 +89,7 @@ def test_S5_an_episode_that_finishes_reports_its_exit_duration_and_output(
 
 
 def test_S5_an_episode_past_its_timeout_is_stopped_and_timed_out(
-    serving_node,  # noqa: F811
+    serving_node,
     member_api,
 ):
     path = episode(member_api, environment(member_api), command=["sleep", "600"], timeout_seconds=3)
@@ -98,7 +98,7 @@ def test_S5_an_episode_past_its_timeout_is_stopped_and_timed_out(
 
 
 def test_S6_an_episode_in_flight_while_its_node_is_quiet_for_env_is_not_failed_by_it(
-    serving_node,  # noqa: F811
+    serving_node,
     member_api,
     admin_api,
 ):

@@ -15,7 +15,7 @@ from tuneplane.schedule import seed_schedule
 
 from .agents import running_gateway
 from .console import console_env
-from .test_liveness import SHORT, celery
+from .running import SHORT, celery
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 

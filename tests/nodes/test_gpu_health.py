@@ -15,56 +15,11 @@ from nodes.choices import CordonSource
 from nodes.models import Node, NodeCommand, NodeCordon
 from nodes.selectors import nodes_placeable
 from nodes.services.cordons import node_cordon
-from nodes.services.telemetry import telemetry_store
 from placement.models import CardHold, Member
 from placement.services import submission
 from placement.services.allocator import allocate
+from tests.nodes.gpu_samples import send
 from tuneplane.errors import PlacementRefused
-
-
-def card(device: dict, **values) -> dict:
-    return {
-        "index": device["index"],
-        "uuid": device["uuid"],
-        "name": device["name"],
-        "utilization_percent": 50.0,
-        "memory_used_bytes": 2**30,
-        "memory_total_bytes": 80 * 2**30,
-        "temperature_celsius": 60.0,
-        "power_watts": 300.0,
-        "ecc_corrected": 0,
-        "ecc_uncorrected": 0,
-        "xid_counts": {},
-        **values,
-    }
-
-
-def sample(node: Node, changed: dict | None = None, *, without=(), source="file") -> dict:
-    """A sample of every card of the node; ``changed`` by index, ``without`` left out."""
-    changed = changed or {}
-    return {
-        "source": source,
-        "cards": [
-            card(device, **changed.get(device["index"], {}))
-            for device in node.inventory["devices"]
-            if device["index"] not in without
-        ],
-        "cpu_percent": 12.5,
-        "memory_used_bytes": 2**34,
-        "memory_total_bytes": 2**39,
-    }
-
-
-def send(node: Node, *args, at: float | None = None, **kwargs) -> dict:
-    at = at if at is not None else timezone.now().timestamp()
-    return telemetry_store(samples={node.id: (at, sample(node, *args, **kwargs))})
-
-
-@pytest.fixture
-def node(node_fleet, gpu_node):
-    made = gpu_node(node_fleet)
-    send(made)  # the first sample: what later ones are compared with
-    return made
 
 
 def refreshed(node: Node) -> Node:
@@ -77,34 +32,39 @@ def submit(member, cards: int):
     )
 
 
-def test_a_new_fatal_xid_takes_exactly_that_card_out_of_admission_fit(node, member):
-    assert refreshed(node).card_count == 8
-    send(node, {3: {"xid_counts": {"79": 1}}})
-    node = refreshed(node)
-    assert set(node.unhealthy_cards) == {node.inventory["devices"][3]["uuid"]}
-    assert node.unhealthy_cards[node.inventory["devices"][3]["uuid"]]["reason"] == "XID 79"
-    assert node.card_count == 7 and node.series_cards == {"h100": 7}
+def test_a_new_fatal_xid_takes_exactly_that_card_out_of_admission_fit(sampled_node, member):
+    assert refreshed(sampled_node).card_count == 8
+    send(sampled_node, {3: {"xid_counts": {"79": 1}}})
+    sampled_node = refreshed(sampled_node)
+    assert set(sampled_node.unhealthy_cards) == {sampled_node.inventory["devices"][3]["uuid"]}
+    assert (
+        sampled_node.unhealthy_cards[sampled_node.inventory["devices"][3]["uuid"]]["reason"]
+        == "XID 79"
+    )
+    assert sampled_node.card_count == 7 and sampled_node.series_cards == {"h100": 7}
     with pytest.raises(PlacementRefused) as refused:
         submit(member, 8)  # P7: the fit sees the change at once
     assert refused.value.reason == "inventory_fit"
-    assert submit(member, 7).fleet_id == node.fleet_id  # the rest of the node works on
-    assert nodes_placeable([node.fleet_id]).filter(pk=node.pk).exists()
+    assert submit(member, 7).fleet_id == sampled_node.fleet_id  # the rest of the node works on
+    assert nodes_placeable([sampled_node.fleet_id]).filter(pk=sampled_node.pk).exists()
 
 
-def test_the_allocator_never_holds_an_unhealthy_card(node, member):
-    sick = node.inventory["devices"][0]["uuid"]
-    send(node, {0: {"xid_counts": {"48": 2}}})
+def test_the_allocator_never_holds_an_unhealthy_card(sampled_node, member):
+    sick = sampled_node.inventory["devices"][0]["uuid"]
+    send(sampled_node, {0: {"xid_counts": {"48": 2}}})
     job = submit(member, 7)
     assert allocate(fleet_id=job.fleet_id)["allocated"] == 1
-    held = set(CardHold.objects.filter(node=node).values_list("uuid", flat=True))
+    held = set(CardHold.objects.filter(node=sampled_node).values_list("uuid", flat=True))
     assert len(held) == 7 and sick not in held
 
 
-def test_an_xid_that_is_not_fatal_or_not_new_changes_nothing(node):
-    send(node, {1: {"xid_counts": {"13": 5, "31": 1}}})  # application faults: not the card's
-    assert refreshed(node).unhealthy_cards == {}
-    send(node, {1: {"xid_counts": {"79": 1}}})
-    send(node, {1: {"xid_counts": {"79": 1}}})  # the same count again: nothing new
+def test_an_xid_that_is_not_fatal_or_not_new_changes_nothing(sampled_node):
+    send(
+        sampled_node, {1: {"xid_counts": {"13": 5, "31": 1}}}
+    )  # application faults: not the card's
+    assert refreshed(sampled_node).unhealthy_cards == {}
+    send(sampled_node, {1: {"xid_counts": {"79": 1}}})
+    send(sampled_node, {1: {"xid_counts": {"79": 1}}})  # the same count again: nothing new
     assert AuditEvent.objects.filter(action="node.card_unhealthy").count() == 1
 
 
@@ -122,98 +82,102 @@ def test_uncorrectable_ecc_errors_rising_make_a_card_unhealthy_counts_alone_do_n
     assert reason == "uncorrectable ECC errors 4 → 5"
 
 
-def test_a_card_missing_from_a_sample_that_had_it_is_unhealthy_a_failed_probe_is_not(node):
-    send(node, source="", without=range(8))  # the probe failed: nothing is judged
-    assert refreshed(node).unhealthy_cards == {}
-    send(node, without=(5,))
-    node = refreshed(node)
-    assert [c["reason"] for c in node.unhealthy_cards.values()] == ["missing from the sample"]
-    assert node.card_count == 7
+def test_a_card_missing_from_a_sample_that_had_it_is_unhealthy_a_failed_probe_is_not(sampled_node):
+    send(sampled_node, source="", without=range(8))  # the probe failed: nothing is judged
+    assert refreshed(sampled_node).unhealthy_cards == {}
+    send(sampled_node, without=(5,))
+    sampled_node = refreshed(sampled_node)
+    assert [c["reason"] for c in sampled_node.unhealthy_cards.values()] == [
+        "missing from the sample"
+    ]
+    assert sampled_node.card_count == 7
 
 
-def test_healthy_again_only_after_the_quiet_period(node, settings):
+def test_healthy_again_only_after_the_quiet_period(sampled_node, settings):
     settings.TUNEPLANE_GPU_HEALTH_QUIET = 300
     now = timezone.now().timestamp()
-    send(node, {3: {"xid_counts": {"79": 1}}}, at=now)
-    send(node, {3: {"xid_counts": {"79": 1}}}, at=now + 299)
-    assert refreshed(node).card_count == 7
-    send(node, {3: {"xid_counts": {"79": 1}}}, at=now + 301)
-    assert refreshed(node).card_count == 8 and refreshed(node).unhealthy_cards == {}
+    send(sampled_node, {3: {"xid_counts": {"79": 1}}}, at=now)
+    send(sampled_node, {3: {"xid_counts": {"79": 1}}}, at=now + 299)
+    assert refreshed(sampled_node).card_count == 7
+    send(sampled_node, {3: {"xid_counts": {"79": 1}}}, at=now + 301)
+    assert refreshed(sampled_node).card_count == 8 and refreshed(sampled_node).unhealthy_cards == {}
     events = AuditEvent.objects.filter(action__startswith="node.card_").order_by("id")
     assert [e.action for e in events] == ["node.card_unhealthy", "node.card_healthy"]
 
 
 def test_a_card_back_from_missing_is_quiet_from_its_return_not_its_last_missing_sample(
-    node, settings
+    sampled_node, settings
 ):
     """A node sends no sample while its cards stay as they were: a card missing at the last
     sample was missing until the sample that shows it back."""
     settings.TUNEPLANE_GPU_HEALTH_QUIET = 300
     now = timezone.now().timestamp()
-    send(node, without=(3,), at=now)
-    send(node, at=now + 290)  # back, after a silence
-    send(node, {0: {"utilization_percent": 90.0}}, at=now + 310)
-    assert refreshed(node).card_count == 7
-    send(node, at=now + 591)
-    assert refreshed(node).card_count == 8
+    send(sampled_node, without=(3,), at=now)
+    send(sampled_node, at=now + 290)  # back, after a silence
+    send(sampled_node, {0: {"utilization_percent": 90.0}}, at=now + 310)
+    assert refreshed(sampled_node).card_count == 7
+    send(sampled_node, at=now + 591)
+    assert refreshed(sampled_node).card_count == 8
 
 
-def test_every_card_unhealthy_cordons_the_node_and_a_healthy_card_lifts_it(node, settings):
+def test_every_card_unhealthy_cordons_the_node_and_a_healthy_card_lifts_it(sampled_node, settings):
     xids = {i: {"xid_counts": {"79": 1}} for i in range(8)}
-    send(node, {i: xids[i] for i in range(7)})
-    assert not NodeCordon.objects.filter(node=node).exists()  # one card still works
-    send(node, xids)  # card 7's XID is new; the others stay unhealthy within the quiet period
-    cordon = NodeCordon.objects.get(node=node)
+    send(sampled_node, {i: xids[i] for i in range(7)})
+    assert not NodeCordon.objects.filter(node=sampled_node).exists()  # one card still works
+    send(
+        sampled_node, xids
+    )  # card 7's XID is new; the others stay unhealthy within the quiet period
+    cordon = NodeCordon.objects.get(node=sampled_node)
     assert cordon.source == CordonSource.GPU_HEALTH and "every card unhealthy" in cordon.reason
-    assert not nodes_placeable([node.fleet_id]).filter(pk=node.pk).exists()
+    assert not nodes_placeable([sampled_node.fleet_id]).filter(pk=sampled_node.pk).exists()
     settings.TUNEPLANE_GPU_HEALTH_QUIET = 0
-    send(node, xids)  # no new XID: healthy again
-    assert not NodeCordon.objects.filter(node=node).exists()
-    assert refreshed(node).card_count == 8
+    send(sampled_node, xids)  # no new XID: healthy again
+    assert not NodeCordon.objects.filter(node=sampled_node).exists()
+    assert refreshed(sampled_node).card_count == 8
 
 
-def test_L6_an_operator_cordon_outlives_the_gpu_health_one(node, settings, admin_user):
+def test_L6_an_operator_cordon_outlives_the_gpu_health_one(sampled_node, settings, admin_user):
     settings.TUNEPLANE_GPU_HEALTH_QUIET = 0
-    send(node, {i: {"xid_counts": {"79": 1}} for i in range(8)})
-    node_cordon(actor=Actor.of_user(admin_user), node=node, reason="bad riser")
-    send(node, {i: {"xid_counts": {"79": 1}} for i in range(8)})  # healthy again
-    sources = set(NodeCordon.objects.filter(node=node).values_list("source", flat=True))
+    send(sampled_node, {i: {"xid_counts": {"79": 1}} for i in range(8)})
+    node_cordon(actor=Actor.of_user(admin_user), node=sampled_node, reason="bad riser")
+    send(sampled_node, {i: {"xid_counts": {"79": 1}} for i in range(8)})  # healthy again
+    sources = set(NodeCordon.objects.filter(node=sampled_node).values_list("source", flat=True))
     assert sources == {CordonSource.OPERATOR}
-    assert not nodes_placeable([node.fleet_id]).filter(pk=node.pk).exists()
+    assert not nodes_placeable([sampled_node.fleet_id]).filter(pk=sampled_node.pk).exists()
 
 
-def test_D1_nothing_running_is_stopped_by_a_card_going_unhealthy(node, member, settings):
+def test_D1_nothing_running_is_stopped_by_a_card_going_unhealthy(sampled_node, member, settings):
     job = submit(member, 8)
     allocate(fleet_id=job.fleet_id)
     member_record = Member.objects.get(attempt__training_job=job)
     commands = NodeCommand.objects.count()
-    send(node, {i: {"xid_counts": {"79": 1}} for i in range(8)})
-    assert NodeCordon.objects.filter(node=node, source=CordonSource.GPU_HEALTH).exists()
+    send(sampled_node, {i: {"xid_counts": {"79": 1}} for i in range(8)})
+    assert NodeCordon.objects.filter(node=sampled_node, source=CordonSource.GPU_HEALTH).exists()
     assert NodeCommand.objects.count() == commands  # no stop, no cleanup
     assert Member.objects.get(pk=member_record.pk).state == member_record.state
     assert CardHold.objects.filter(member=member_record).count() == 8
 
 
-def test_a_card_taken_out_of_the_inventory_is_no_longer_missing(node):
+def test_a_card_taken_out_of_the_inventory_is_no_longer_missing(sampled_node):
     from nodes.services.control import node_report_inventory
 
-    send(node, without=(7,))
-    assert len(refreshed(node).unhealthy_cards) == 1
-    inventory = {**node.inventory, "devices": node.inventory["devices"][:7]}
+    send(sampled_node, without=(7,))
+    assert len(refreshed(sampled_node).unhealthy_cards) == 1
+    inventory = {**sampled_node.inventory, "devices": sampled_node.inventory["devices"][:7]}
     inventory["cards"] = [{"name": inventory["devices"][0]["name"], "count": 7}]
-    node_report_inventory(node_id=node.id, inventory=inventory)
-    send(refreshed(node))
-    node = refreshed(node)
-    assert node.unhealthy_cards == {} and node.card_count == 7
+    node_report_inventory(node_id=sampled_node.id, inventory=inventory)
+    send(refreshed(sampled_node))
+    sampled_node = refreshed(sampled_node)
+    assert sampled_node.unhealthy_cards == {} and sampled_node.card_count == 7
 
 
-def test_the_fleet_page_shows_each_card_its_health_and_why(node, client, admin_user):
-    send(node, {4: {"xid_counts": {"79": 1}, "utilization_percent": 87.0}})
+def test_the_fleet_page_shows_each_card_its_health_and_why(sampled_node, client, admin_user):
+    send(sampled_node, {4: {"xid_counts": {"79": 1}, "utilization_percent": 87.0}})
     client.force_login(admin_user)
-    page = client.get(f"/admin/fleets/fleet/{node.fleet_id}/change/").content.decode()
+    page = client.get(f"/admin/fleets/fleet/{sampled_node.fleet_id}/change/").content.decode()
     group = page[page.index('id="group-telemetry"') :]
     assert group.count('class="tp-card"') == 8
-    sick = node.inventory["devices"][4]["uuid"]
+    sick = sampled_node.inventory["devices"][4]["uuid"]
     card_html = group[group.index(f'data-uuid="{sick}"') :].split("</div>")[0]
     assert 'data-health="unhealthy"' in card_html and "XID 79" in card_html
     assert 'style="width: 87%"' in card_html

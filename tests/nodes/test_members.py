@@ -5,7 +5,6 @@ command handling without a stream — what the stream delivers is tests/e2e/test
 import json
 import os
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -14,52 +13,16 @@ from nodes.agent.command import process_start_time
 from nodes.agent.executor import Executor
 from nodes.agent.member import cgroups, launch
 from nodes.agent.member.adoption import adopt_orphans
+from tests.agent_members import CARDS, looked_at, settled, start
 from tests.conftest import H100_DEVICES
 
 pytestmark = pytest.mark.e2e
 
-CARDS = [{"index": d["index"], "uuid": d["uuid"]} for d in H100_DEVICES]
 
-
-@pytest.fixture
-def node(tmp_path):
-    """An agent's commands with a cgroup scope of their own, whose cgroups go with the test."""
-    scope = f"test-{uuid.uuid4().hex[:8]}"
-    yield Executor(
-        tmp_path / "state", devices=lambda: H100_DEVICES, storage_root="/srv/tp", scope=scope
-    )
-    for member_id in cgroups.cgroup_members(scope):
-        cgroups.signal_member(None, f"{scope}/{member_id}", cgroups.SIGKILL)
-        cgroups.release(f"{scope}/{member_id}")
-    for path in cgroups.cgroup_paths(f"{scope}/-")[1]:
-        if path.parent.exists():  # the last member's release took it already
-            path.parent.rmdir()
-
-
-def start(node, member_id, cards, **payload):
-    return node.accept(member_id, "start", {"cards": cards, **payload})
-
-
-def looked_at(node, member_id):
-    """The member after the agent has looked at what runs, as it does every second."""
-    node.tick()
-    return next(c for c in node.known() if c.command_id == member_id)
-
-
-def settled(node, member_id, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        member = looked_at(node, member_id)
-        if member.state != "running":
-            return member
-        time.sleep(0.1)
-    raise AssertionError(f"{member_id} still running")
-
-
-def test_R4_a_member_gets_exactly_its_cards_env_labels_and_delivery(node, tmp_path):
+def test_R4_a_member_gets_exactly_its_cards_env_labels_and_delivery(executor, tmp_path):
     out = tmp_path / "env.json"
     member = start(
-        node,
+        executor,
         "m-env",
         [CARDS[5], CARDS[2]],
         argv=["python3", "-c", f"import json,os; json.dump(dict(os.environ), open('{out}','w'))"],
@@ -69,7 +32,7 @@ def test_R4_a_member_gets_exactly_its_cards_env_labels_and_delivery(node, tmp_pa
         rendezvous={"MASTER_ADDR": "10.0.0.1", "WORLD_SIZE": 16},
     )
     assert member.state == "running"
-    assert settled(node, "m-env").state == "succeeded"
+    assert settled(executor, "m-env").state == "succeeded"
     env = json.loads(out.read_text())
     assert env["CUDA_VISIBLE_DEVICES"] == "2,5"  # PCI bus order: by index
     assert env["NVIDIA_VISIBLE_DEVICES"] == f"{CARDS[2]['uuid']},{CARDS[5]['uuid']}"
@@ -79,52 +42,52 @@ def test_R4_a_member_gets_exactly_its_cards_env_labels_and_delivery(node, tmp_pa
     assert (env["MASTER_ADDR"], env["WORLD_SIZE"]) == ("10.0.0.1", "16")
 
 
-def test_R1_a_start_naming_cards_the_node_lacks_or_another_member_holds_is_refused(node):
+def test_R1_a_start_naming_cards_the_node_lacks_or_another_member_holds_is_refused(executor):
     unknown = {"index": 9, "uuid": "GPU-not-here"}
     wrong_uuid = {"index": 1, "uuid": CARDS[2]["uuid"]}
     for member_id, cards in (("m-unknown", [unknown]), ("m-wrong", [wrong_uuid])):
-        refused = start(node, member_id, cards, argv=["true"])
+        refused = start(executor, member_id, cards, argv=["true"])
         assert (refused.state, refused.reason) == ("failed", "refused")
-    holder = start(node, "m-holder", [CARDS[0]], argv=["sleep", "30"])
+    holder = start(executor, "m-holder", [CARDS[0]], argv=["sleep", "30"])
     assert holder.state == "running"
-    taken = start(node, "m-taken", [CARDS[0], CARDS[1]], argv=["true"])
+    taken = start(executor, "m-taken", [CARDS[0], CARDS[1]], argv=["true"])
     assert (taken.state, taken.reason) == ("failed", "refused")
     # Never substituted: card 1 was free, but the console named card 0 with it.
-    node.accept("c-clean", "cleanup", {"member": "m-holder", "grace_seconds": 0})
-    assert settled(node, "m-holder").cleaned
+    executor.accept("c-clean", "cleanup", {"member": "m-holder", "grace_seconds": 0})
+    assert settled(executor, "m-holder").cleaned
 
 
 def test_a_replayed_start_changes_nothing_and_a_stop_for_an_unknown_member_is_answered(
-    node, tmp_path
+    executor, tmp_path
 ):
     counter = tmp_path / "count"
     argv = ["sh", "-c", f"echo x >> {counter}; sleep 30"]
-    first = start(node, "m-once", [CARDS[3]], argv=argv)
-    again = start(node, "m-once", [CARDS[3]], argv=argv)
+    first = start(executor, "m-once", [CARDS[3]], argv=argv)
+    again = start(executor, "m-once", [CARDS[3]], argv=argv)
     assert (again.pid, again.state) == (first.pid, "running")
     time.sleep(0.5)
     assert counter.read_text() == "x\n"  # started once
-    unknown = node.accept("c-stop-unknown", "stop", {"member": "m-never"})
+    unknown = executor.accept("c-stop-unknown", "stop", {"member": "m-never"})
     assert (unknown.state, unknown.reason) == ("succeeded", "unknown_member")
-    node.accept("c-clean", "cleanup", {"member": "m-once", "grace_seconds": 0})
-    assert settled(node, "m-once").cleaned
+    executor.accept("c-clean", "cleanup", {"member": "m-once", "grace_seconds": 0})
+    assert settled(executor, "m-once").cleaned
 
 
-def test_R10_stop_is_sigterm_then_sigkill_after_the_grace(node, tmp_path):
+def test_R10_stop_is_sigterm_then_sigkill_after_the_grace(executor, tmp_path):
     stubborn = ["sh", "-c", f"trap 'echo term >> {tmp_path}/log' TERM; while :; do sleep 0.1; done"]
-    start(node, "m-stubborn", [CARDS[0]], argv=stubborn)
+    start(executor, "m-stubborn", [CARDS[0]], argv=stubborn)
     time.sleep(0.3)
-    node.accept("c-stop", "stop", {"member": "m-stubborn", "grace_seconds": 1})
+    executor.accept("c-stop", "stop", {"member": "m-stubborn", "grace_seconds": 1})
     time.sleep(0.5)
-    assert looked_at(node, "m-stubborn").state == "running"
-    ended = settled(node, "m-stubborn")  # SIGKILL after the grace
+    assert looked_at(executor, "m-stubborn").state == "running"
+    ended = settled(executor, "m-stubborn")  # SIGKILL after the grace
     assert (ended.state, ended.reason) == ("failed", "stopped")
     assert (tmp_path / "log").read_text().startswith("term")
 
 
-def test_R5_a_member_over_its_memory_ends_oom_and_reports_its_confinement(node):
+def test_R5_a_member_over_its_memory_ends_oom_and_reports_its_confinement(executor):
     member = start(
-        node,
+        executor,
         "m-hungry",
         [],
         argv=[
@@ -136,52 +99,52 @@ def test_R5_a_member_over_its_memory_ends_oom_and_reports_its_confinement(node):
         cpus=0.5,
     )
     assert member.confinement == "cgroup-v1", member.confinement
-    version, paths = cgroups.cgroup_paths(node.cgroup("m-hungry"))
+    version, paths = cgroups.cgroup_paths(executor.cgroup("m-hungry"))
     assert (paths[0] / "memory.limit_in_bytes").read_text().strip() == str(64 << 20)
     assert (paths[1] / "cpu.cfs_quota_us").read_text().strip() == "50000"
-    ended = settled(node, "m-hungry")
+    ended = settled(executor, "m-hungry")
     assert (ended.state, ended.reason) == ("failed", "oom")
-    node.accept("c-clean", "cleanup", {"member": "m-hungry"})
-    assert settled(node, "m-hungry").cleaned and not any(path.exists() for path in paths)
+    executor.accept("c-clean", "cleanup", {"member": "m-hungry"})
+    assert settled(executor, "m-hungry").cleaned and not any(path.exists() for path in paths)
 
 
-def test_R7_cleanup_kills_what_is_left_removes_the_scratch_and_keeps_the_log(node, tmp_path):
-    start(node, "m-left", [CARDS[1]], script="echo hello; (sleep 60 &) ; sleep 60")
-    scratch = node.scratch / "m-left"
+def test_R7_cleanup_kills_what_is_left_removes_the_scratch_and_keeps_the_log(executor, tmp_path):
+    start(executor, "m-left", [CARDS[1]], script="echo hello; (sleep 60 &) ; sleep 60")
+    scratch = executor.scratch / "m-left"
     assert (scratch / "script.sh").exists()
     time.sleep(0.5)
-    node.accept("c-clean", "cleanup", {"member": "m-left", "grace_seconds": 0})
-    ended = settled(node, "m-left")
+    executor.accept("c-clean", "cleanup", {"member": "m-left", "grace_seconds": 0})
+    ended = settled(executor, "m-left")
     deadline = time.monotonic() + 10
     while not ended.cleaned and time.monotonic() < deadline:
         time.sleep(0.2)
-        ended = looked_at(node, "m-left")
+        ended = looked_at(executor, "m-left")
     assert ended.cleaned and not scratch.exists()
-    assert not cgroups.cgroup_pids(node.cgroup("m-left"))  # the escaped grandchild too
-    assert node.log_tail("m-left", 100).startswith(b"hello\n")
+    assert not cgroups.cgroup_pids(executor.cgroup("m-left"))  # the escaped grandchild too
+    assert executor.log_tail("m-left", 100).startswith(b"hello\n")
     # A cleanup of a member whose state file is lost still cleans by its id.
-    stray = node.accept("c-clean-lost", "cleanup", {"member": "m-lost-file"})
+    stray = executor.accept("c-clean-lost", "cleanup", {"member": "m-lost-file"})
     assert stray.state == "succeeded"
 
 
-def test_R6_after_a_reboot_a_member_is_node_rebooted_never_running(node, tmp_path):
-    start(node, "m-before", [CARDS[0]], argv=["sleep", "0.1"])
-    path = node.directory / "m-before.json"
+def test_R6_after_a_reboot_a_member_is_node_rebooted_never_running(executor, tmp_path):
+    start(executor, "m-before", [CARDS[0]], argv=["sleep", "0.1"])
+    path = executor.directory / "m-before.json"
     saved = json.loads(path.read_text())
     saved.update(boot_id="an-earlier-boot", pid=999999, started="0")
     path.write_text(json.dumps(saved))
-    Path(node.directory / "m-before.exit").unlink(missing_ok=True)
+    Path(executor.directory / "m-before.exit").unlink(missing_ok=True)
     time.sleep(0.3)
-    (node.directory / "m-before.exit").unlink(missing_ok=True)
-    ended = settled(node, "m-before")
+    (executor.directory / "m-before.exit").unlink(missing_ok=True)
+    ended = settled(executor, "m-before")
     assert (ended.state, ended.reason) == ("failed", "node_rebooted")
 
 
-def test_R4_a_member_is_on_the_nodes_disk_before_its_process_starts(node, monkeypatch):
+def test_R4_a_member_is_on_the_nodes_disk_before_its_process_starts(executor, monkeypatch):
     """At the moment the agent spawns a member's process its record is already on disk (an
     agent dying between the two leaves no process without a record); and the member, reading
     for its own record as its first act, finds it."""
-    record = node.directory / "m-first.json"
+    record = executor.directory / "m-first.json"
     on_disk_at_spawn = []
     spawn = launch.spawn
 
@@ -191,31 +154,31 @@ def test_R4_a_member_is_on_the_nodes_disk_before_its_process_starts(node, monkey
 
     monkeypatch.setattr(launch, "spawn", spawned)
     check = f"import os, sys; sys.exit(0 if os.path.exists({str(record)!r}) else 7)"
-    start(node, "m-first", [CARDS[0]], argv=["python3", "-c", check])
+    start(executor, "m-first", [CARDS[0]], argv=["python3", "-c", check])
     assert on_disk_at_spawn == [True]
-    ended = settled(node, "m-first")
+    ended = settled(executor, "m-first")
     assert (ended.state, ended.exit_code) == ("succeeded", 0)
 
 
-def test_R6_a_reused_pid_never_reads_running_and_a_stop_never_signals_it(node):
+def test_R6_a_reused_pid_never_reads_running_and_a_stop_never_signals_it(executor):
     """The member's process is gone and its pid now belongs to an unrelated process with
     another start time: the member is not running, and its stop leaves that process be."""
     import subprocess
 
-    start(node, "m-reused", [CARDS[0]], argv=["sleep", "600"])
-    cgroups.signal_member(None, f"{node.scope}/m-reused", cgroups.SIGKILL)
+    start(executor, "m-reused", [CARDS[0]], argv=["sleep", "600"])
+    cgroups.signal_member(None, f"{executor.scope}/m-reused", cgroups.SIGKILL)
     time.sleep(0.1)  # ten clock ticks: the stranger's start time cannot be the member's
     stranger = subprocess.Popen(["sleep", "600"])
     try:
-        path = node.directory / "m-reused.json"
+        path = executor.directory / "m-reused.json"
         saved = json.loads(path.read_text())
         assert saved["started"] != process_start_time(stranger.pid)
         saved.update(pid=stranger.pid)  # its start time stays the member's own
         path.write_text(json.dumps(saved))
-        (node.directory / "m-reused.exit").unlink(missing_ok=True)
-        ended = settled(node, "m-reused")
+        (executor.directory / "m-reused.exit").unlink(missing_ok=True)
+        ended = settled(executor, "m-reused")
         assert ended.state == "failed" and ended.reason == "vanished"
-        node.accept("s-reused", "stop", {"member": "m-reused", "grace_seconds": 0})
+        executor.accept("s-reused", "stop", {"member": "m-reused", "grace_seconds": 0})
         time.sleep(0.5)
         assert stranger.poll() is None, "the stop signalled an unrelated process (R6)"
     finally:
@@ -223,29 +186,29 @@ def test_R6_a_reused_pid_never_reads_running_and_a_stop_never_signals_it(node):
         stranger.wait()
 
 
-def test_logs_are_kept_for_the_retention_then_removed_by_the_agent(node):
-    start(node, "m-kept", [CARDS[0]], argv=["echo", "kept"])
-    settled(node, "m-kept")
-    node.accept("c-clean", "cleanup", {"member": "m-kept"})
-    told = [(record.command_id, record.reported()) for record in node.known()]
-    node.forget_finished(told)  # reconciled by the console: forgotten
-    log = node.logs / "m-kept.log"
+def test_logs_are_kept_for_the_retention_then_removed_by_the_agent(executor):
+    start(executor, "m-kept", [CARDS[0]], argv=["echo", "kept"])
+    settled(executor, "m-kept")
+    executor.accept("c-clean", "cleanup", {"member": "m-kept"})
+    told = [(record.command_id, record.reported()) for record in executor.known()]
+    executor.forget_finished(told)  # reconciled by the console: forgotten
+    log = executor.logs / "m-kept.log"
     assert log.read_text() == "kept\n"
-    node.expire_logs(retention_seconds=3600)
+    executor.expire_logs(retention_seconds=3600)
     assert log.exists()  # younger than the retention
     old = time.time() - 7200
     os.utime(log, (old, old))
-    node.expire_logs(retention_seconds=3600)
+    executor.expire_logs(retention_seconds=3600)
     assert not log.exists()
 
 
-def test_R6_a_member_whose_state_file_is_lost_is_adopted_from_its_cgroup(node, tmp_path):
-    first = start(node, "m-orphan", [CARDS[4]], argv=["sleep", "30"])
+def test_R6_a_member_whose_state_file_is_lost_is_adopted_from_its_cgroup(executor, tmp_path):
+    first = start(executor, "m-orphan", [CARDS[4]], argv=["sleep", "30"])
     deadline = time.monotonic() + 5
-    while not cgroups.cgroup_pids(node.cgroup("m-orphan")) and time.monotonic() < deadline:
+    while not cgroups.cgroup_pids(executor.cgroup("m-orphan")) and time.monotonic() < deadline:
         time.sleep(0.05)  # the wrapper joins its cgroup as it starts
-    (node.directory / "m-orphan.json").unlink()  # the state file lost
-    again = Executor(node.root, devices=lambda: H100_DEVICES, scope=node.scope)
+    (executor.directory / "m-orphan.json").unlink()  # the state file lost
+    again = Executor(executor.root, devices=lambda: H100_DEVICES, scope=executor.scope)
     assert adopt_orphans(again.runner) == ["m-orphan"]
     adopted = next(c for c in again.known() if c.command_id == "m-orphan")
     assert (adopted.state, adopted.pid, adopted.reason) == ("running", first.pid, "adopted")

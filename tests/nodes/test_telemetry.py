@@ -23,7 +23,7 @@ from nodes.gateway.streams import Stream, Streams
 from nodes.gateway.telemetry import TelemetryBatcher
 from nodes.models import NodeTelemetry
 from nodes.services.telemetry import MAX_CARDS, telemetry_store
-from tests.nodes.test_gpu_health import card, node, sample  # noqa: F401 -- fixtures
+from tests.nodes.gpu_samples import card, sample
 
 DEVICES = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3"} for i in range(2)]
 
@@ -156,11 +156,15 @@ def test_host_cpu_is_the_use_between_two_samples(tmp_path):
     assert host.memory() == (750 * 1024, 1000 * 1024)
 
 
-def test_only_the_latest_sample_of_a_node_is_kept(node):
+def test_only_the_latest_sample_of_a_node_is_kept(sampled_node):
     now = timezone.now().timestamp()
-    telemetry_store(samples={node.id: (now + 1, sample(node, {0: {"power_watts": 111.0}}))})
-    telemetry_store(samples={node.id: (now + 2, sample(node, {0: {"power_watts": 222.0}}))})
-    (row,) = NodeTelemetry.objects.filter(node=node)
+    telemetry_store(
+        samples={sampled_node.id: (now + 1, sample(sampled_node, {0: {"power_watts": 111.0}}))}
+    )
+    telemetry_store(
+        samples={sampled_node.id: (now + 2, sample(sampled_node, {0: {"power_watts": 222.0}}))}
+    )
+    (row,) = NodeTelemetry.objects.filter(node=sampled_node)
     assert row.cards[0]["power_watts"] == 222.0 and len(row.cards) == 8
     assert row.host["cpu_percent"] == 12.5
 
@@ -185,11 +189,15 @@ def test_bad_telemetry_is_refused_for_its_node_alone(node_fleet, gpu_node, bad):
     assert set(NodeTelemetry.objects.values_list("node_id", flat=True)) == {good.id}
 
 
-def test_thousands_of_cards_in_a_sample_are_refused(node):
+def test_thousands_of_cards_in_a_sample_are_refused(sampled_node):
     many = [card({"index": i, "uuid": f"GPU-x{i}", "name": "H100"}) for i in range(5000)]
-    done = telemetry_store(samples={node.id: (0.0, {**sample(node), "cards": many})})
-    assert done["refused"] == [node.id] and len(many) > MAX_CARDS
-    assert len(NodeTelemetry.objects.get(node=node).cards) == 8  # its last good sample stays
+    done = telemetry_store(
+        samples={sampled_node.id: (0.0, {**sample(sampled_node), "cards": many})}
+    )
+    assert done["refused"] == [sampled_node.id] and len(many) > MAX_CARDS
+    assert (
+        len(NodeTelemetry.objects.get(node=sampled_node).cards) == 8
+    )  # its last good sample stays
 
 
 @pytest.mark.django_db(transaction=True)
@@ -216,11 +224,11 @@ def test_a_flood_of_samples_from_one_node_is_one_row_a_flush(node_fleet, gpu_nod
 
 
 def test_the_api_shows_the_latest_sample_with_its_time_and_stale_as_stale(
-    node,
+    sampled_node,
     admin_api,
     settings,
 ):
-    body = admin_api.get(f"/api/nodes/{node.id}").json()["telemetry"]
+    body = admin_api.get(f"/api/nodes/{sampled_node.id}").json()["telemetry"]
     assert body["stale"] is False and body["source"] == "file" and len(body["cards"]) == 8
     assert body["cards"][0]["health"] == "healthy" and body["cards"][0]["utilization_percent"] == 50
     assert body["observed_at"]
@@ -229,8 +237,10 @@ def test_the_api_shows_the_latest_sample_with_its_time_and_stale_as_stale(
         before = timezone.now() - timedelta(
             seconds=intervals * settings.TUNEPLANE_TELEMETRY_INTERVAL
         )
-        NodeTelemetry.objects.filter(node=node).update(observed_at=before, cards_observed_at=before)
-        return admin_api.get(f"/api/nodes/{node.id}").json()["telemetry"]
+        NodeTelemetry.objects.filter(node=sampled_node).update(
+            observed_at=before, cards_observed_at=before
+        )
+        return admin_api.get(f"/api/nodes/{sampled_node.id}").json()["telemetry"]
 
     # A steady node sends a sample only every refresh period: silent for most of one, it is
     # not stale; silent past it and two intervals' grace, it is.

@@ -12,7 +12,7 @@ from nodes.agent import telemetry
 from nodes.agent.wire import TELEMETRY_REFRESH_INTERVALS
 from nodes.models import Node
 from nodes.services.telemetry import telemetry_store
-from tests.nodes.test_gpu_health import card
+from tests.nodes.gpu_samples import card
 
 INTERVAL = 15.0
 DEVICES = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3"} for i in range(2)]

@@ -10,11 +10,10 @@ from audit.models import AuditEvent
 from placement.handover import cluster_job_handover, cluster_jobs_track
 from placement.models import TrainingJob
 from tests.audit.scenarios import RAYJOB, tasks_run_at_once
-from tests.audit.test_audit_completeness import world  # noqa: F401 -- the fixture
 
 
 @pytest.fixture
-def handed_over(world):  # noqa: F811
+def handed_over(world):
     job, replay = world.cluster_job()
     cluster_job_handover(job.pk)
     return TrainingJob.objects.get(pk=job.pk), replay
@@ -64,7 +63,7 @@ def test_R10_a_manager_away_is_asked_again_on_the_next_pass(handed_over, member_
 
 
 def test_R10_a_cluster_job_not_yet_handed_over_is_cancelled_at_once_and_never_handed_over(
-    world,  # noqa: F811
+    world,
     member_api,
 ):
     job, replay = world.cluster_job()
@@ -76,7 +75,7 @@ def test_R10_a_cluster_job_not_yet_handed_over_is_cancelled_at_once_and_never_ha
 
 
 def test_a_lifecycle_job_on_a_cluster_fleet_is_handed_over_as_a_training_job_is(
-    world,  # noqa: F811
+    world,
     member_api,
 ):
     from tests.audit.scenarios import RAYJOBS
@@ -95,7 +94,7 @@ def test_a_lifecycle_job_on_a_cluster_fleet_is_handed_over_as_a_training_job_is(
     assert AuditEvent.objects.filter(action="lifecyclejob.handed_over").count() == 1
 
 
-def test_a_managers_states_move_the_job_by_its_table(world):  # noqa: F811
+def test_a_managers_states_move_the_job_by_its_table(world):
     """The moves only a cluster's manager makes (tests/placement/test_lifecycles.py leaves
     them to this test): queued → running → queued again (its manager requeued it) →
     succeeded; another job queued → failed."""

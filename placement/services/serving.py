@@ -25,6 +25,7 @@ from django.utils import timezone
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
 from nodes.models import NodeCommand
+from nodes.selectors import nodes_placeable
 from nodes.services.logs import log_tail_fetch
 from tuneplane.errors import Conflict, NotFound, ValidationFailed
 from tuneplane.lifecycle import move
@@ -83,7 +84,12 @@ def _settle(deployment: Deployment, revisions, members, now) -> None:
             members_stop(of[revision.pk], now)
         return
     old = [m for r in older for m in of[r.pk]]
-    stopped = sum(1 for m in old if m.stop_requested_at is not None)
+    # This rollout's stops only: one an earlier, rolled-back rollout made is not one of them.
+    stopped = sum(
+        1
+        for m in old
+        if m.stop_requested_at is not None and m.stop_requested_at >= newest.created_at
+    )
     # An old replica per new Ready one, the not-Ready first: never below the Ready count.
     candidates = sorted(
         (m for m in _live(old) if m.stop_requested_at is None), key=lambda m: replica_ready(m)
@@ -142,6 +148,7 @@ def revision_create(*, actor: Actor, deployment: Deployment, **serve) -> Revisio
             inherited.update(command=[], script="")
         fields = checked_serve(**{**inherited, **serve})
         require_servable(fields)
+        _port_free_somewhere(deployment, fields["port"])
         revision = Revision.objects.create(
             deployment=deployment, number=revisions[-1].number + 1, **fields
         )
@@ -157,6 +164,26 @@ def revision_create(*, actor: Actor, deployment: Deployment, **serve) -> Revisio
         )
         allocate_on_commit(deployment.fleet_id)
     return revision
+
+
+def _port_free_somewhere(deployment: Deployment, port: int) -> None:
+    """S2: a new revision's replicas start beside the old ones, one port per node. On a
+    port that the deployment's own replicas hold on every node that could take one, it
+    could never be placed: refused now, not rolled back at the deadline."""
+    placeable = set(nodes_placeable([deployment.fleet_id]).values_list("pk", flat=True))
+    holding = set(
+        Member.objects.filter(
+            revision__deployment=deployment, cleanup=Cleanup.PENDING, port=port
+        ).values_list("node_id", flat=True)
+    )
+    if placeable and placeable <= holding:
+        raise ValidationFailed(
+            f"port: every node of Fleet '{deployment.fleet_id}' that could run a replica "
+            f"already serves this deployment on port {port}; a new revision starts beside "
+            "the old one, so give it another port (rule S2).",
+            field="port",
+            rule="S2",
+        )
 
 
 def rollouts_settle(*, now=None) -> dict[str, int]:

@@ -22,7 +22,7 @@ from placement.services import serving, submission
 from placement.services.allocator import allocate
 from placement.services.reconcile import members_reconcile
 from tests.conftest import SERVE, SYSTEM
-from tuneplane.errors import Conflict
+from tuneplane.errors import Conflict, ValidationFailed
 
 
 @pytest.fixture
@@ -205,6 +205,54 @@ def test_S2_a_rollback_places_again_the_old_replicas_its_rollout_had_stopped(lab
     assert allocate(fleet_id="gpu-lab")["allocated"] == 1  # the old revision whole again
     again = [m for m in replicas(deployment, 1) if m.state == "starting"]
     assert [m.rank for m in again] == [stopped.rank]
+
+
+def test_S2_a_rollout_counts_only_its_own_stops_of_old_replicas(lab, member):
+    """Revision 2's rollout stopped an old replica and was rolled back; the old revision was
+    made whole again. Revision 3's first Ready replica still stops an old one: the stop of
+    revision 2's rollout is not this rollout's."""
+    deployment = deploy(member, replicas=2)
+    allocate(fleet_id="gpu-lab")
+    for old in replicas(deployment, 1):
+        report(old, ready=True)
+    serving.revision_create(actor=Actor.of_user(member), deployment=deployment, port=8001)
+    allocate(fleet_id="gpu-lab")
+    report(replicas(deployment, 2)[0], ready=True)
+    [stopped] = [m for m in replicas(deployment, 1) if stops_for(m)]
+    report(stopped, "failed", exit_code=-15, reason="stopped", cleaned=True)
+    assert serving.rollouts_settle(now=timezone.now() + timedelta(hours=1))["rolled_back"] == 1
+    allocate(fleet_id="gpu-lab")
+    [again] = [m for m in replicas(deployment, 1) if m.state == "starting"]
+    report(again, ready=True)
+    for leftover in replicas(deployment, 2):
+        report(leftover, "failed", exit_code=-15, reason="stopped", cleaned=True)
+    serving.revision_create(actor=Actor.of_user(member), deployment=deployment, port=8002)
+    allocate(fleet_id="gpu-lab")
+    live_old = [m for m in replicas(deployment, 1) if m.state == "running"]
+    assert len(live_old) == 2 and not any(stops_for(m) for m in live_old)
+    report(replicas(deployment, 3)[0], ready=True)
+    assert sorted(stops_for(m) for m in live_old) == [0, 1]
+
+
+def test_S2_a_revision_keeping_the_old_port_where_every_node_serves_it_is_refused_at_creation(
+    lab, member
+):
+    """A new revision rolls out beside the old one: on the port every node's old replica
+    holds it could never be placed, and would only be rolled back at the deadline."""
+    everywhere = deploy(member, replicas=2)  # port 8000 on both nodes
+    allocate(fleet_id="gpu-lab")
+    with pytest.raises(ValidationFailed) as refused:
+        serving.revision_create(
+            actor=Actor.of_user(member), deployment=everywhere, env={"MODEL": "b"}
+        )
+    assert refused.value.field == "port" and "8000" in str(refused.value)
+    assert list(everywhere.revisions.values_list("number", flat=True)) == [1]
+    serving.revision_create(actor=Actor.of_user(member), deployment=everywhere, port=8001)
+    one_node = submission.deployment_submit(  # one replica: the other node's 8100 is free
+        actor=Actor.of_user(member), project="ml", name="one", **{**SERVE, "port": 8100}
+    )
+    allocate(fleet_id="gpu-lab")
+    serving.revision_create(actor=Actor.of_user(member), deployment=one_node, env={"M": "c"})
 
 
 def test_S1_R7_F7_a_stopped_deployments_replicas_are_stopped_cleaned_and_release_their_cards(

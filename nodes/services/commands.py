@@ -107,7 +107,7 @@ def node_commands_create_many(*, actor: Actor, commands: list[tuple[str, str, di
     node_ids = sorted({node_id for node_id, _, _ in checked})
     with transaction.atomic():
         removed = list(
-            Node.objects.select_for_update()
+            Node.objects.select_for_update(no_key=True)
             .filter(pk__in=node_ids, scheduling_state=SchedulingState.REMOVED)
             .values_list("pk", flat=True)
         )
@@ -172,7 +172,7 @@ def node_command_create(*, actor: Actor, node: Node, kind: str, payload) -> Node
     payload = _payload(kind, payload)
     now = timezone.now()
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node.pk)
+        node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
         if node.scheduling_state == SchedulingState.REMOVED:
             raise Conflict(
                 f"Node '{node.id}' is removed: it takes no commands (rule D4).",

@@ -156,7 +156,7 @@ def node_report_inventory(*, node_id: str, inventory, digest: str = "") -> Node:
     inventory = normalize_inventory(inventory)
     now = timezone.now()
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node_id)
+        node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
         before = {"inventory": node.inventory, "scheduling_state": node.scheduling_state}
         node.inventory = inventory
         node.inventory_digest = digest[:64]

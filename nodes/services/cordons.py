@@ -28,8 +28,10 @@ MAX_REASON = 200
 
 
 def node_locked(node_id: str) -> Node:
-    """The node, its row locked: every writer of a node's scheduling takes it first."""
-    return Node.objects.select_for_update().get(pk=node_id)
+    """The node, its row locked: every writer of a node's scheduling takes it first. FOR NO
+    KEY UPDATE, as every lock on a node row here (a node's key never changes): the key-share
+    lock an insert of its commands takes on it never waits for a cordon or a drain."""
+    return Node.objects.select_for_update(no_key=True).get(pk=node_id)
 
 
 def _cordon_view(cordon: NodeCordon) -> dict:

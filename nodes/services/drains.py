@@ -110,7 +110,7 @@ def fleet_nodes_drain(*, actor: Actor, fleet, reason: str, deadline=None) -> lis
         )
     with transaction.atomic():
         nodes = list(
-            Node.objects.select_for_update()
+            Node.objects.select_for_update(no_key=True)
             .filter(fleet=fleet)
             .exclude(scheduling_state=SchedulingState.REMOVED)
             .order_by("pk")
@@ -127,7 +127,7 @@ def drains_overdue_mark(now=None) -> int:
     now = now or timezone.now()
     with transaction.atomic():
         overdue = (
-            Node.objects.select_for_update()
+            Node.objects.select_for_update(no_key=True)
             .filter(
                 scheduling_state=SchedulingState.DRAINING,
                 drain_deadline__lte=now,

@@ -38,7 +38,7 @@ def node_cards_health(*, node_id: str, unhealthy: dict, healthy: dict) -> Node:
     again (``{uuid: why}``): one audit event per card that changed, the node's placeable
     cards recomputed, its gpu-health cordon set or lifted as every card is unhealthy or not."""
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node_id)
+        node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
         if node.scheduling_state == SchedulingState.REMOVED:
             return node
         cards = dict(node.unhealthy_cards)

@@ -95,7 +95,7 @@ def authenticated_node(node_id: str, serial: str, now: datetime) -> Node:
     credential = NodeCredential.objects.filter(node_id=node_id, serial=serial).first()
     if refusal := credential_refusal(credential, node_id, serial, now):
         raise SessionRefused(refusal)
-    node = Node.objects.select_for_update().get(pk=node_id)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
     if node.scheduling_state == SchedulingState.REMOVED:
         raise SessionRefused(f"node {node_id} is removed")
     return node
@@ -138,7 +138,9 @@ def sessions_open(
                 answers[hello.node_id] = SessionRefused(refusal)
             else:
                 current[hello.node_id] = mine
-        nodes = list(Node.objects.select_for_update().filter(pk__in=list(current)).order_by("pk"))
+        nodes = list(
+            Node.objects.select_for_update(no_key=True).filter(pk__in=list(current)).order_by("pk")
+        )
         for node in nodes:
             if node.scheduling_state == SchedulingState.REMOVED:
                 answers[node.pk] = SessionRefused(f"node {node.pk} is removed")
@@ -311,7 +313,12 @@ def sessions_close(*, ended: dict[str, str]) -> int:
     )
     closed = 0
     with transaction.atomic():
-        list(Node.objects.select_for_update().filter(pk__in=node_ids).order_by("pk").values("pk"))
+        list(
+            Node.objects.select_for_update(no_key=True)
+            .filter(pk__in=node_ids)
+            .order_by("pk")
+            .values("pk")
+        )
         sessions = list(
             ControlSession.objects.select_for_update().filter(
                 pk__in=list(ended), closed_at__isnull=True
@@ -343,7 +350,10 @@ def sessions_close_matching(sessions, reason: str, now: datetime, batch: int = 5
             return closed
         with transaction.atomic():
             list(
-                Node.objects.select_for_update().filter(pk__in=node_ids).order_by("pk").values("pk")
+                Node.objects.select_for_update(no_key=True)
+                .filter(pk__in=node_ids)
+                .order_by("pk")
+                .values("pk")
             )
             group = list(
                 sessions.select_for_update().filter(closed_at__isnull=True, node_id__in=node_ids)

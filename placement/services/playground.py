@@ -17,7 +17,7 @@ from nodes.models import NodeCommand
 from tuneplane.errors import Conflict
 from tuneplane.lifecycle import move
 
-from ..choices import SESSION_LIFECYCLE, DeploymentState
+from ..choices import RUN_LIVE, SESSION_LIFECYCLE, DeploymentState
 from ..models import PlaygroundSession
 from .members import member_follow, members_clean, members_stop
 
@@ -39,6 +39,16 @@ def session_member_reported(session_id: int, command: NodeCommand, before: dict)
     session, members = _locked(session_id)
     member = next(m for m in members if m.command_id == command.pk)
     member_follow(member, command, before, actor=SESSIONS, fleet_id=session.fleet_id)
+    if (
+        session.state == DeploymentState.LIVE
+        and member.state not in RUN_LIVE
+        and member.stop_requested_at is None
+    ):
+        # Its process ended on its own: the session ends saying why, never left live with
+        # nothing serving it (a playground is short-lived; a new one is a new session).
+        code = f" (exit code {member.exit_code})" if member.exit_code is not None else ""
+        _end(session, members, SESSIONS, f"its process ended: {member.reason or 'exit'}{code}")
+        return
     members_clean(members)
 
 

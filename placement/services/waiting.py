@@ -10,12 +10,19 @@ and then stops what it placed.
 """
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from audit.services import Actor
 from fleets.models import Fleet
 
-from ..choices import RUN_LIVE, DeploymentState, EpisodeState, JobState, RevisionState
+from ..choices import (
+    RUN_LIVE,
+    DeploymentState,
+    EpisodeState,
+    JobState,
+    RevisionState,
+    RunState,
+)
 from ..decide import Request
 from ..models import (
     Attempt,
@@ -88,10 +95,24 @@ class WaitingJob(Waiting):
         return job_payload(self.owner, attempt.number, rank, cards, rendezvous)
 
 
+REPLICA_BACKOFF_FIRST = 1
+REPLICA_BACKOFF_MAX = 60
+
+
+def replica_backoff(failures: int) -> timedelta:
+    """How long a replica whose members ended on their own ``failures`` times (refused by
+    their node, vanished, lost) waits before it is placed again: 1 s, doubling, at most 60."""
+    seconds = REPLICA_BACKOFF_FIRST * 2 ** min(max(failures - 1, 0), 16)
+    return timedelta(seconds=min(REPLICA_BACKOFF_MAX, seconds))
+
+
+@dataclass
 class WaitingReplica(Waiting):
-    """A live revision's replica that has no live member (S1, S2)."""
+    """A live revision's replica that has no live member (S1, S2); placed again only after
+    its backoff when its last members ended on their own."""
 
     kind = "replica"
+    not_before: datetime | None = None
 
     def request(self, reserve_before: datetime) -> Request:
         revision = self.owner
@@ -101,6 +122,7 @@ class WaitingReplica(Waiting):
             series=revision.deployment.series,
             port=revision.port,
             quiet="quiet_serve",
+            not_before=self.not_before,
         )
 
     def member(self, attempt) -> dict:
@@ -199,16 +221,29 @@ def _lacking(deployments) -> list[WaitingReplica]:
     }
     revisions = list(newest.values())
     taken: dict[int, set[int]] = {}
-    for revision_id, rank in Member.objects.filter(
-        revision__in=revisions, state__in=RUN_LIVE
-    ).values_list("revision_id", "rank"):
-        taken.setdefault(revision_id, set()).add(rank)
+    failed: dict[tuple[int, int], list] = {}
+    for revision_id, rank, state, ended_at in Member.objects.filter(
+        revision__in=revisions
+    ).values_list("revision_id", "rank", "state", "ended_at"):
+        if state in RUN_LIVE:
+            taken.setdefault(revision_id, set()).add(rank)
+        elif state in ENDED_ON_ITS_OWN and ended_at is not None:
+            failed.setdefault((revision_id, rank), []).append(ended_at)
     return [
-        WaitingReplica(revision, rank)
+        WaitingReplica(revision, rank, not_before=_backed_off(failed.get((revision.pk, rank))))
         for revision in revisions
         for rank in range(revision.replicas)
         if rank not in taken.get(revision.pk, set())
     ]
+
+
+# A replica's member that ended without being asked to: its node refused it, or it vanished
+# or was lost with its node.
+ENDED_ON_ITS_OWN = (RunState.FAILED, RunState.LOST)
+
+
+def _backed_off(ended: list | None) -> datetime | None:
+    return max(ended) + replica_backoff(len(ended)) if ended else None
 
 
 def _sessions(fleet: Fleet) -> list[WaitingSession]:

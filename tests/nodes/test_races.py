@@ -160,3 +160,42 @@ def test_a_close_racing_a_reconnect_and_a_lease_flush_never_deadlocks(placeable)
         assert not [r for r in results if isinstance(r, Exception)], results
         open_now = ControlSession.objects.get(node=node, closed_at__isnull=True)
         assert Node.objects.get(pk=node.pk).lease_expires_at == open_now.lease_expires_at
+
+
+def test_inserting_a_nodes_commands_never_waits_on_a_cordons_or_drains_row_lock(placeable):
+    """A cordon or a drain locks the node's row FOR NO KEY UPDATE: the key-share lock a
+    command's insert takes on its node (its foreign key) does not wait for it, so an
+    allocator's batch never queues behind an operator's transaction."""
+    import threading
+
+    from django.db import transaction
+
+    from nodes.services.commands import node_commands_create_many
+    from nodes.services.cordons import node_locked
+
+    node = placeable()
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_the_lock():
+        try:
+            with transaction.atomic():
+                node_locked(node.id)
+                holding.set()
+                done.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '2s'")
+            [created] = node_commands_create_many(
+                actor=OPS, commands=[(node.id, "run", {"argv": ["true"]})]
+            )
+        assert created.node_id == node.id
+    finally:
+        done.set()
+        holder.join(10)

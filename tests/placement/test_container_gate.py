@@ -66,7 +66,8 @@ def test_R1_replicas_and_episodes_naming_an_image_are_placed_only_with_a_runtime
     # A new revision is never admitted again (its Fleet is the deployment's): the allocator
     # alone keeps its image off the node without a runtime, as an episode's.
     revised = member_api.post(
-        f"/api/deployments/{deployment['id']}/revisions", {"image": IMAGE, "command": []}
+        f"/api/deployments/{deployment['id']}/revisions",
+        {"image": IMAGE, "command": [], "port": 8201},
     )
     assert revised.status_code == 201, revised.content
     environment = member_api.post(

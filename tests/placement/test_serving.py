@@ -21,6 +21,7 @@ from placement.selectors import deployments_with_status, replica_not_ready
 from placement.services import serving, submission
 from placement.services.allocator import allocate
 from placement.services.reconcile import members_reconcile
+from placement.services.waiting import replica_backoff, waiting
 from tests.conftest import SERVE, SYSTEM
 from tuneplane.errors import Conflict, ValidationFailed
 
@@ -253,6 +254,27 @@ def test_S2_a_revision_keeping_the_old_port_where_every_node_serves_it_is_refuse
     )
     allocate(fleet_id="gpu-lab")
     serving.revision_create(actor=Actor.of_user(member), deployment=one_node, env={"M": "c"})
+
+
+def test_S1_a_replica_its_node_refuses_is_placed_again_after_a_doubling_backoff(lab, member):
+    """Not at once: a node that refuses (its card taken, say) would be asked again and
+    again. 1 s after the first refusal, 2 s after the second, 4 s ... at most 60 s."""
+    deployment = deploy(member)
+    allocate(fleet_id="gpu-lab")
+    long_ago = timezone.now() - timedelta(hours=1)
+    for wait in (1, 2, 4):
+        [refused] = [m for m in replicas(deployment) if m.state == "starting"]
+        report(refused, "failed", exit_code=-1, reason="refused", cleaned=True)
+        ended = Member.objects.get(pk=refused.pk).ended_at
+        [waiting_replica] = waiting(lab[0])
+        assert waiting_replica.request(ended).not_before == ended + timedelta(seconds=wait)
+        assert allocate(fleet_id="gpu-lab")["allocated"] == 0  # its backoff holds it
+        Member.objects.filter(pk=refused.pk).update(ended_at=long_ago)
+        assert allocate(fleet_id="gpu-lab")["allocated"] == 1
+    stopped = [m for m in replicas(deployment) if m.state == "starting"]
+    report(stopped[0], "failed", exit_code=-15, reason="stopped", cleaned=True)
+    assert allocate(fleet_id="gpu-lab")["allocated"] == 1  # a stop it did not ask for: at once
+    assert [replica_backoff(n).total_seconds() for n in (1, 7, 50)] == [1, 60, 60]
 
 
 def test_S1_R7_F7_a_stopped_deployments_replicas_are_stopped_cleaned_and_release_their_cards(

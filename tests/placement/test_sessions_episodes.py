@@ -70,6 +70,28 @@ def test_S4_at_its_lifetime_a_session_is_stopped_then_cleaned_and_its_cards_rele
     assert not CardHold.objects.filter(member=process).exists()
 
 
+@pytest.mark.parametrize(
+    ("ended", "reason"),
+    [
+        ({"exit_code": 1, "reason": "exit"}, "its process ended: exit (exit code 1)"),
+        ({"exit_code": -1, "reason": "refused"}, "its process ended: refused (exit code -1)"),
+    ],
+)
+def test_S4_a_session_whose_process_ends_on_its_own_ends_saying_why(lab, member, ended, reason):
+    """Not left live with nothing serving it: the session ends, its member is cleaned up
+    and its cards are released once its node confirms."""
+    session = play(member)
+    allocate(fleet_id="gpu-lab")
+    [process] = Member.objects.filter(session=session)
+    report(process, ready=True)
+    report(process, "failed", **ended)
+    session.refresh_from_db()
+    assert (session.state, session.reason) == ("stopped", reason)
+    assert stops_for(process) == 0  # nothing left to stop
+    assert NodeCommand.objects.filter(kind=CommandKind.CLEANUP, payload__member=process.command_id)
+    assert allocate(fleet_id="gpu-lab")["allocated"] == 0  # not placed again
+
+
 def test_S4_delete_ends_a_session_early_and_a_second_delete_is_a_conflict(lab, member, member_api):
     session = play(member)
     allocate(fleet_id="gpu-lab")

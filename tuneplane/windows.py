@@ -12,8 +12,9 @@ import hashlib
 import logging
 
 import redis
-from django.core.cache import cache as shared_cache
+from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
+from django.core.cache.backends.redis import RedisCache
 
 logger = logging.getLogger("tuneplane")
 
@@ -28,7 +29,22 @@ def _key(scope: str, parts) -> str:
     return f"window:{scope}:{digest[:32]}"
 
 
+# One step on Redis: the increment, and the window's expiry armed whenever the key has none
+# (a new window, or one a non-atomic count left without an expiry, which would otherwise
+# count for ever).
+COUNT_SCRIPT = """
+local count = redis.call('INCRBY', KEYS[1], ARGV[1])
+if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+return count
+"""
+
+
 def _count(cache, key: str, seconds: int, delta: int = 1) -> int:
+    if isinstance(cache, RedisCache):
+        full_key = cache.make_and_validate_key(key)
+        client = cache._cache.get_client(full_key, write=True)
+        return int(client.eval(COUNT_SCRIPT, 1, full_key, delta, max(int(seconds), 1)))
+    # In this process: the lock-protected local cache keeps a key's expiry on incr.
     cache.add(key, 0, timeout=seconds)  # starts the window, unless one is running
     try:
         return cache.incr(key, delta)
@@ -39,7 +55,7 @@ def _count(cache, key: str, seconds: int, delta: int = 1) -> int:
 
 def _with_fallback(call):
     try:
-        return call(shared_cache)
+        return call(caches["default"])
     except redis.RedisError as error:
         logger.warning("counting in this process while the cache is away (%s)", error)
         return call(_local_cache)

@@ -328,6 +328,8 @@ TUNEPLANE_GATEWAY_METRICS_BIND = os.environ.get("TUNEPLANE_GATEWAY_METRICS_BIND"
 TUNEPLANE_WORKER_METRICS_BIND = os.environ.get("TUNEPLANE_WORKER_METRICS_BIND", "")
 # Joins per client address, in DRF's rate syntax.
 TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")
+# Log tails each user may read a minute: each is fetched from a node over its stream (R15).
+TUNEPLANE_LOGS_RATE = os.environ.get("TUNEPLANE_LOGS_RATE", "120/minute")
 # The proxies whose X-Forwarded-For hop is believed (addresses or CIDRs, comma-separated);
 # none by default: a client is its peer address, whatever headers it sends.
 TUNEPLANE_TRUSTED_PROXIES = parse_trusted_proxies(os.environ.get("TUNEPLANE_TRUSTED_PROXIES", ""))

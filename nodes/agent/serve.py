@@ -20,6 +20,7 @@ from .member.probing import Prober
 from .proto import control_pb2 as pb
 from .proto import control_pb2_grpc
 from .wire import (
+    LOG_TAIL_MAX,
     command_payload,
     command_state,
     inventory_digest,
@@ -275,7 +276,8 @@ class Agent:
                 self.reported.pop(command.command_id, None)
 
     def _answer_log(self, request: pb.LogRequest, outgoing: queue.Queue) -> None:
-        data = self.executor.log_tail(request.member_id, request.tail_bytes)
+        asked = min(max(request.tail_bytes, 0), LOG_TAIL_MAX)  # R15: never past the cap
+        data = self.executor.log_tail(request.member_id, asked)
         outgoing.put(
             pb.NodeMessage(
                 log_tail=pb.LogTail(

@@ -89,6 +89,12 @@ def command_payload(message: pb.Command):
         return None
 
 
+# The most of a member's output one log answer carries (R15): half gRPC's 1 MiB message
+# limit, so the largest answer and its envelope never end the node's control stream. The
+# console asks no more; the agent answers no more, whatever it is asked.
+LOG_TAIL_MAX = 512 * 1024
+
+
 def log_request(request_id: str, member_id: str, tail_bytes: int) -> pb.ControlMessage:
     return pb.ControlMessage(
         log_request=pb.LogRequest(request_id=request_id, member_id=member_id, tail_bytes=tail_bytes)

@@ -17,9 +17,10 @@ from django.utils import timezone
 from tuneplane.errors import NotFound, Unavailable
 
 from .. import bus
+from ..agent.wire import LOG_TAIL_MAX
 from ..models import ControlSession, LogFetch, Node
 
-MAX_TAIL_BYTES = 1 << 20
+MAX_TAIL_BYTES = LOG_TAIL_MAX  # R15: below the gRPC frame, with room to spare
 WAIT_SECONDS = 10.0
 POLL_SECONDS = 0.05
 # A request nobody answered (the stream ended meanwhile) is dropped after this.

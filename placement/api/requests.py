@@ -4,6 +4,7 @@ the same input with the same words."""
 
 from rest_framework import serializers
 
+from nodes.agent.wire import LOG_TAIL_MAX
 from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
 
 from ..choices import DeploymentState, LifecycleKind
@@ -250,7 +251,7 @@ class EpisodeRequest(StrictSerializer):
 
 class TailQuery(StrictSerializer):
     tail_bytes = serializers.IntegerField(
-        min_value=1, max_value=1 << 20, required=False, default=65536
+        min_value=1, max_value=LOG_TAIL_MAX, required=False, default=65536
     )
 
     class Meta:
@@ -281,7 +282,7 @@ class LogsQuery(StrictSerializer):
     )
     rank = serializers.IntegerField(min_value=0, required=False, default=0)
     tail_bytes = serializers.IntegerField(
-        min_value=1, max_value=1 << 20, required=False, default=65536
+        min_value=1, max_value=LOG_TAIL_MAX, required=False, default=65536
     )
 
     class Meta:
@@ -294,7 +295,7 @@ class ReplicaLogsQuery(StrictSerializer):
     )
     replica = serializers.IntegerField(min_value=0, required=False, default=0)
     tail_bytes = serializers.IntegerField(
-        min_value=1, max_value=1 << 20, required=False, default=65536
+        min_value=1, max_value=LOG_TAIL_MAX, required=False, default=65536
     )
 
     class Meta:

@@ -8,6 +8,7 @@ from rest_framework.response import Response
 
 from audit.services import Actor
 from tuneplane.api.schema import errors
+from tuneplane.api.throttles import LogsThrottle
 from tuneplane.errors import NotFound
 
 from ..models import Deployment, Environment, Episode, Member, PlaygroundSession
@@ -128,12 +129,13 @@ class EpisodeLogsSerializer(serializers.Serializer):
 
 
 class EpisodeLogsView(GenericAPIView):
+    throttle_classes = [LogsThrottle]
     serializer_class = EpisodeLogsSerializer
 
     @extend_schema(
         summary="The tail of an episode's output, fetched from its node now",
         parameters=[bodies.TailQuery],
-        responses={200: EpisodeLogsSerializer, **errors(400, 401, 404, 503)},
+        responses={200: EpisodeLogsSerializer, **errors(400, 401, 404, 429, 503)},
     )
     def get(self, request, environment_id: int, number: int):
         episode = _episode(request, environment_id, number)
@@ -162,12 +164,13 @@ class ReplicaLogsSerializer(serializers.Serializer):
 
 
 class DeploymentLogsView(GenericAPIView):
+    throttle_classes = [LogsThrottle]
     serializer_class = ReplicaLogsSerializer
 
     @extend_schema(
         summary="The tail of a replica's output, fetched from its node now",
         parameters=[bodies.ReplicaLogsQuery],
-        responses={200: ReplicaLogsSerializer, **errors(400, 401, 404, 503)},
+        responses={200: ReplicaLogsSerializer, **errors(400, 401, 404, 429, 503)},
     )
     def get(self, request, deployment_id: int):
         deployment = workloads_visible_to(request.user, Deployment).filter(pk=deployment_id).first()

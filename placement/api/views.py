@@ -9,6 +9,7 @@ from rest_framework.response import Response
 
 from audit.services import Actor
 from tuneplane.api.schema import errors
+from tuneplane.api.throttles import LogsThrottle
 from tuneplane.errors import NotFound
 
 from ..models import (
@@ -137,6 +138,8 @@ class LifecycleJobCancelView(JobCancelView):
 class JobLogsView(GenericAPIView):
     """The tail of one member's output, read from its node now: logs stay on the node."""
 
+    throttle_classes = [LogsThrottle]
+
     model = None
 
     def get(self, request, job_id: int):
@@ -162,7 +165,7 @@ def _logs_documented(noun, view):
     return extend_schema(
         summary=f"The tail of a {noun} member's output, fetched from its node now",
         parameters=[bodies.LogsQuery],
-        responses={200: answers.LogsSerializer, **errors(400, 401, 404, 503)},
+        responses={200: answers.LogsSerializer, **errors(400, 401, 404, 429, 503)},
     )(view)
 
 

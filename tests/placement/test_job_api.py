@@ -120,3 +120,14 @@ def test_R10_cancel_a_starting_job_sends_a_stop_to_its_member(lab, member_api):
     assert stop.payload == {"member": start.id, "grace_seconds": 30}
     member_api.post(f"/api/training-jobs/{job['id']}/cancel")  # asked twice: one stop
     assert NodeCommand.objects.filter(kind="stop").count() == 1
+
+
+def test_R15_log_tails_are_rate_limited_per_user(member_api, admin_api, settings):
+    """Each tail is read from a node over its stream: a user may ask for so many a minute
+    (TUNEPLANE_LOGS_RATE); another user's budget is their own."""
+    settings.TUNEPLANE_LOGS_RATE = "2/minute"
+    paths = ["/api/training-jobs/999/logs", "/api/deployments/999/logs"]
+    assert [member_api.get(path).status_code for path in paths] == [404, 404]
+    refused = member_api.get("/api/training-jobs/999/logs")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) <= 60
+    assert admin_api.get("/api/training-jobs/999/logs").status_code == 404

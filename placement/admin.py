@@ -42,6 +42,22 @@ class WorkloadAdmin(ReadOnlyAdmin):
     search_fields = ["name"]
     list_select_related = ["project", "fleet", "created_by"]
 
+    def _has_env(self) -> bool:
+        return any(field.name == "env" for field in self.model._meta.get_fields())
+
+    def get_exclude(self, request, obj=None):
+        """An env value is never shown again once submitted (as the API promises): the
+        names only (``env_names``)."""
+        return [*(super().get_exclude(request, obj) or []), *(["env"] if self._has_env() else [])]
+
+    def get_readonly_fields(self, request, obj=None):
+        shown = list(super().get_readonly_fields(request, obj))
+        return [*shown, "env_names"] if self._has_env() else shown
+
+    @admin.display(description="Env (names; values are never shown)")
+    def env_names(self, record) -> str:
+        return ", ".join(sorted(record.env or {})) or "—"
+
 
 class ReadOnlyInline(admin.TabularInline):
     """Rows shown with their parent, never edited here. Administrators are staff users

@@ -66,3 +66,30 @@ def test_R7_a_node_fleets_page_shows_its_queue_and_each_nodes_cards_held_and_fre
     assert 'id="fleet-work"' in text
     assert "<strong>1</strong> queued" in text and "<strong>1</strong> starting" in text
     assert '<td class="cards-held">3</td>' in text and '<td class="cards-free">5</td>' in text
+
+
+@pytest.mark.parametrize("kind", ["trainingjob", "lifecyclejob", "playgroundsession"])
+def test_the_admin_shows_env_names_never_their_values(staff, lab, member, kind):
+    """The API promises an env value is never shown again once submitted: the admin's
+    change pages show the names only."""
+    from audit.services import Actor
+    from placement.services import submission
+    from tests.conftest import SERVE
+
+    actor, secret = Actor.of_user(member), {"SECRET_TOKEN": "s3cr3t-value"}
+    common = {"project": "ml", "name": "x", "env": secret}
+    record = {
+        "trainingjob": lambda: submission.training_job_submit(
+            actor=actor, command=["true"], **common
+        ),
+        "lifecyclejob": lambda: submission.lifecycle_job_submit(
+            actor=actor, kind="export", command=["true"], **common
+        ),
+        "playgroundsession": lambda: submission.playground_session_submit(
+            actor=actor, **{**SERVE, **common}
+        ),
+    }[kind]()
+    page = staff.get(reverse(f"admin:placement_{kind}_change", args=[record.pk]))
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "SECRET_TOKEN" in text and "s3cr3t-value" not in text

@@ -17,13 +17,14 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from fleets.choices import FleetDelivery, FleetState
+from fleets.choices import FleetCapability, FleetDelivery, FleetState
 from nodes.choices import SchedulingState
 from nodes.models import Node
 from tuneplane.errors import PlacementRefused
 from tuneplane.models import Membership
 from tuneplane.permissions import is_admin
 
+from .admission import Need, admit_named
 from .choices import DeploymentState, DeploymentStatus, Refusal, RevisionState, RunState
 from .models import (
     Attempt,
@@ -179,7 +180,9 @@ def deployments_with_status(deployments: QuerySet[Deployment]) -> QuerySet[Deplo
 
 def environment_resolve(environment: Environment) -> Node:
     """P5, L3: a node of the environment's Fleet answering right now — a live lease and env
-    not quiet — resolved per job, never cached."""
+    not quiet — resolved per job, never cached; and every gate admission runs, again: the
+    Fleet still open to the project (F8, else the same 404) and still able to env."""
+    admit_named(environment.project, environment.fleet_id, Need(FleetCapability.ENV))
     now = timezone.now()
     answering = (
         Node.objects.filter(

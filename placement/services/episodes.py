@@ -19,12 +19,13 @@ from django.db.models import Max
 from django.utils import timezone
 
 from audit.services import Actor, audit_record
-from fleets.choices import FleetKind, FleetState
+from fleets.choices import FleetCapability, FleetKind, FleetState
 from nodes.models import NodeCommand
 from nodes.services.logs import log_tail_fetch
 from tuneplane.errors import Conflict, NotFound
 from tuneplane.lifecycle import move
 
+from ..admission import Need, admit_named
 from ..choices import EPISODE_ENDED, EPISODE_LIFECYCLE, RUN_LIVE, EpisodeState, RunState
 from ..models import Environment, Episode, Member
 from ..runspec import checked_episode
@@ -58,6 +59,17 @@ def episode_start(*, actor: Actor, environment: Environment, **fields) -> Episod
                 f"Fleet '{fleet.id}' is {fleet.state}: it takes no new work (rule D1).",
                 code="fleet_not_active",
             )
+        # Every gate admission runs, again for each episode: the Fleet still open to the
+        # project (F8, else the same 404), still able to env, and its cards fit (P7).
+        admit_named(
+            environment.project,
+            fleet.id,
+            Need(
+                FleetCapability.ENV,
+                cards=run.get("cards") or 0,
+                container=bool(run.get("image")),
+            ),
+        )
         number = (environment.episodes.aggregate(n=Max("number"))["n"] or 0) + 1
         episode = Episode.objects.create(
             environment=environment, number=number, created_by=actor.user, **run

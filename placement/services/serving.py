@@ -23,13 +23,14 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from audit.services import Actor, audit_record
-from fleets.choices import FleetKind
+from fleets.choices import FleetCapability, FleetKind
 from nodes.models import NodeCommand
 from nodes.selectors import nodes_placeable
 from nodes.services.logs import log_tail_fetch
 from tuneplane.errors import Conflict, NotFound, ValidationFailed
 from tuneplane.lifecycle import move
 
+from ..admission import Need, admit_named
 from ..choices import (
     DEPLOYMENT_LIFECYCLE,
     REVISION_LIFECYCLE,
@@ -148,6 +149,19 @@ def revision_create(*, actor: Actor, deployment: Deployment, **serve) -> Revisio
             inherited.update(command=[], script="")
         fields = checked_serve(**{**inherited, **serve})
         require_servable(fields)
+        # Every gate admission runs, again for each revision: the Fleet still open to the
+        # project (F8, else the same 404), still able to serve, and its cards fit (P7).
+        admit_named(
+            deployment.project,
+            deployment.fleet_id,
+            Need(
+                FleetCapability.SERVE,
+                deployment.series,
+                deployment.cards,
+                kinds=(FleetKind.NODE,),
+                container=bool(fields["image"]),
+            ),
+        )
         _port_free_somewhere(deployment, fields["port"])
         revision = Revision.objects.create(
             deployment=deployment, number=revisions[-1].number + 1, **fields

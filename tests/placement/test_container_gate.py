@@ -63,26 +63,23 @@ def test_R1_replicas_and_episodes_naming_an_image_are_placed_only_with_a_runtime
     ).json()
     allocate(fleet_id=lab.id)
     assert Member.objects.filter(revision__number=1).count() == 1
-    # A new revision is never admitted again (its Fleet is the deployment's): the allocator
-    # alone keeps its image off the node without a runtime, as an episode's.
-    revised = member_api.post(
-        f"/api/deployments/{deployment['id']}/revisions",
-        {"image": IMAGE, "command": [], "port": 8201},
-    )
-    assert revised.status_code == 201, revised.content
+    # A new revision and an episode pass admission's gates again (issue 37): an image where
+    # no node has a runtime is refused as admission refuses it ...
+    revision = {"image": IMAGE, "command": [], "port": 8201}
+    revisions = f"/api/deployments/{deployment['id']}/revisions"
     environment = member_api.post(
         "/api/environments", {"project": "ml", "name": "e", "manifest": {"fleet": lab.id}}
     ).json()
-    episode = Episode.objects.get(
-        environment_id=environment["id"],
-        number=member_api.post(
-            f"/api/environments/{environment['id']}/episodes", {"image": IMAGE}
-        ).json()["number"],
-    )
-    allocate(fleet_id=lab.id)
-    assert Member.objects.filter(revision__number=2).count() == 0
-    assert Episode.objects.get(pk=episode.pk).state == "queued"
+    episodes = f"/api/environments/{environment['id']}/episodes"
+    tried = [member_api.post(revisions, revision), member_api.post(episodes, {"image": IMAGE})]
+    for refused in tried:
+        assert refused.status_code == 422, refused.content
+        assert refused.json()["error"]["reason"] == "inventory_fit"
+    # ... and once one has, the allocator alone keeps the image off the node without one.
     docker = runtime_node(lab, "10.0.0.2:1", "podman 4.9.3")
+    assert member_api.post(revisions, revision).status_code == 201
+    number = member_api.post(episodes, {"image": IMAGE}).json()["number"]
+    episode = Episode.objects.get(environment_id=environment["id"], number=number)
     allocate(fleet_id=lab.id)
     placed = Member.objects.filter(revision__number=2) | Member.objects.filter(episode=episode)
     assert {m.node_id for m in placed} == {docker.id} and placed.count() == 2

@@ -328,6 +328,8 @@ TUNEPLANE_GATEWAY_METRICS_BIND = os.environ.get("TUNEPLANE_GATEWAY_METRICS_BIND"
 TUNEPLANE_WORKER_METRICS_BIND = os.environ.get("TUNEPLANE_WORKER_METRICS_BIND", "")
 # Joins per client address, in DRF's rate syntax.
 TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")
+# The most processes a member may have at once on its node (R12: a fork bomb stops there).
+TUNEPLANE_MEMBER_PIDS = int(os.environ.get("TUNEPLANE_MEMBER_PIDS", "4096"))
 # Log tails each user may read a minute: each is fetched from a node over its stream (R15).
 TUNEPLANE_LOGS_RATE = os.environ.get("TUNEPLANE_LOGS_RATE", "120/minute")
 # The proxies whose X-Forwarded-For hop is believed (addresses or CIDRs, comma-separated);

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from cryptography import x509
 
 from . import __version__, enroll, inventory, state
+from .member import isolation
 
 
 def _join(args) -> int:
@@ -94,6 +95,7 @@ def _serve(args) -> int:
         cpu_budget=args.cpu_budget,
         memory_budget_bytes=args.memory_budget_bytes,
         telemetry_file=args.telemetry_file,
+        member_uids=isolation.uid_range(args.member_uids),
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: agent.stop())
@@ -148,6 +150,13 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("TUNEPLANE_TELEMETRY_FILE"),
         help="Read card telemetry from this JSON file instead of NVML or nvidia-smi "
         "(TUNEPLANE_TELEMETRY_FILE).",
+    )
+    serve.add_argument(
+        "--member-uids",
+        default=os.environ.get("TUNEPLANE_NODE_MEMBER_UIDS", isolation.DEFAULT_UIDS),
+        help="Each member runs as a uid of its own from FIRST-LAST, in namespaces of its own "
+        f"(R11; default {isolation.DEFAULT_UIDS}, TUNEPLANE_NODE_MEMBER_UIDS); 'none' runs "
+        "members as the agent's own user.",
     )
     _budget_options(serve)
     serve.set_defaults(run=_serve)

@@ -51,6 +51,7 @@ class Executor:
         storage_root: str | None = None,
         scope: str = "local",
         runtime=lambda: "",
+        uids: tuple[int, int] | None = None,
     ):
         self.root = directory
         self.store = Store(directory)
@@ -63,6 +64,7 @@ class Executor:
             storage_root=storage_root,
             scope=scope,
             runtime=runtime,
+            uids=uids,
         )
         self.children: dict[str, subprocess.Popen] = {}  # run commands' processes
         self.scope, self.cgroup = scope, self.runner.cgroup

@@ -101,6 +101,7 @@ class Agent:
         cpu_budget: int | None,
         memory_budget_bytes: int | None,
         telemetry_file: str | None = None,
+        member_uids: tuple[int, int] | None = None,
     ):
         self.directory = directory
         self.target = target
@@ -119,6 +120,7 @@ class Agent:
             storage_root=storage_root,
             scope=(self.identity or {}).get("node_id", "local"),
             runtime=self.runtime,
+            uids=member_uids,
         )
         adopt_orphans(self.executor.runner)
         # What this stream has told the console of each command, to report only changes.

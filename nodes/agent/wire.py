@@ -210,6 +210,7 @@ class MemberSpec:
     cpus: float | None = None
     memory_bytes: int | None = None
     grace: float = DEFAULT_GRACE
+    pids: int | None = None  # the most processes it may have at once (R12)
 
     @classmethod
     def parse(cls, payload) -> "MemberSpec":
@@ -243,6 +244,7 @@ class MemberSpec:
             cpus=_positive(payload.get("cpus"), float),
             memory_bytes=_positive(payload.get("memory_bytes"), int),
             grace=float(grace) if _number(grace) and grace >= 0 else DEFAULT_GRACE,
+            pids=_positive(payload.get("pids"), int),
         )
 
     @property
@@ -261,6 +263,7 @@ class MemberSpec:
             "cpus": self.cpus,
             "memory_bytes": self.memory_bytes,
             "grace_seconds": self.grace,
+            "pids": self.pids,
         }
         if self.argv:
             payload["argv"] = list(self.argv)

@@ -45,6 +45,7 @@ def _spec(run, cards, labels: dict, **given) -> MemberSpec:
         cpus=run.cpus,
         memory_bytes=run.memory_bytes,
         grace=float(settings.TUNEPLANE_STOP_GRACE),
+        pids=settings.TUNEPLANE_MEMBER_PIDS,
         **given,
     )
 

@@ -163,8 +163,13 @@ class AgentProcess:
         return self.output, None
 
 
-def serve(env, target, tmp_path, *options, inventory=H100_INVENTORY) -> AgentProcess:
-    """``tuneplane-node serve`` as a machine runs it."""
+def serve(
+    env, target, tmp_path, *options, inventory=H100_INVENTORY, member_uids="none"
+) -> AgentProcess:
+    """``tuneplane-node serve`` as a machine runs it. Its members run as the agent's user
+    unless ``member_uids`` names a range: the tests' state dirs and the files their members
+    write are under pytest's private tmp dirs, which no other uid may pass. Members confined
+    to uids of their own are tests/nodes/test_isolation.py's and test_jobs.py's R11 test."""
     return AgentProcess(
         subprocess.Popen(
             [
@@ -176,6 +181,8 @@ def serve(env, target, tmp_path, *options, inventory=H100_INVENTORY) -> AgentPro
                 target,
                 "--inventory-file",
                 inventory_file(tmp_path, inventory),
+                "--member-uids",
+                member_uids,
                 *options,
             ],
             cwd=ROOT,

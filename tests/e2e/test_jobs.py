@@ -115,6 +115,33 @@ def test_R6_a_killed_agent_takes_no_work_with_it_and_the_exit_is_recorded_once(
         again.wait(20)
 
 
+def test_R11_a_job_runs_as_a_uid_of_its_own_in_its_own_pid_namespace(
+    running_node, member_api, tmp_path
+):
+    """The real agent as it runs by default on a machine (root, members confined): a job's
+    process is not root, sees only its own processes, and the console is told its uid."""
+    node, env, _, target, agent = running_node
+    agent.send_signal(signal.SIGTERM)
+    agent.wait(20)
+    confined = serve(
+        env, target, tmp_path, inventory=H100_DEVICE_INVENTORY, member_uids="61100-61199"
+    )
+    try:
+        wait_until(
+            lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).exists(),
+            what="the confined agent connected",
+        )
+        job = submit(member_api, cards=1, command=["sh", "-c", "id -u; ls -d /proc/[0-9]* | wc -l"])
+        done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), what="success")
+        [member] = done["attempts"][0]["members"]
+        assert "uid 611" in member["confinement"], member["confinement"]
+        uid, seen = member_api.get(f"/api/training-jobs/{job['id']}/logs").json()["output"].split()
+        assert 61100 <= int(uid) <= 61199 and int(seen) < 10
+    finally:
+        confined.send_signal(signal.SIGTERM)
+        confined.wait(20)
+
+
 def test_R15_the_largest_log_tail_never_ends_the_nodes_stream(running_node, member_api):
     """A member that wrote 3 MiB: the API's largest tail comes back whole, a console asking
     the node for 4 MiB gets the agent's cap, and the node's control session is the same

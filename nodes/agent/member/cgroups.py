@@ -13,7 +13,11 @@ from pathlib import Path
 
 SIGTERM, SIGKILL = signal.SIGTERM, signal.SIGKILL
 CONTROLLERS_V1 = ("memory", "cpu")
+# Used where the node mounts them: a pids limit, the devices allowed (R12), and the freezer
+# a cleanup freezes the member in before it kills it (R13).
+OPTIONAL_V1 = ("pids", "devices", "freezer")
 CPU_PERIOD_US = 100_000
+FREEZE_WAIT = 2.0
 
 
 def cgroup_root() -> Path:
@@ -27,8 +31,14 @@ def cgroup_paths(name: str) -> tuple[str, list[Path]]:
     if (root / "cgroup.controllers").is_file():
         return "cgroup-v2", [root / "tuneplane" / name]
     if all((root / controller / "cgroup.procs").is_file() for controller in CONTROLLERS_V1):
-        return "cgroup-v1", [root / c / "tuneplane" / name for c in CONTROLLERS_V1]
+        present = [c for c in OPTIONAL_V1 if (root / c / "cgroup.procs").is_file()]
+        return "cgroup-v1", [root / c / "tuneplane" / name for c in (*CONTROLLERS_V1, *present)]
     return "", []
+
+
+def _controller(paths: list[Path], name: str) -> Path | None:
+    """A v1 member's directory under one controller, if the node mounts it."""
+    return next((path for path in paths if path.parts[-4] == name), None)
 
 
 def cgroup_members(scope: str) -> list[str]:
@@ -45,10 +55,19 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
 
-def confine(member_id: str, cpus: float | None, memory_bytes: int | None) -> tuple[str, list[str]]:
-    """Make the member's cgroup with its limits. Returns the confinement it got (reported
-    to the console) and the cgroup.procs files the wrapper joins."""
+def confine(
+    member_id: str,
+    cpus: float | None,
+    memory_bytes: int | None,
+    pids: int | None = None,
+    devices: list[str] | None = None,
+) -> tuple[str, list[str]]:
+    """Make the member's cgroup with its limits: cpus, memory, the most processes it may
+    have, and (``devices``, the allow rules after all are denied) the device files it may
+    open. Returns the confinement it got (reported to the console) and the cgroup.procs
+    files the wrapper joins."""
     version, paths = cgroup_paths(member_id)
+    got = []
     if not version:
         return "none: no cgroup v1 memory and cpu controllers or cgroup v2 here", []
     try:
@@ -64,8 +83,13 @@ def confine(member_id: str, cpus: float | None, memory_bytes: int | None) -> tup
                 _write(paths[0] / "memory.swap.max", "0")
             if cpus:
                 _write(paths[0] / "cpu.max", f"{int(cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+            if pids and (paths[0] / "pids.max").exists():
+                _write(paths[0] / "pids.max", str(pids))
+                got.append(f"pids {pids}")
+            if devices is not None:
+                got.append("devices not confined (cgroup v2 needs an eBPF program)")
         else:
-            memory, cpu = paths
+            memory, cpu = paths[:2]
             for path in paths:
                 path.mkdir(parents=True, exist_ok=True)
             if memory_bytes:
@@ -76,10 +100,25 @@ def confine(member_id: str, cpus: float | None, memory_bytes: int | None) -> tup
             if cpus:
                 _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
                 _write(cpu / "cpu.cfs_quota_us", str(int(cpus * CPU_PERIOD_US)))
+            counted, allowed = _controller(paths, "pids"), _controller(paths, "devices")
+            if pids:
+                if counted is None:
+                    got.append("no pids limit (no pids controller)")
+                else:
+                    _write(counted / "pids.max", str(pids))
+                    got.append(f"pids {pids}")
+            if devices is not None:
+                if allowed is None:
+                    got.append("devices not confined (no devices controller)")
+                else:
+                    _write(allowed / "devices.deny", "a")
+                    for rule in devices:
+                        _write(allowed / "devices.allow", rule)
+                    got.append("devices: its cards only")
     except OSError as error:
         release(member_id)
         return f"none: {error.strerror or error} ({error.filename})", []
-    return version, [str(path / "cgroup.procs") for path in paths]
+    return "; ".join([version, *got]), [str(path / "cgroup.procs") for path in paths]
 
 
 def oom_killed(member_id: str) -> bool:
@@ -136,6 +175,32 @@ def signal_member(pid: int | None, member_id: str, signum: int) -> None:
                 os.kill(target, signum)
         except (ProcessLookupError, PermissionError):
             continue
+
+
+def kill_all(member_id: str) -> None:
+    """R13: everything in the member's cgroup killed, a fork racing the kill included:
+    ``cgroup.kill`` on v2; on v1 frozen first (the freezer), killed, then thawed so that
+    the kills land."""
+    version, paths = cgroup_paths(member_id)
+    if version == "cgroup-v2" and (paths[0] / "cgroup.kill").exists():
+        with contextlib.suppress(OSError):
+            _write(paths[0] / "cgroup.kill", "1")
+            return
+    freezer = _controller(paths, "freezer") if version == "cgroup-v1" else None
+    frozen = False
+    if freezer is not None and freezer.is_dir():
+        with contextlib.suppress(OSError):
+            _write(freezer / "freezer.state", "FROZEN")
+            deadline = time.monotonic() + FREEZE_WAIT
+            while (freezer / "freezer.state").read_text().strip() != "FROZEN":
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            frozen = True
+    signal_member(None, member_id, SIGKILL)
+    if frozen:
+        with contextlib.suppress(OSError):
+            _write(freezer / "freezer.state", "THAWED")
 
 
 def release(member_id: str) -> None:

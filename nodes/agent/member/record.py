@@ -31,6 +31,8 @@ class Member:
     cleanup_wanted: bool = False
     # The runtime a member in a container runs under ("docker", "podman"); "": a process.
     container: str = ""
+    # The unprivileged uid it runs as (R11); None: the agent's own user.
+    uid: int | None = None
     # A replica's: its port and readiness path, the start it restarts from, whether its
     # probe passes, restarts so far, the probe's error or why it restarts, and when.
     serve: dict | None = None

@@ -5,6 +5,7 @@ happens to a member between ticks but what the console asks; reading the store c
 nothing. Every decision is member/policy.py's; this module observes and acts."""
 
 import logging
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 from .. import state
 from ..command import COMMAND_ID, process_start_time
 from ..wire import MemberSpec, Refused
-from . import cgroups, launch, logs, policy
+from . import cgroups, isolation, launch, logs, policy
 from .drivers import ContainerDriver, ProcessDriver, driver_of
 from .record import FAILED, RUNNING, Member
 from .store import Store
@@ -30,8 +31,11 @@ class Runner:
         storage_root: str | None = None,
         scope: str = "local",
         runtime=lambda: "",
+        uids: tuple[int, int] | None = None,
     ):
         self.store = store
+        # The uids members run as (R11); None: as the agent's own user.
+        self.uids = uids
         self.logs = root / "logs"
         self.scratch = root / "members"
         # The cards this node has now, as its inventory reports them ({index, uuid}).
@@ -106,7 +110,7 @@ class Runner:
         if not COMMAND_ID.fullmatch(member_id):
             return
         cgroup = self.cgroup(member_id)
-        cgroups.signal_member(None, cgroup, cgroups.SIGKILL)
+        cgroups.kill_all(cgroup)
         if self.runtime():
             ContainerDriver(self.runtime()).remove(member_id)
         cgroups.release(cgroup)
@@ -197,6 +201,7 @@ class Runner:
         if step == "kill":
             cgroup = self.cgroup(member.command_id)
             cgroups.signal_member(self._leader(member), cgroup, cgroups.SIGKILL)
+            cgroups.kill_all(cgroup)
             driver_of(member).kill(member)
             member.killed_at = now
             self.store.save(member)
@@ -209,6 +214,7 @@ class Runner:
         """Whatever the member left is gone: its processes, cgroup and scratch dir (R7)."""
         cgroup = self.cgroup(member.command_id)
         cgroups.signal_member(self._leader(member), cgroup, cgroups.SIGKILL)
+        cgroups.kill_all(cgroup)  # R13: the whole cgroup, a fork racing the kill included
         gone = driver_of(member).remove(member.command_id)
         cgroups.release(cgroup)
         launch.remove_scratch(self.scratch / member.command_id)
@@ -239,8 +245,26 @@ class Runner:
             env_names=launch.own_env(spec, scratch, self.storage_root),
             storage_root=self.storage_root,
         )
-        confinement, procs = cgroups.confine(self.cgroup(member.command_id), *limits)
+        env = launch.member_env(spec, scratch, self.storage_root)
+        isolated = self.uids is not None and not member.container
+        why_not = isolation.unavailable() if isolated else ""
+        if isolated and not why_not:
+            member.uid = member.uid or self._free_uid()
+            if member.uid is None:
+                return self._not_started(member, f"no free uid in {self.uids[0]}-{self.uids[1]}")
+            argv = isolation.wrap(argv, member.uid)
+            self._hand_over(scratch, member.uid)
+            if "HOME" not in spec.env:
+                env["HOME"] = str(scratch)  # not the agent's home
+        devices = isolation.device_rules(spec.card_indices) if member.uid else None
+        confinement, procs = cgroups.confine(
+            self.cgroup(member.command_id), *limits, pids=spec.pids, devices=devices
+        )
         member.confinement = driver.confinement(confinement)
+        if member.uid:
+            member.confinement += f"; uid {member.uid}; own PID and mount namespaces"
+        elif why_not:
+            member.confinement += f"; runs as the agent's user: {why_not}"
         state.ensure_private_dir(self.logs)
         wrapper = ["/bin/sh", "-c", launch.WRAPPER, "sh"]
         exit_file = str(self.store.path(member.command_id, ".exit"))
@@ -249,7 +273,7 @@ class Runner:
                 [*wrapper, exit_file, " ".join(procs), *argv],
                 self.logs / f"{member.command_id}.log",
                 cwd=scratch,
-                env=launch.member_env(spec, scratch, self.storage_root),
+                env=env,
             )
         except OSError as error:
             logger.warning("member %s could not start: %s", member.command_id, error)
@@ -258,6 +282,27 @@ class Runner:
             self.children[member.command_id] = child
             member.pid, member.started = child.pid, process_start_time(child.pid)
         member.launched_at, member.boot_id = now, launch.boot_id()
+        self.store.save(member)
+
+    def _free_uid(self) -> int | None:
+        """R11: a uid no member holds and no process runs as."""
+        held = {m.uid for m in self.store.members() if m.uid is not None and not m.cleaned}
+        return isolation.pick_uid(*self.uids, held | isolation.uids_running())
+
+    def _hand_over(self, scratch: Path, uid: int) -> None:
+        """The member's scratch dir is its own (0700, its uid); the dirs above it may be
+        passed through, never listed or read (0711); the rest of the state dir stays root's."""
+        for path in scratch.rglob("*"):
+            os.lchown(path, uid, uid)
+        os.chown(scratch, uid, uid)
+        os.chmod(scratch, 0o700)
+        for above in (self.scratch, self.scratch.parent):
+            os.chmod(above, 0o711)
+
+    def _not_started(self, member: Member, why: str) -> None:
+        logger.warning("member %s not started: %s", member.command_id, why)
+        member.state, member.exit_code, member.reason = FAILED, policy.VANISHED, "start_failed"
+        member.detail = why[: policy.MAX_DETAIL]
         self.store.save(member)
 
     def _leader(self, member: Member) -> int | None:

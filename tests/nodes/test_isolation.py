@@ -1,0 +1,173 @@
+"""The wall between members on a node (R11–R13), on this machine as root with cgroup v1: two
+members of two projects on one agent. Member B tries, from its own command, every way to
+another member and to the node the review found: A's environment in /proc, the node's key,
+the start payloads, A's log and scratch, a card it does not hold (fake /dev/nvidiaN made with
+mknod), writing outside its scratch, leaving its cgroup, forking past its pids limit. Every
+attempt fails, A's secret is in none of B's output, and cleanup leaves nothing running."""
+
+import os
+import shutil
+import stat
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from nodes.agent import state
+from nodes.agent.executor import Executor
+from nodes.agent.member import cgroups, isolation
+from tests.agent_members import looked_at, settled
+
+pytestmark = pytest.mark.e2e
+
+UIDS = (61000, 61099)
+DEVICES = [{"index": i, "uuid": f"GPU-{i}"} for i in range(4)]
+SECRET = "s3cr3t-of-project-a"
+
+
+@pytest.fixture
+def node():
+    """An agent whose members run confined, its state dir where any uid may pass (as
+    /var/lib is), with fake card device files and a node key as join writes it."""
+    root = Path(tempfile.mkdtemp(prefix="tuneplane-isolation-", dir="/var/tmp"))
+    os.chmod(root, 0o755)
+    devices = root / "dev"
+    devices.mkdir(mode=0o755)
+    for index in range(4):
+        os.mknod(devices / f"nvidia{index}", 0o666 | stat.S_IFCHR, os.makedev(195, index))
+        os.chmod(devices / f"nvidia{index}", 0o666)
+    scope = f"test-{uuid.uuid4().hex[:8]}"
+    directory = root / "state"
+    state.ensure_private_dir(directory)
+    state.write_private(directory / state.KEY, b"-----BEGIN PRIVATE KEY-----node")
+    executor = Executor(directory, devices=lambda: DEVICES, scope=scope, uids=UIDS)
+    yield executor, directory, devices
+    for member_id in cgroups.cgroup_members(scope):
+        cgroups.kill_all(f"{scope}/{member_id}")
+        cgroups.release(f"{scope}/{member_id}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+ATTEMPTS = """
+attempt() {{
+  name=$1; shift
+  if "$@" >/dev/null 2>&1; then echo "$name: REACHED"; else echo "$name: denied"; fi
+}}
+why() {{ name=$1; shift; echo "$name: $("$@" 2>&1 >/dev/null)"; }}
+attempt a-environ sh -c 'cat /proc/{a_pid}/environ'
+attempt a-signal kill -0 {a_pid}
+attempt node-key cat {state}/node.key
+attempt payloads sh -c 'cat {state}/commands/*.json'
+attempt a-log cat {state}/logs/m-a.log
+attempt a-scratch ls {state}/members/m-a
+why other-card sh -c 'exec 3<>{dev}/nvidia0'
+attempt write-outside sh -c 'echo planted > {state}/planted'
+attempt leave-cgroup sh -c 'echo $$ > /sys/fs/cgroup/memory/cgroup.procs'
+attempt leave-group sh -c 'echo $$ > /sys/fs/cgroup/pids/cgroup.procs'
+why own-card sh -c 'exec 3<>{dev}/nvidia1'
+attempt own-scratch sh -c 'echo mine > "$TUNEPLANE_SCRATCH_DIR/mine"'
+echo "uid: $(id -u) processes seen: $(ls -d /proc/[0-9]* | wc -l)"
+python3 -c '
+import os, time
+n = 0
+for _ in range(60):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    n += 1
+print("sleeping children:", n, flush=True)
+'
+"""
+
+
+def member_pid(executor, member_id: str, uid: int) -> int:
+    """The member's own process (the uid's), not the root wrapper around it."""
+    for pid in cgroups.cgroup_pids(executor.cgroup(member_id)):
+        if f"\nUid:\t{uid}\t" in Path(f"/proc/{pid}/status").read_text():
+            return pid
+    raise AssertionError(f"no process of uid {uid} in {member_id}'s cgroup")
+
+
+def test_R11_R12_R13_a_member_reaches_nothing_of_another_member_or_of_the_node(node):
+    executor, directory, devices = node
+    a = executor.accept(
+        "m-a", "start", {"cards": [DEVICES[0]], "argv": ["sleep", "60"], "env": {"KEY": SECRET}}
+    )
+    assert a.state == "running" and a.uid == UIDS[0], a.confinement
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            a_pid = member_pid(executor, "m-a", a.uid)
+            break
+        except AssertionError:
+            time.sleep(0.05)
+    assert SECRET in Path(f"/proc/{a_pid}/environ").read_text()  # there to be read, by root
+    script = ATTEMPTS.format(a_pid=a_pid, state=directory, dev=devices)
+    b = executor.accept("m-b", "start", {"cards": [DEVICES[1]], "script": script, "pids": 40})
+    assert b.uid == UIDS[0] + 1 and b.uid != a.uid  # R11: a uid of its own
+    assert "uid 61001" in b.confinement and "pids 40" in b.confinement
+    assert "devices: its cards only" in b.confinement
+    ended = settled(executor, "m-b", timeout=30)
+    output = executor.log_tail("m-b", 1 << 16).decode()
+    assert ended.exit_code == 0, output
+    assert SECRET not in output
+    for attempt in (
+        "a-environ",
+        "a-signal",
+        "node-key",
+        "payloads",
+        "a-log",
+        "a-scratch",
+        "write-outside",
+        "leave-cgroup",
+        "leave-group",
+    ):
+        assert f"{attempt}: denied" in output, (attempt, output)
+    assert "own-scratch: REACHED" in output, output
+    # R12: another member's card is refused by the devices cgroup (EPERM); its own card is
+    # allowed, and then finds no driver on this GPU-less machine (ENXIO).
+    assert (
+        "other-card:" in output
+        and "Operation not permitted" in output.split("other-card:")[1].split("\n")[0]
+    )
+    assert "No such device or address" in output.split("own-card:")[1].split("\n")[0], output
+    assert not (directory / "planted").exists()
+    seen = int(output.split("processes seen: ")[1].split()[0])
+    assert seen < 10, output  # R11: its own processes only, in a PID namespace of its own
+    assert f"uid: {UIDS[0] + 1} " in output
+    children = int(output.split("sleeping children: ")[1].split()[0])
+    assert children < 40, output  # R12: forking stops at its pids limit
+    for member_id in ("m-a", "m-b"):
+        executor.accept(f"c-{member_id}", "cleanup", {"member": member_id, "grace_seconds": 0})
+    for member_id in ("m-a", "m-b"):
+        cleaned = settled(executor, member_id)
+        deadline = time.monotonic() + 10
+        while not cleaned.cleaned and time.monotonic() < deadline:
+            time.sleep(0.1)
+            cleaned = looked_at(executor, member_id)
+        assert cleaned.cleaned and not cgroups.live_pids(executor.cgroup(member_id))
+    assert not {UIDS[0], UIDS[0] + 1} & isolation.uids_running()  # R13: nothing left
+
+
+def test_R11_a_uid_is_never_reused_while_a_process_of_it_runs(node):
+    import subprocess
+
+    executor, _, _ = node
+    stray = subprocess.Popen(
+        ["setpriv", f"--reuid={UIDS[0]}", f"--regid={UIDS[0]}", "--clear-groups", "sleep", "30"]
+    )
+    try:
+        time.sleep(0.2)
+        member = executor.accept("m-c", "start", {"cards": [], "argv": ["sleep", "30"]})
+        assert member.uid == UIDS[0] + 1  # the range's first is still running something
+    finally:
+        stray.kill()
+        stray.wait()
+    executor.accept("c-c", "cleanup", {"member": "m-c", "grace_seconds": 0})
+    settled(executor, "m-c")

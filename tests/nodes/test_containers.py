@@ -131,7 +131,7 @@ def test_R4_a_member_in_a_container_gets_its_cards_env_delivery_and_mounts(node,
             member_id="m",
             scope="s",
             spec=MemberSpec.parse({"image": IMAGE, "env": {"SECRET": "s3cr3t"}, "cards": []}),
-            env_names={"SECRET": "s3cr3t"},
+            env_file="/state/commands/m.env",
             scratch="/x",
             storage_root=None,
         )
@@ -240,3 +240,81 @@ def test_the_inventory_reports_the_runtime_whose_daemon_answers(dockerd, monkeyp
     assert containers.probe().startswith("docker ")
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     assert containers.probe() is None  # a CLI with no daemon behind it is no runtime
+
+
+def test_R14_the_runtime_cli_never_runs_with_the_members_env_or_from_its_path(node, tmp_path):
+    """A member whose env puts its scratch dir first on PATH and preloads a library: the
+    runtime's CLI is run by its absolute path with the agent's fixed environment, so a
+    ``docker`` planted in the scratch dir never runs on the host, and the CLI never loads
+    what LD_PRELOAD names; the container still gets the member's env."""
+    marker = tmp_path / "planted-docker-ran"
+    scratch = node.scratch / "m-path"
+    scratch.mkdir(parents=True)
+    planted = scratch / "docker"
+    planted.write_text(f"#!/bin/sh\ntouch {marker}\nexit 0\n")
+    planted.chmod(0o755)
+    start(
+        node,
+        "m-path",
+        argv=["sh", "-c", 'echo "in the container: $LD_PRELOAD $PATH"'],
+        env={"PATH": ".:/bin", "LD_PRELOAD": "/no/such/library.so"},
+    )
+    ended = settled(node, "m-path")
+    output = log(node, "m-path")
+    assert (ended.state, ended.exit_code) == ("succeeded", 0), output
+    assert "in the container: /no/such/library.so .:/bin" in output
+    assert "cannot be preloaded" not in output  # the CLI ran without the member's env
+    assert not marker.exists()
+
+
+def test_R14_a_symlink_planted_in_the_scratch_dir_is_never_written_through(node, tmp_path):
+    """The agent writes a member's script anew, never through what the member left there: a
+    container's script is written outside its mounted scratch dir, and a process member's
+    over a planted ``script.sh`` symlink replaces the link, not the file it names."""
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    for member_id, image in (("m-link-c", IMAGE), ("m-link-p", None)):
+        scratch = node.scratch / member_id
+        scratch.mkdir(parents=True)
+        (scratch / "script.sh").symlink_to(victim)
+        payload = {"cards": [], "script": "echo written anew"}
+        if image:
+            payload["image"] = image
+        node.accept(member_id, "start", payload)
+        ended = settled(node, member_id)
+        assert (ended.state, log(node, member_id)) == ("succeeded", "written anew\n")
+    assert victim.read_text() == "untouched\n"
+
+
+def test_R14_a_container_gets_its_own_datasets_read_only_and_no_capabilities(node, tmp_path):
+    storage = tmp_path / "storage"
+    (storage / "ml" / "datasets" / "x").mkdir(parents=True)
+    (storage / "ml" / "datasets" / "x" / "data.txt").write_text("ours\n")
+    (storage / "other" / "volumes" / "theirs").mkdir(parents=True)
+    (storage / "other" / "volumes" / "theirs" / "secret.txt").write_text("theirs\n")
+    script = (
+        'cat "$TUNEPLANE_DATASET_X/data.txt"; '
+        'echo x > "$TUNEPLANE_DATASET_X/new" 2>/dev/null && echo dataset-writable; '
+        f"cat {storage}/other/volumes/theirs/secret.txt 2>/dev/null || echo other-project-unseen; "
+        "grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status"
+    )
+    start(
+        node,
+        "m-mounts",
+        argv=["sh", "-c", script],
+        delivery={"mode": "shared-mount", "env": {"TUNEPLANE_DATASET_X": "ml/datasets/x"}},
+        pids=64,
+    )
+    ended = settled(node, "m-mounts")
+    output = log(node, "m-mounts")
+    assert ended.state == "succeeded", output
+    assert "ours" in output and "other-project-unseen" in output, output
+    assert "dataset-writable" not in output
+    assert "CapEff:\t0000000000000000" in output and "NoNewPrivs:\t1" in output, output
+    shown = subprocess.run(
+        ["docker", "inspect", "--format", "{{.HostConfig.PidsLimit}}", "tuneplane-m-mounts"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert shown == ["64"]

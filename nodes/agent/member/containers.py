@@ -39,6 +39,8 @@ LABEL_MEMBER = "tuneplane.member"
 LABEL_SCOPE = "tuneplane.scope"
 # A script runs by /bin/bash where the image has it, else by its /bin/sh.
 SCRIPT_RUNNER = 'if [ -x /bin/bash ]; then exec /bin/bash "$0"; fi; exec /bin/sh "$0"'
+# The script is written outside the scratch dir and mounted read-only here.
+SCRIPT_IN_CONTAINER = "/.tuneplane-script.sh"
 
 
 def name_of(member_id: str) -> str:
@@ -118,28 +120,41 @@ def run_argv(
     member_id: str,
     scope: str,
     spec: MemberSpec,
-    env_names,
+    env_file,
     scratch,
     storage_root: str | None,
     script=None,
+    uid: int | None = None,
 ) -> list[str]:
-    """The runtime's foreground ``run`` for a member. Its env is passed by name only (``-e
-    NAME``: the value is read from the client's environment, never on a command line)."""
-    argv = [runtime, "run", "--init", "--name", name_of(member_id)]
+    """The runtime's foreground ``run`` for a member (R14): the runtime's CLI by its absolute
+    path; the member's env from an env file outside anything mounted (never on a command
+    line, never in the CLI's own environment); no capabilities, no new privileges, its pids
+    limit and, where the agent gives members uids, its own uid; its scratch dir, and of the
+    storage root only its own volumes (read-write) and datasets (read-only)."""
+    argv = [shutil.which(runtime) or runtime, "run", "--init", "--name", name_of(member_id)]
     argv += ["--label", f"{LABEL_MEMBER}={member_id}", "--label", f"{LABEL_SCOPE}={scope}"]
     argv += ["--network", "host", "--workdir", str(scratch), "-v", f"{scratch}:{scratch}"]
+    argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+    if spec.pids:
+        argv += ["--pids-limit", str(spec.pids)]
+    if uid is not None:
+        argv += ["--user", f"{uid}:{uid}"]
     if spec.delivery_mode == "shared-mount" and storage_root:
-        argv += ["-v", f"{storage_root}:{storage_root}"]
+        for key, relative in sorted(spec.delivery_env.items()):
+            path = Path(storage_root, str(relative))
+            mode = ":ro" if key.startswith("TUNEPLANE_DATASET_") else ""
+            argv += ["-v", f"{path}:{path}{mode}"]
     if spec.cpus:
         argv += ["--cpus", f"{spec.cpus:g}"]
     if spec.memory_bytes:
         memory = str(spec.memory_bytes)
         argv += ["--memory", memory, "--memory-swap", memory]  # no swap beyond it: an OOM
     argv += _gpus(runtime, spec.cards)
-    for name in sorted(env_names):
-        argv += ["-e", name]
+    argv += ["--env-file", str(env_file)]
     if script is not None:
-        return [*argv, "--entrypoint", "/bin/sh", spec.image, "-c", SCRIPT_RUNNER, script]
+        argv += ["-v", f"{script}:{SCRIPT_IN_CONTAINER}:ro"]
+        entry = ["--entrypoint", "/bin/sh", spec.image, "-c", SCRIPT_RUNNER, SCRIPT_IN_CONTAINER]
+        return [*argv, *entry]
     return [*argv, spec.image, *spec.argv]
 
 

@@ -5,8 +5,9 @@ start, watch, stop and remove it."""
 
 from pathlib import Path
 
+from .. import state
 from ..wire import MemberSpec
-from . import cgroups, containers
+from . import cgroups, containers, launch
 from .record import Member
 
 
@@ -47,17 +48,21 @@ class ContainerDriver(ProcessDriver):
     def __init__(self, runtime: str):
         self.runtime = runtime
 
-    def launch(self, member, spec, argv, scratch, *, scope, env_names, storage_root) -> tuple:
+    def launch(
+        self, member, spec, argv, scratch, *, scope, env, storage_root, env_file, script_at
+    ) -> tuple:
         member.oom_kills = containers.node_oom_kills() if spec.memory_bytes else None
+        state.write_private(env_file, launch.env_file_text(env).encode())
         run = containers.run_argv(
             self.runtime,
             member_id=member.command_id,
             scope=scope,
             spec=spec,
-            env_names=env_names,
+            env_file=env_file,
             scratch=scratch,
             storage_root=storage_root,
-            script=argv[1] if spec.script else None,
+            script=script_at if spec.script else None,
+            uid=member.uid,
         )
         containers.remove(self.runtime, member.command_id)  # a restart's last one
         return run, (None, None)

@@ -62,13 +62,40 @@ def own_env(spec: MemberSpec, scratch: Path, storage_root: str | None = None) ->
     return env
 
 
-def argv_of(spec: MemberSpec, scratch: Path) -> list[str]:
-    """What runs: its argv, or its script written to its scratch dir and run by bash."""
+def argv_of(spec: MemberSpec, scratch: Path, script_at: Path | None = None) -> list[str]:
+    """What runs: its argv, or its script written (to ``script_at``, else its scratch dir)
+    and run by bash."""
     if spec.script:
-        script = scratch / "script.sh"
-        script.write_text(spec.script)
+        script = script_at or scratch / "script.sh"
+        write_new(script, spec.script)
         return ["/bin/bash", str(script)]
     return list(spec.argv)
+
+
+def write_new(path: Path, text: str, mode: int = 0o644) -> None:
+    """Written as a new file, never through what is there: a symlink a member planted in
+    its scratch dir (which it owns, or a container mounts) is removed, not followed (R14)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+# What the container runtime's CLI runs with: a fixed PATH and the agent's own settings for
+# reaching its daemon — never the member's env, which goes in through an env file (R14).
+RUNTIME_ENV = ("DOCKER_HOST", "DOCKER_CONFIG", "CONTAINER_HOST", "XDG_RUNTIME_DIR", "HOME")
+RUNTIME_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def runtime_env() -> dict:
+    env = {key: os.environ[key] for key in RUNTIME_ENV if key in os.environ}
+    return {**env, "PATH": RUNTIME_PATH}
+
+
+def env_file_text(env: dict) -> str:
+    """``NAME=value`` lines for the runtime's ``--env-file``; a value with a line break
+    cannot be carried there and is left out (logged by the caller)."""
+    return "".join(f"{key}={value}\n" for key, value in env.items() if "\n" not in str(value))
 
 
 def remove_scratch(scratch: Path) -> None:

@@ -218,6 +218,8 @@ class Runner:
         gone = driver_of(member).remove(member.command_id)
         cgroups.release(cgroup)
         launch.remove_scratch(self.scratch / member.command_id)
+        for suffix in (".env", ".sh"):  # a container's env file and script
+            self.store.path(member.command_id, suffix).unlink(missing_ok=True)
         member.cleaned = gone and not cgroups.live_pids(cgroup)
         if not member.cleaned:
             # Something of it outlived SIGKILL: a minute on, it is unkillable (stuck in the
@@ -232,37 +234,50 @@ class Runner:
     def _launch(self, member: Member, spec: MemberSpec, now: float) -> None:
         scratch = self.scratch / member.command_id
         state.ensure_private_dir(scratch)
-        argv = launch.argv_of(spec, scratch)
-        member.argv = argv[:1]
-        driver = ContainerDriver(self.runtime()) if spec.image else ProcessDriver()
+        in_container = bool(spec.image)
+        driver = ContainerDriver(self.runtime()) if in_container else ProcessDriver()
         member.container = driver.runtime
+        why_not = isolation.unavailable() if self.uids is not None else ""
+        if self.uids is not None and not why_not:
+            member.uid = member.uid or self._free_uid()
+            if member.uid is None:
+                return self._not_started(member, f"no free uid in {self.uids[0]}-{self.uids[1]}")
+            self._hand_over(scratch, member.uid)
+        # A container's script is written outside its (mounted) scratch dir (R14).
+        script_at = self.store.path(member.command_id, ".sh") if in_container else None
+        argv = launch.argv_of(spec, scratch, script_at)
+        member.argv = argv[:1]
         argv, limits = driver.launch(
             member,
             spec,
             argv,
             scratch,
             scope=self.scope,
-            env_names=launch.own_env(spec, scratch, self.storage_root),
+            env=launch.own_env(spec, scratch, self.storage_root),
             storage_root=self.storage_root,
+            env_file=self.store.path(member.command_id, ".env"),
+            script_at=script_at,
         )
-        env = launch.member_env(spec, scratch, self.storage_root)
-        isolated = self.uids is not None and not member.container
-        why_not = isolation.unavailable() if isolated else ""
-        if isolated and not why_not:
-            member.uid = member.uid or self._free_uid()
-            if member.uid is None:
-                return self._not_started(member, f"no free uid in {self.uids[0]}-{self.uids[1]}")
-            argv = isolation.wrap(argv, member.uid)
-            self._hand_over(scratch, member.uid)
-            if "HOME" not in spec.env:
-                env["HOME"] = str(scratch)  # not the agent's home
-        devices = isolation.device_rules(spec.card_indices) if member.uid else None
+        if in_container:
+            env = launch.runtime_env()  # the runtime's CLI never runs with the member's env
+        else:
+            env = launch.member_env(spec, scratch, self.storage_root)
+            if member.uid:
+                argv = isolation.wrap(argv, member.uid)
+                if "HOME" not in spec.env:
+                    env["HOME"] = str(scratch)  # not the agent's home
+        process_confined = member.uid and not in_container
         confinement, procs = cgroups.confine(
-            self.cgroup(member.command_id), *limits, pids=spec.pids, devices=devices
+            self.cgroup(member.command_id),
+            *limits,
+            pids=None if in_container else spec.pids,
+            devices=isolation.device_rules(spec.card_indices) if process_confined else None,
         )
         member.confinement = driver.confinement(confinement)
-        if member.uid:
+        if process_confined:
             member.confinement += f"; uid {member.uid}; own PID and mount namespaces"
+        elif member.uid:
+            member.confinement += f"; uid {member.uid}"
         elif why_not:
             member.confinement += f"; runs as the agent's user: {why_not}"
         state.ensure_private_dir(self.logs)
@@ -291,9 +306,8 @@ class Runner:
 
     def _hand_over(self, scratch: Path, uid: int) -> None:
         """The member's scratch dir is its own (0700, its uid); the dirs above it may be
-        passed through, never listed or read (0711); the rest of the state dir stays root's."""
-        for path in scratch.rglob("*"):
-            os.lchown(path, uid, uid)
+        passed through, never listed or read (0711); the rest of the state dir stays root's.
+        Only the dir itself is handed over: what is in it is the member's already."""
         os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
         for above in (self.scratch, self.scratch.parent):

@@ -74,5 +74,5 @@ class Store:
             return vanished
 
     def forget(self, command_id: str) -> None:
-        for suffix in (".json", ".exit"):
+        for suffix in (".json", ".exit", ".env", ".sh"):
             self.path(command_id, suffix).unlink(missing_ok=True)

@@ -330,6 +330,8 @@ TUNEPLANE_WORKER_METRICS_BIND = os.environ.get("TUNEPLANE_WORKER_METRICS_BIND", 
 TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")
 # The most processes a member may have at once on its node (R12: a fork bomb stops there).
 TUNEPLANE_MEMBER_PIDS = int(os.environ.get("TUNEPLANE_MEMBER_PIDS", "4096"))
+# A member's log on its node is cut to its newest half past this many bytes (R16: 64 MiB).
+TUNEPLANE_MEMBER_LOG_BYTES = int(os.environ.get("TUNEPLANE_MEMBER_LOG_BYTES", str(64 << 20)))
 # Log tails each user may read a minute: each is fetched from a node over its stream (R15).
 TUNEPLANE_LOGS_RATE = os.environ.get("TUNEPLANE_LOGS_RATE", "120/minute")
 # The proxies whose X-Forwarded-For hop is believed (addresses or CIDRs, comma-separated);

@@ -211,6 +211,7 @@ class MemberSpec:
     memory_bytes: int | None = None
     grace: float = DEFAULT_GRACE
     pids: int | None = None  # the most processes it may have at once (R12)
+    log_bytes: int | None = None  # its log is cut to its newest part past this size (R16)
 
     @classmethod
     def parse(cls, payload) -> "MemberSpec":
@@ -245,6 +246,7 @@ class MemberSpec:
             memory_bytes=_positive(payload.get("memory_bytes"), int),
             grace=float(grace) if _number(grace) and grace >= 0 else DEFAULT_GRACE,
             pids=_positive(payload.get("pids"), int),
+            log_bytes=_positive(payload.get("log_bytes"), int),
         )
 
     @property
@@ -264,6 +266,7 @@ class MemberSpec:
             "memory_bytes": self.memory_bytes,
             "grace_seconds": self.grace,
             "pids": self.pids,
+            "log_bytes": self.log_bytes,
         }
         if self.argv:
             payload["argv"] = list(self.argv)

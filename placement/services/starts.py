@@ -46,6 +46,7 @@ def _spec(run, cards, labels: dict, **given) -> MemberSpec:
         memory_bytes=run.memory_bytes,
         grace=float(settings.TUNEPLANE_STOP_GRACE),
         pids=settings.TUNEPLANE_MEMBER_PIDS,
+        log_bytes=settings.TUNEPLANE_MEMBER_LOG_BYTES,
         **given,
     )
 

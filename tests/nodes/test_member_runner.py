@@ -111,3 +111,22 @@ def test_R6_a_record_an_older_agent_wrote_is_read_and_one_a_newer_wrote_too(node
     told = [(read.command_id, read.reported())]
     node.forget_finished(told)
     assert node.store.get("m-old") is None
+
+
+def test_R16_a_members_log_is_cut_to_its_newest_part_past_its_limit(node):
+    """The log of a member that writes without end never fills the node's disk: past its
+    limit it keeps its newest half, and what the member writes next follows it."""
+    writes = "yes a | head -c 300000; echo newest; sleep 1; echo after"
+    node.accept("m-log", "start", {"cards": [], "argv": ["sh", "-c", writes], "log_bytes": 100_000})
+    log = node.logs / "m-log.log"
+    deadline = time.monotonic() + 10
+    while b"newest" not in log.read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    node.tick()
+    kept = log.read_bytes()
+    assert len(kept) <= 50_000 and kept.endswith(b"a\na\nnewest\n"), len(kept)
+    assert kept.startswith(b"[tuneplane-node: older output removed")
+    until_exited(node, "m-log")
+    node.tick()
+    assert log.read_bytes().endswith(b"newest\nafter\n")  # appended after what was kept

@@ -17,6 +17,28 @@ def tail(path: Path, tail_bytes: int) -> bytes:
         return b""
 
 
+CUT_NOTE = b"[tuneplane-node: older output removed at this member's log limit]\n"
+
+
+def cut(path: Path, limit: int) -> bool:
+    """R16: a log past ``limit`` bytes keeps its newest half, in place. The member's output
+    is appended (O_APPEND), so what it writes next lands after what is kept. Whether it cut."""
+    try:
+        size = path.stat().st_size
+        if size <= limit:
+            return False
+        keep = max(limit // 2 - len(CUT_NOTE), 0)
+        with path.open("r+b") as handle:
+            handle.seek(size - keep)
+            newest = handle.read(keep)
+            handle.seek(0)
+            handle.write(CUT_NOTE + newest)
+            handle.truncate()
+        return True
+    except OSError:
+        return False
+
+
 def expired(logs: Path, retention_seconds: float, keep: set[str]) -> list[Path]:
     """Log files of members no longer known, older than the retention."""
     if not logs.is_dir():

@@ -33,6 +33,8 @@ class Member:
     container: str = ""
     # The unprivileged uid it runs as (R11); None: the agent's own user.
     uid: int | None = None
+    # Its log is cut to its newest part past this many bytes (R16); None: never.
+    log_bytes: int | None = None
     # A replica's: its port and readiness path, the start it restarts from, whether its
     # probe passes, restarts so far, the probe's error or why it restarts, and when.
     serve: dict | None = None

@@ -75,7 +75,7 @@ class Runner:
             self.store.save(member)
             return member
         member.cards = [{"index": card.index, "uuid": card.uuid} for card in spec.cards]
-        member.grace = spec.grace
+        member.grace, member.log_bytes = spec.grace, spec.log_bytes
         if spec.serve is not None:
             member.serve = {"port": spec.serve.port, "readiness_path": spec.serve.readiness_path}
             member.spec = payload  # what a restart starts again
@@ -130,6 +130,8 @@ class Runner:
             if member.cleanup_wanted and not member.cleaned:
                 self._clean(member, now)
             return member
+        if member.log_bytes:
+            logs.cut(self.logs / f"{member.command_id}.log", member.log_bytes)
         if member.restart_at is not None:
             return self._restart_due(member, now)
         child = self.children.get(member.command_id)

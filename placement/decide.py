@@ -8,7 +8,8 @@ lock, calls it, and writes what it decided. So every rule it keeps is tested wit
 database (tests/placement/test_decide.py, with property tests):
 
 - a card goes to one request at a time, and a node never gives more than it has: cards,
-  CPUs, memory (R1, R5), a served port once (S1);
+  CPUs, memory (R1, R5), a served port once (S1); a request that names no CPUs or memory
+  gets its cards' share of the node's budgets, or 1 CPU and 2 GiB with no cards (R16);
 - a gang gets all its nodes or none (R3);
 - requests are taken in admission order; one that cannot start does not stop later ones
   that can (R2), and one that has waited past the bound (``reserve``) keeps later requests
@@ -19,6 +20,11 @@ database (tests/placement/test_decide.py, with property tests):
 
 from dataclasses import dataclass, field
 from datetime import datetime
+
+# R16: what a member that names no CPUs or memory (and whose Fleet sets no default) is given
+# when it holds no cards; with cards it gets their share of its node's budgets.
+NO_CARD_CPUS = 1.0
+NO_CARD_MEMORY = 2 << 30
 
 
 @dataclass(frozen=True)
@@ -52,15 +58,35 @@ class NodeCapacity:
     ports: set[int] = field(default_factory=set)  # served members' ports in use here (S1)
     quiet: frozenset = frozenset()  # its capabilities quiet now ("quiet_train", …)
     runtime: bool = False  # a container runtime
+    budget_cpus: float | None = None  # its whole budgets, as its inventory reports them
+    budget_memory: int | None = None
 
     def free_of(self, series: str) -> list[dict]:
         return self.free.get(series, [])
 
+    def given(self, request: Request) -> tuple[float | None, int | None]:
+        """R16: the CPUs and memory a member of the request gets here — what it asked, else
+        its cards' share of this node's budgets (cards asked ÷ cards on the node), else,
+        holding no cards, 1 CPU and 2 GiB. None only where the node reports no budget."""
+        cards_here = self.devices_by_series.get("", 0)
+
+        def share(budget, no_card):
+            if not request.cards:
+                return no_card
+            if budget is None or not cards_here:
+                return None
+            return budget * request.cards / cards_here
+
+        cpus = request.cpus or share(self.budget_cpus, NO_CARD_CPUS)
+        memory = request.memory or share(self.budget_memory, NO_CARD_MEMORY)
+        return cpus, int(memory) if memory is not None else None
+
     def fits(self, request: Request) -> bool:
+        cpus, memory = self.given(request)
         return (
             len(self.free_of(request.series)) >= request.cards
-            and (not request.cpus or self.cpus is None or self.cpus >= request.cpus)
-            and (not request.memory or self.memory is None or self.memory >= request.memory)
+            and (not cpus or self.cpus is None or self.cpus >= cpus - 1e-9)
+            and (not memory or self.memory is None or self.memory >= memory)
             and (request.port is None or request.port not in self.ports)
             and request.quiet not in self.quiet
             and (self.runtime or not request.container)
@@ -78,10 +104,11 @@ class NodeCapacity:
             for devices in self.free.values():
                 if device in devices:
                     devices.remove(device)
-        if request.cpus and self.cpus is not None:
-            self.cpus -= request.cpus
-        if request.memory and self.memory is not None:
-            self.memory -= request.memory
+        cpus, memory = self.given(request)
+        if cpus and self.cpus is not None:
+            self.cpus -= cpus
+        if memory and self.memory is not None:
+            self.memory -= memory
         if request.port is not None:
             self.ports.add(request.port)
         return [{"index": device["index"], "uuid": device["uuid"]} for device in taken]
@@ -93,6 +120,8 @@ class Placement:
 
     request: Request
     members: tuple[tuple[str, tuple[dict, ...]], ...]
+    # Each member's CPUs and memory, as its node gives them (R16), in the order of members.
+    given: tuple[tuple[float | None, int | None], ...] = ()
 
 
 def decide(requests, capacities, now: datetime) -> list[Placement]:
@@ -108,10 +137,12 @@ def decide(requests, capacities, now: datetime) -> list[Placement]:
             if request.reserve:
                 _reserve(request, capacities, reserved)
             continue
+        given = tuple(node.given(request) for node in chosen)
         placed.append(
             Placement(
                 request,
                 tuple((node.node_id, tuple(node.take(request))) for node in chosen),
+                given,
             )
         )
     return placed

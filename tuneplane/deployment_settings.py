@@ -45,6 +45,18 @@ def _http_url(value) -> str:
     return value
 
 
+def _positive_number(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("must be a number above 0")
+    return value
+
+
+def _positive_whole(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError("must be a whole number above 0")
+    return value
+
+
 def _absolute_path(value) -> str:
     value = _string(value)
     if not PurePosixPath(value).is_absolute():
@@ -117,6 +129,18 @@ SETTINGS = {
             frozenset({"node"}),
             _absolute_path,
             "Shared storage root every node of the Fleet mounts.",
+        ),
+        DeploymentSetting(
+            "member_cpus",
+            frozenset({"node"}),
+            _positive_number,
+            "CPUs a member gets when its request names none (R16; else its cards' share).",
+        ),
+        DeploymentSetting(
+            "member_memory_bytes",
+            frozenset({"node"}),
+            _positive_whole,
+            "Memory a member gets when its request names none (R16; else its cards' share).",
         ),
         DeploymentSetting(
             "slurm_rest_url", frozenset({"slurm"}), _http_url, "slurmrestd base URL."

@@ -119,6 +119,8 @@ def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
             ports.get(node_id, set()),
             quiet,
             has_container_runtime(inventory),
+            inventory.get("cpu_budget"),
+            inventory.get("memory_budget_bytes"),
         )
     return capacities
 
@@ -161,11 +163,10 @@ def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, no
         attempt = attempts.get(item.kind, {}).get(item.owner.pk)
         rendezvous = _rendezvous(item, placement, attempt, addresses)
         for rank, (node_id, cards) in enumerate(placement.members):
-            cards = list(cards)
-            commands.append(
-                (node_id, CommandKind.START, item.payload(rank, cards, attempt, rendezvous))
-            )
-            placed.append((item, attempt, rank, node_id, cards, placement.request))
+            cards, given = list(cards), placement.given[rank]
+            payload = item.payload(rank, cards, attempt, rendezvous, given)
+            commands.append((node_id, CommandKind.START, payload))
+            placed.append((item, attempt, rank, node_id, cards, given))
     created = node_commands_create_many(actor=ALLOCATOR, commands=commands)
     members = Member.objects.bulk_create(
         [
@@ -175,10 +176,10 @@ def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, no
                 node_id=node_id,
                 command=command,
                 cards=cards,
-                cpus=request.cpus,
-                memory_bytes=request.memory,
+                cpus=given[0],
+                memory_bytes=given[1],
             )
-            for (item, attempt, rank, node_id, cards, request), command in zip(
+            for (item, attempt, rank, node_id, cards, given), command in zip(
                 placed, created, strict=True
             )
         ]

@@ -32,7 +32,7 @@ def delivery(job) -> dict:
     return {"mode": job.fleet.delivery, "env": env}
 
 
-def _spec(run, cards, labels: dict, **given) -> MemberSpec:
+def _spec(run, cards, labels: dict, limits=None, **given) -> MemberSpec:
     """What every start carries: the record's argv or script and image (with neither, the
     image's default), env, cpus and memory, its cards and labels, and the stop grace."""
     return MemberSpec(
@@ -42,8 +42,8 @@ def _spec(run, cards, labels: dict, **given) -> MemberSpec:
         image=run.image or "",
         env=dict(run.env or {}),
         labels=labels,
-        cpus=run.cpus,
-        memory_bytes=run.memory_bytes,
+        cpus=limits[0] if limits else run.cpus,
+        memory_bytes=limits[1] if limits else run.memory_bytes,
         grace=float(settings.TUNEPLANE_STOP_GRACE),
         pids=settings.TUNEPLANE_MEMBER_PIDS,
         log_bytes=settings.TUNEPLANE_MEMBER_LOG_BYTES,
@@ -51,7 +51,7 @@ def _spec(run, cards, labels: dict, **given) -> MemberSpec:
     )
 
 
-def job_payload(job, attempt_number: int, rank: int, cards, rendezvous) -> dict:
+def job_payload(job, attempt_number: int, rank: int, cards, rendezvous, limits=None) -> dict:
     labels = {
         "TUNEPLANE_JOB": f"{job._meta.model_name}-{job.pk}",
         "TUNEPLANE_ATTEMPT": attempt_number,
@@ -62,19 +62,20 @@ def job_payload(job, attempt_number: int, rank: int, cards, rendezvous) -> dict:
         job,
         cards,
         labels,
+        limits,
         delivery_mode=where["mode"],
         delivery_env=where["env"],
         rendezvous=rendezvous(rank) if rendezvous else {},
     ).payload()
 
 
-def _served(run, cards, fleet, labels: dict) -> dict:
+def _served(run, cards, fleet, labels: dict, limits=None) -> dict:
     """A served member: on its port, probed at its readiness path (S1)."""
     serve = Serve(run.port, run.readiness_path)
-    return _spec(run, cards, labels, delivery_mode=fleet.delivery, serve=serve).payload()
+    return _spec(run, cards, labels, limits, delivery_mode=fleet.delivery, serve=serve).payload()
 
 
-def replica_payload(revision, rank: int, cards) -> dict:
+def replica_payload(revision, rank: int, cards, limits=None) -> dict:
     """A replica: what its revision serves (S1)."""
     deployment = revision.deployment
     labels = {
@@ -82,16 +83,17 @@ def replica_payload(revision, rank: int, cards) -> dict:
         "TUNEPLANE_REVISION": revision.number,
         "TUNEPLANE_REPLICA": rank,
     }
-    return _served(revision, cards, deployment.fleet, labels)
+    return _served(revision, cards, deployment.fleet, labels, limits)
 
 
-def session_payload(session, cards) -> dict:
+def session_payload(session, cards, limits=None) -> dict:
     """A playground session's process: served like a replica (S4)."""
-    return _served(session, cards, session.fleet, {"TUNEPLANE_PLAYGROUND_SESSION": session.pk})
+    labels = {"TUNEPLANE_PLAYGROUND_SESSION": session.pk}
+    return _served(session, cards, session.fleet, labels, limits)
 
 
-def episode_payload(episode, cards) -> dict:
+def episode_payload(episode, cards, limits=None) -> dict:
     """An episode's process: run once, never restarted (S5)."""
     environment = episode.environment
     labels = {"TUNEPLANE_ENVIRONMENT": environment.pk, "TUNEPLANE_EPISODE": episode.number}
-    return _spec(episode, cards, labels, delivery_mode=environment.fleet.delivery).payload()
+    return _spec(episode, cards, labels, limits, delivery_mode=environment.fleet.delivery).payload()

@@ -55,16 +55,27 @@ class Waiting:
         """The member's owner, as Member's fields."""
         raise NotImplementedError
 
-    def payload(self, rank: int, cards: list[dict], attempt: Attempt | None, rendezvous) -> dict:
+    def payload(
+        self, rank: int, cards: list[dict], attempt: Attempt | None, rendezvous, given
+    ) -> dict:
+        """The start command's payload; ``given``: the (cpus, memory) its node gives (R16)."""
         raise NotImplementedError
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.owner.fleet
+
+    def fleet_default(self, key: str):
+        """The Fleet's default for what the request does not say (its ``config``, R16)."""
+        return (self.fleet.config or {}).get(key)
 
     def _request(self, reserve_before: datetime, **needs) -> Request:
         owner = self.owner
         return Request(
             key=(self.kind, owner.pk, self.rank),
             order=(owner.created_at, self.kind, owner.pk, self.rank),
-            cpus=owner.cpus,
-            memory=owner.memory_bytes,
+            cpus=owner.cpus or self.fleet_default("member_cpus"),
+            memory=owner.memory_bytes or self.fleet_default("member_memory_bytes"),
             container=bool(owner.image),
             reserve=owner.created_at <= reserve_before,
             **needs,
@@ -91,8 +102,8 @@ class WaitingJob(Waiting):
     def member(self, attempt: Attempt | None) -> dict:
         return {"attempt": attempt}
 
-    def payload(self, rank, cards, attempt, rendezvous) -> dict:
-        return job_payload(self.owner, attempt.number, rank, cards, rendezvous)
+    def payload(self, rank, cards, attempt, rendezvous, given) -> dict:
+        return job_payload(self.owner, attempt.number, rank, cards, rendezvous, given)
 
 
 REPLICA_BACKOFF_FIRST = 1
@@ -128,8 +139,12 @@ class WaitingReplica(Waiting):
     def member(self, attempt) -> dict:
         return {"revision": self.owner, "port": self.owner.port}
 
-    def payload(self, rank, cards, attempt, rendezvous) -> dict:
-        return replica_payload(self.owner, self.rank, cards)
+    def payload(self, rank, cards, attempt, rendezvous, given) -> dict:
+        return replica_payload(self.owner, self.rank, cards, given)
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.owner.deployment.fleet
 
 
 class WaitingSession(Waiting):
@@ -150,8 +165,8 @@ class WaitingSession(Waiting):
     def member(self, attempt) -> dict:
         return {"session": self.owner, "port": self.owner.port}
 
-    def payload(self, rank, cards, attempt, rendezvous) -> dict:
-        return session_payload(self.owner, cards)
+    def payload(self, rank, cards, attempt, rendezvous, given) -> dict:
+        return session_payload(self.owner, cards, given)
 
 
 class WaitingEpisode(Waiting):
@@ -165,8 +180,12 @@ class WaitingEpisode(Waiting):
     def member(self, attempt) -> dict:
         return {"episode": self.owner}
 
-    def payload(self, rank, cards, attempt, rendezvous) -> dict:
-        return episode_payload(self.owner, cards)
+    def payload(self, rank, cards, attempt, rendezvous, given) -> dict:
+        return episode_payload(self.owner, cards, given)
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.owner.environment.fleet
 
 
 def waiting(fleet: Fleet) -> list[Waiting]:

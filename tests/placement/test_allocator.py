@@ -185,3 +185,24 @@ def test_R1_an_allocation_pass_takes_a_fixed_number_of_queries(node_fleet, gpu_n
         return len(captured)
 
     assert queries(1, 1) == queries(4, 6)
+
+
+def test_R16_every_member_is_bounded_by_its_share_or_its_fleets_default(
+    node_fleet, gpu_node, member
+):
+    """A job naming no CPUs or memory gets its cards' share of its node's budgets, written
+    on its member (what the allocator subtracts next pass) and sent to the agent, which
+    confines it to that; a Fleet's config default comes before the share."""
+    gpu_node(node_fleet, cpu_budget=32, memory_budget_bytes=256 * 2**30)
+    shared = job(member, name="shared", cards=2)
+    allocate(fleet_id=node_fleet.id)
+    [placed] = Member.objects.filter(attempt__training_job=shared)
+    assert (placed.cpus, placed.memory_bytes) == (8.0, 64 * 2**30)
+    payload = NodeCommand.objects.get(pk=placed.command_id).payload
+    assert (payload["cpus"], payload["memory_bytes"]) == (8.0, 64 * 2**30)
+    node_fleet.config = {"member_cpus": 2, "member_memory_bytes": 4 * 2**30}
+    node_fleet.save(update_fields=["config"])
+    defaulted = job(member, name="defaulted", cards=2)
+    allocate(fleet_id=node_fleet.id)
+    [placed] = Member.objects.filter(attempt__training_job=defaulted)
+    assert (placed.cpus, placed.memory_bytes) == (2, 4 * 2**30)

@@ -193,3 +193,28 @@ def test_R2_a_request_left_waiting_did_not_fit_what_was_left_when_its_turn_came(
 
 def _uuids(capacity: NodeCapacity, series: str = "") -> set[str]:
     return {device["uuid"] for device in capacity.free_of(series)}
+
+
+def budgeted(node_id: str, cpus=32.0, memory=256 * GIB) -> NodeCapacity:
+    """An 8-card node whose inventory reports budgets (what is free of them, and the whole)."""
+    return node(node_id, cpus=cpus, memory=memory, budget_cpus=cpus, budget_memory=memory)
+
+
+def test_R16_a_request_naming_no_cpus_or_memory_gets_its_cards_share_of_the_node():
+    [share] = decide([request(1, cards=2)], fleet(budgeted("a")), NOW)
+    assert share.given == ((8.0, 64 * GIB),)  # 2 of 8 cards: a quarter of 32 CPUs, 256 GiB
+
+
+def test_R16_a_member_with_no_cards_gets_one_cpu_and_two_gib_and_asked_values_win():
+    decided = decide(
+        [request(1, cards=0), request(2, cards=1, cpus=3.0)], fleet(budgeted("a")), NOW
+    )
+    assert [p.given for p in decided] == [((1.0, 2 * GIB),), ((3.0, 32 * GIB),)]
+
+
+def test_R16_the_defaults_are_subtracted_so_the_node_never_gives_more_than_its_budget():
+    capacity = budgeted("a")
+    decided = decide([request(n, cards=2) for n in range(4)], fleet(capacity), NOW)
+    assert len(decided) == 4 and capacity.cpus == 0 and capacity.memory == 0
+    # Every card is gone too; a card-less member now finds no CPU left for it.
+    assert decide([request(9, cards=0)], fleet(capacity), NOW) == []

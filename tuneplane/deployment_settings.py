@@ -131,6 +131,13 @@ SETTINGS = {
             "Shared storage root every node of the Fleet mounts.",
         ),
         DeploymentSetting(
+            "image_pull",
+            frozenset({"node"}),
+            _one_of(("always", "missing")),
+            "always: a member's image is pulled at every start, never run from a node's cache "
+            "without the registry's say (R14); missing (the default): the runtime's cache.",
+        ),
+        DeploymentSetting(
             "member_cpus",
             frozenset({"node"}),
             _positive_number,

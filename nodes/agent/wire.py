@@ -212,6 +212,9 @@ class MemberSpec:
     grace: float = DEFAULT_GRACE
     pids: int | None = None  # the most processes it may have at once (R12)
     log_bytes: int | None = None  # its log is cut to its newest part past this size (R16)
+    # "always": its image is pulled at every start, never run from the node's cache without
+    # the registry's say (R14; its Fleet's config ``image_pull``); "": the runtime's default.
+    pull: str = ""
 
     @classmethod
     def parse(cls, payload) -> "MemberSpec":
@@ -247,6 +250,7 @@ class MemberSpec:
             grace=float(grace) if _number(grace) and grace >= 0 else DEFAULT_GRACE,
             pids=_positive(payload.get("pids"), int),
             log_bytes=_positive(payload.get("log_bytes"), int),
+            pull="always" if payload.get("pull") == "always" else "",
         )
 
     @property
@@ -268,6 +272,8 @@ class MemberSpec:
             "pids": self.pids,
             "log_bytes": self.log_bytes,
         }
+        if self.pull:
+            payload["pull"] = self.pull
         if self.argv:
             payload["argv"] = list(self.argv)
         if self.script:

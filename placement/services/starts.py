@@ -32,7 +32,7 @@ def delivery(job) -> dict:
     return {"mode": job.fleet.delivery, "env": env}
 
 
-def _spec(run, cards, labels: dict, limits=None, **given) -> MemberSpec:
+def _spec(run, cards, labels: dict, limits=None, *, fleet, **given) -> MemberSpec:
     """What every start carries: the record's argv or script and image (with neither, the
     image's default), env, cpus and memory, its cards and labels, and the stop grace."""
     return MemberSpec(
@@ -47,6 +47,7 @@ def _spec(run, cards, labels: dict, limits=None, **given) -> MemberSpec:
         grace=float(settings.TUNEPLANE_STOP_GRACE),
         pids=settings.TUNEPLANE_MEMBER_PIDS,
         log_bytes=settings.TUNEPLANE_MEMBER_LOG_BYTES,
+        pull="always" if (fleet.config or {}).get("image_pull") == "always" else "",
         **given,
     )
 
@@ -63,6 +64,7 @@ def job_payload(job, attempt_number: int, rank: int, cards, rendezvous, limits=N
         cards,
         labels,
         limits,
+        fleet=job.fleet,
         delivery_mode=where["mode"],
         delivery_env=where["env"],
         rendezvous=rendezvous(rank) if rendezvous else {},
@@ -72,7 +74,9 @@ def job_payload(job, attempt_number: int, rank: int, cards, rendezvous, limits=N
 def _served(run, cards, fleet, labels: dict, limits=None) -> dict:
     """A served member: on its port, probed at its readiness path (S1)."""
     serve = Serve(run.port, run.readiness_path)
-    return _spec(run, cards, labels, limits, delivery_mode=fleet.delivery, serve=serve).payload()
+    return _spec(
+        run, cards, labels, limits, fleet=fleet, delivery_mode=fleet.delivery, serve=serve
+    ).payload()
 
 
 def replica_payload(revision, rank: int, cards, limits=None) -> dict:
@@ -96,4 +100,6 @@ def episode_payload(episode, cards, limits=None) -> dict:
     """An episode's process: run once, never restarted (S5)."""
     environment = episode.environment
     labels = {"TUNEPLANE_ENVIRONMENT": environment.pk, "TUNEPLANE_EPISODE": episode.number}
-    return _spec(episode, cards, labels, limits, delivery_mode=environment.fleet.delivery).payload()
+    fleet = environment.fleet
+    spec = _spec(episode, cards, labels, limits, fleet=fleet, delivery_mode=fleet.delivery)
+    return spec.payload()

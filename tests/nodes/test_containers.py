@@ -318,3 +318,15 @@ def test_R14_a_container_gets_its_own_datasets_read_only_and_no_capabilities(nod
         check=True,
     ).stdout.split()
     assert shown == ["64"]
+
+
+def test_R14_a_fleet_that_pulls_always_never_runs_a_cached_image_without_the_registry(node):
+    """The image is in this node's cache (another project pulled it, say); on a Fleet whose
+    config says ``image_pull: always`` the runtime asks the registry first, and with no
+    registry saying yes (none answers here) the member does not run."""
+    start(node, "m-cached", argv=["echo", "ran from the cache"])
+    assert settled(node, "m-cached").state == "succeeded"  # the runtime's default: the cache
+    start(node, "m-pulled", argv=["echo", "ran from the cache"], pull="always")
+    ended = settled(node, "m-pulled", timeout=60)
+    assert ended.state == "failed" and ended.exit_code != 0
+    assert "ran from the cache" not in log(node, "m-pulled")

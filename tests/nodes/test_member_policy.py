@@ -184,6 +184,7 @@ specs = st.builds(
     cpus=st.one_of(st.none(), st.floats(0.1, 64)),
     memory_bytes=st.one_of(st.none(), st.integers(1, 1 << 40)),
     grace=st.floats(0, 600),
+    pull=st.sampled_from(["", "always"]),
 )
 
 

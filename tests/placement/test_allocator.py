@@ -206,3 +206,13 @@ def test_R16_every_member_is_bounded_by_its_share_or_its_fleets_default(
     allocate(fleet_id=node_fleet.id)
     [placed] = Member.objects.filter(attempt__training_job=defaulted)
     assert (placed.cpus, placed.memory_bytes) == (2, 4 * 2**30)
+
+
+def test_R14_a_fleet_that_pulls_always_says_so_in_every_start(node_fleet, gpu_node, member):
+    gpu_node(node_fleet, container_runtime="docker 28.2.2")
+    node_fleet.config = {"image_pull": "always"}
+    node_fleet.save(update_fields=["config"])
+    pulled = job(member, name="pulled", image="registry.example/ml/train:1")
+    allocate(fleet_id=node_fleet.id)
+    [placed] = Member.objects.filter(attempt__training_job=pulled)
+    assert NodeCommand.objects.get(pk=placed.command_id).payload["pull"] == "always"

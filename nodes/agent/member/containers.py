@@ -135,6 +135,8 @@ def run_argv(
     argv += ["--label", f"{LABEL_MEMBER}={member_id}", "--label", f"{LABEL_SCOPE}={scope}"]
     argv += ["--network", "host", "--workdir", str(scratch), "-v", f"{scratch}:{scratch}"]
     argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+    if spec.pull == "always":
+        argv += ["--pull", "always"]  # the registry says whether this project may run it
     if spec.pids:
         argv += ["--pids-limit", str(spec.pids)]
     if uid is not None:

@@ -332,6 +332,10 @@ TUNEPLANE_JOIN_RATE = os.environ.get("TUNEPLANE_JOIN_RATE", "30/minute")
 TUNEPLANE_MEMBER_PIDS = int(os.environ.get("TUNEPLANE_MEMBER_PIDS", "4096"))
 # A member's log on its node is cut to its newest half past this many bytes (R16: 64 MiB).
 TUNEPLANE_MEMBER_LOG_BYTES = int(os.environ.get("TUNEPLANE_MEMBER_LOG_BYTES", str(64 << 20)))
+# A member whose scratch dir on its node grows past this is stopped, `scratch_full` (R16).
+TUNEPLANE_MEMBER_SCRATCH_BYTES = int(
+    os.environ.get("TUNEPLANE_MEMBER_SCRATCH_BYTES", str(100 << 30))
+)
 # Log tails each user may read a minute: each is fetched from a node over its stream (R15).
 TUNEPLANE_LOGS_RATE = os.environ.get("TUNEPLANE_LOGS_RATE", "120/minute")
 # The proxies whose X-Forwarded-For hop is believed (addresses or CIDRs, comma-separated);

@@ -212,6 +212,7 @@ class MemberSpec:
     grace: float = DEFAULT_GRACE
     pids: int | None = None  # the most processes it may have at once (R12)
     log_bytes: int | None = None  # its log is cut to its newest part past this size (R16)
+    scratch_bytes: int | None = None  # past this size its scratch dir stops it (R16)
     # "always": its image is pulled at every start, never run from the node's cache without
     # the registry's say (R14; its Fleet's config ``image_pull``); "": the runtime's default.
     pull: str = ""
@@ -251,6 +252,7 @@ class MemberSpec:
             pids=_positive(payload.get("pids"), int),
             log_bytes=_positive(payload.get("log_bytes"), int),
             pull="always" if payload.get("pull") == "always" else "",
+            scratch_bytes=_positive(payload.get("scratch_bytes"), int),
         )
 
     @property
@@ -271,6 +273,7 @@ class MemberSpec:
             "grace_seconds": self.grace,
             "pids": self.pids,
             "log_bytes": self.log_bytes,
+            "scratch_bytes": self.scratch_bytes,
         }
         if self.pull:
             payload["pull"] = self.pull

@@ -47,6 +47,7 @@ def _spec(run, cards, labels: dict, limits=None, *, fleet, **given) -> MemberSpe
         grace=float(settings.TUNEPLANE_STOP_GRACE),
         pids=settings.TUNEPLANE_MEMBER_PIDS,
         log_bytes=settings.TUNEPLANE_MEMBER_LOG_BYTES,
+        scratch_bytes=settings.TUNEPLANE_MEMBER_SCRATCH_BYTES,
         pull="always" if (fleet.config or {}).get("image_pull") == "always" else "",
         **given,
     )

@@ -130,3 +130,26 @@ def test_R16_a_members_log_is_cut_to_its_newest_part_past_its_limit(node):
     until_exited(node, "m-log")
     node.tick()
     assert log.read_bytes().endswith(b"newest\nafter\n")  # appended after what was kept
+
+
+def test_R16_a_member_whose_scratch_dir_grows_past_its_limit_is_stopped_scratch_full(node):
+    node.runner.scratch_every = 0.0  # measured on every tick here (every 10 s on a node)
+    fills = 'head -c 300000 /dev/urandom > "$TUNEPLANE_SCRATCH_DIR/big"; echo filled; sleep 30'
+    node.accept(
+        "m-full", "start", {"cards": [], "argv": ["sh", "-c", fills], "scratch_bytes": 100_000}
+    )
+    log = node.logs / "m-full.log"
+    deadline = time.monotonic() + 10
+    while b"filled" not in log.read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    node.tick()
+    stopping = record(node, "m-full")
+    assert stopping.stop_at is not None and stopping.limit_hit == "scratch_full"
+    deadline = time.monotonic() + 10
+    while record(node, "m-full").state == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        node.tick()
+    ended = record(node, "m-full")
+    assert (ended.state, ended.reason) == ("failed", "scratch_full")

@@ -17,6 +17,26 @@ def tail(path: Path, tail_bytes: int) -> bytes:
         return b""
 
 
+def du(path: Path) -> int:
+    """Bytes a directory tree holds on disk, its symlinks not followed."""
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += info.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+    return total
+
+
 CUT_NOTE = b"[tuneplane-node: older output removed at this member's log limit]\n"
 
 

@@ -35,6 +35,9 @@ class Member:
     uid: int | None = None
     # Its log is cut to its newest part past this many bytes (R16); None: never.
     log_bytes: int | None = None
+    # Past this size its scratch dir stops it (R16), and the limit it hit is why it ended.
+    scratch_bytes: int | None = None
+    limit_hit: str = ""
     # A replica's: its port and readiness path, the start it restarts from, whether its
     # probe passes, restarts so far, the probe's error or why it restarts, and when.
     serve: dict | None = None

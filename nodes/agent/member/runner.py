@@ -20,6 +20,8 @@ from .store import Store
 
 logger = logging.getLogger("tuneplane-node")
 
+SCRATCH_EVERY = 10.0  # seconds between measurements of a member's scratch dir
+
 
 class Runner:
     def __init__(
@@ -46,6 +48,10 @@ class Runner:
         # The container runtime this node has now ("docker", "podman" or ""), for an image.
         self.runtime = runtime
         self.children: dict[str, subprocess.Popen] = {}
+        # When each member's scratch dir was last measured (R16): a walk of its tree, so
+        # not on every tick.
+        self.scratch_every = SCRATCH_EVERY
+        self.scratch_seen: dict[str, float] = {}
 
     def cgroup(self, member_id: str) -> str:
         return f"{self.scope}/{member_id}"
@@ -76,6 +82,7 @@ class Runner:
             return member
         member.cards = [{"index": card.index, "uuid": card.uuid} for card in spec.cards]
         member.grace, member.log_bytes = spec.grace, spec.log_bytes
+        member.scratch_bytes = spec.scratch_bytes
         if spec.serve is not None:
             member.serve = {"port": spec.serve.port, "readiness_path": spec.serve.readiness_path}
             member.spec = payload  # what a restart starts again
@@ -151,8 +158,11 @@ class Runner:
         )
         outcome = policy.ended(seen)
         if outcome is None:
+            self._watch_scratch(member, now)
             return self._escalate(member, now)
         code, reason = outcome
+        if member.limit_hit and reason == "stopped":
+            reason = member.limit_hit  # it was stopped for the limit it went past
         self.children.pop(member.command_id, None)
         restart = policy.restart_after_exit(
             serving=member.serve is not None,
@@ -196,6 +206,21 @@ class Runner:
                 return member
             self._launch(member, spec, now)
         return member
+
+    def _watch_scratch(self, member: Member, now: float) -> None:
+        """R16: a member whose scratch dir grew past its limit is stopped (SIGTERM, SIGKILL
+        after its grace) and ends ``scratch_full``; measured every ``scratch_every`` s."""
+        if not member.scratch_bytes or member.stop_at is not None or member.limit_hit:
+            return
+        if now - self.scratch_seen.get(member.command_id, 0.0) < self.scratch_every:
+            return
+        self.scratch_seen[member.command_id] = now
+        if logs.du(self.scratch / member.command_id) > member.scratch_bytes:
+            logger.warning(
+                "member %s: scratch dir past %d bytes", member.command_id, member.scratch_bytes
+            )
+            member.limit_hit, member.detail = "scratch_full", "its scratch dir is full"
+            self.stop(member, member.grace, now)
 
     def _escalate(self, member: Member, now: float) -> Member:
         """A stop under way: SIGKILL once the grace is over; unkillable a minute after."""

@@ -9,7 +9,8 @@ database (tests/placement/test_decide.py, with property tests):
 
 - a card goes to one request at a time, and a node never gives more than it has: cards,
   CPUs, memory (R1, R5), a served port once (S1); a request that names no CPUs or memory
-  gets its cards' share of the node's budgets, or 1 CPU and 2 GiB with no cards (R16);
+  gets its cards' share of the node's budgets, or 1 CPU and 2 GiB with no cards (R16); a
+  gang's rendezvous port is one of its rank 0's node's free ports, from the same ledger;
 - a gang gets all its nodes or none (R3);
 - requests are taken in admission order; one that cannot start does not stop later ones
   that can (R2), and one that has waited past the bound (``reserve``) keeps later requests
@@ -25,6 +26,9 @@ from datetime import datetime
 # when it holds no cards; with cards it gets their share of its node's budgets.
 NO_CARD_CPUS = 1.0
 NO_CARD_MEMORY = 2 << 30
+# A gang's rendezvous port on its rank 0's node (R16): from the same ledger as served ports,
+# so a replica is never placed on it and two gangs there never share one.
+RENDEZVOUS_PORTS = range(29500, 30500)
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,7 @@ class Placement:
     members: tuple[tuple[str, tuple[dict, ...]], ...]
     # Each member's CPUs and memory, as its node gives them (R16), in the order of members.
     given: tuple[tuple[float | None, int | None], ...] = ()
+    rendezvous_port: int | None = None  # a gang's, on its rank 0's node
 
 
 def decide(requests, capacities, now: datetime) -> list[Placement]:
@@ -133,19 +138,27 @@ def decide(requests, capacities, now: datetime) -> list[Placement]:
         if request.not_before is not None and request.not_before > now:
             continue
         chosen = _pick(request, capacities, reserved)
-        if chosen is None:
+        port = _rendezvous_port(chosen[0]) if chosen and request.nodes > 1 else None
+        if chosen is None or (request.nodes > 1 and port is None):
             if request.reserve:
                 _reserve(request, capacities, reserved)
             continue
         given = tuple(node.given(request) for node in chosen)
+        if port is not None:
+            chosen[0].ports.add(port)
         placed.append(
             Placement(
                 request,
                 tuple((node.node_id, tuple(node.take(request))) for node in chosen),
                 given,
+                port,
             )
         )
     return placed
+
+
+def _rendezvous_port(node: NodeCapacity) -> int | None:
+    return next((port for port in RENDEZVOUS_PORTS if port not in node.ports), None)
 
 
 def _pick(request: Request, capacities, reserved: set[str]) -> list[NodeCapacity] | None:

@@ -45,7 +45,7 @@ from ..choices import (
 from ..decide import NodeCapacity, Placement, decide
 from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS
 from ..models import Attempt, CardHold, Episode, Member, PlaygroundSession, Revision
-from .starts import MASTER_PORT_BASE, host
+from .starts import host
 from .waiting import (
     ALLOCATOR,
     JOB_MODELS,
@@ -166,7 +166,9 @@ def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, no
             cards, given = list(cards), placement.given[rank]
             payload = item.payload(rank, cards, attempt, rendezvous, given)
             commands.append((node_id, CommandKind.START, payload))
-            placed.append((item, attempt, rank, node_id, cards, given))
+            # A gang's rank 0 holds its rendezvous port in the ledger while it runs (R16).
+            port = {"port": placement.rendezvous_port} if rank == 0 and rendezvous else {}
+            placed.append((item, attempt, rank, node_id, cards, given, port))
     created = node_commands_create_many(actor=ALLOCATOR, commands=commands)
     members = Member.objects.bulk_create(
         [
@@ -178,8 +180,9 @@ def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, no
                 cards=cards,
                 cpus=given[0],
                 memory_bytes=given[1],
+                **port,
             )
-            for (item, attempt, rank, node_id, cards, given), command in zip(
+            for (item, attempt, rank, node_id, cards, given, port), command in zip(
                 placed, created, strict=True
             )
         ]
@@ -244,7 +247,7 @@ def _rendezvous(item: Waiting, placement: Placement, attempt, addresses):
         return None
     job = item.owner
     master = host(addresses[placement.members[0][0]])
-    port = MASTER_PORT_BASE + attempt.pk % 10000
+    port = placement.rendezvous_port  # from the node's port ledger (R16)
 
     def rendezvous(rank):
         return {

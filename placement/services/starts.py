@@ -7,10 +7,6 @@ from django.conf import settings
 from fleets.choices import FleetDelivery
 from nodes.agent.wire import Card, MemberSpec, Serve
 
-# A gang's rank 0 listens here (torchrun's default), offset by the attempt so that two gangs
-# whose rank 0 share a node do not collide.
-MASTER_PORT_BASE = 29500
-
 
 def host(address: str) -> str:
     if address.startswith("["):

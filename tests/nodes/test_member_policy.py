@@ -193,3 +193,22 @@ def test_R4_what_the_console_writes_the_agent_reads_back_the_same(written):
     """The console builds a start as a MemberSpec (placement/services/starts.py) and the agent
     parses its payload: one shape for both ends."""
     assert MemberSpec.parse(written.payload()) == written
+
+
+def test_R16_a_container_is_given_at_most_the_cpus_the_machine_has():
+    """A node's reported budget may name more CPUs than the machine has (its share is
+    computed from it); the runtime refuses such a --cpus, so the agent caps it."""
+    import os
+
+    from nodes.agent.member import containers
+
+    argv = containers.run_argv(
+        "docker",
+        member_id="m",
+        scope="s",
+        spec=MemberSpec.parse({"image": "busybox", "cards": [], "cpus": 999.0}),
+        env_file="/state/m.env",
+        scratch="/x",
+        storage_root=None,
+    )
+    assert argv[argv.index("--cpus") + 1] == f"{float(os.cpu_count()):g}"

@@ -172,6 +172,9 @@ def test_R3_a_gang_is_allocated_all_or_nothing(node_fleet, gpu_node, member):
     assert [r["RANK"] for r in rendezvous] == [0, 1]
     assert {r["MASTER_ADDR"] for r in rendezvous} == {members[0].node.address.split(":")[0]}
     assert {r["WORLD_SIZE"] for r in rendezvous} == {16}
+    # R16: the rendezvous port is rank 0's, held in its node's port ledger while it runs.
+    assert {r["MASTER_PORT"] for r in rendezvous} == {members[0].port} and members[0].port
+    assert members[1].port is None
 
 
 def test_R1_an_allocation_pass_takes_a_fixed_number_of_queries(node_fleet, gpu_node, member):

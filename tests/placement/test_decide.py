@@ -218,3 +218,14 @@ def test_R16_the_defaults_are_subtracted_so_the_node_never_gives_more_than_its_b
     assert len(decided) == 4 and capacity.cpus == 0 and capacity.memory == 0
     # Every card is gone too; a card-less member now finds no CPU left for it.
     assert decide([request(9, cards=0)], fleet(capacity), NOW) == []
+
+
+def test_R16_a_gangs_rendezvous_port_comes_from_its_rank_0_nodes_port_ledger():
+    """Never a port a served member holds there, and two gangs whose rank 0 share a node
+    never share one; a replica placed after them does not get it either."""
+    nodes = fleet(node("a", ports={29500}), node("b"), node("c"))
+    first, second = decide([request(1, cards=2, nodes=2), request(2, cards=2, nodes=2)], nodes, NOW)
+    assert first.members[0][0] == second.members[0][0] == "a"  # best fit: rank 0 on "a"
+    assert (first.rendezvous_port, second.rendezvous_port) == (29501, 29502)
+    assert decide([request(3, port=29501)], fleet(nodes["a"]), NOW) == []
+    assert decide([request(4, cards=1)], nodes, NOW)[0].rendezvous_port is None  # no gang

@@ -15,6 +15,7 @@ stop's SIGTERM reaches the member's process.
 """
 
 import logging
+import os
 import shutil
 import subprocess
 import time
@@ -147,7 +148,8 @@ def run_argv(
             mode = ":ro" if key.startswith("TUNEPLANE_DATASET_") else ""
             argv += ["-v", f"{path}:{path}{mode}"]
     if spec.cpus:
-        argv += ["--cpus", f"{spec.cpus:g}"]
+        # The runtime refuses more CPUs than the machine has; a budget may name more.
+        argv += ["--cpus", f"{min(spec.cpus, os.cpu_count() or spec.cpus):g}"]
     if spec.memory_bytes:
         memory = str(spec.memory_bytes)
         argv += ["--memory", memory, "--memory-swap", memory]  # no swap beyond it: an OOM

@@ -269,10 +269,14 @@ class Runner:
             member.uid = member.uid or self._free_uid()
             if member.uid is None:
                 return self._not_started(member, f"no free uid in {self.uids[0]}-{self.uids[1]}")
-            self._hand_over(scratch, member.uid)
         # A container's script is written outside its (mounted) scratch dir (R14).
         script_at = self.store.path(member.command_id, ".sh") if in_container else None
-        argv = launch.argv_of(spec, scratch, script_at)
+        try:
+            if member.uid:
+                self._hand_over(scratch, member.uid)
+            argv = launch.argv_of(spec, scratch, script_at)
+        except OSError as error:  # a scratch dir it cannot be given, a script not written
+            return self._not_started(member, f"its scratch dir: {error.strerror or error}")
         member.argv = argv[:1]
         argv, limits = driver.launch(
             member,

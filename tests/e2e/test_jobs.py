@@ -131,7 +131,9 @@ def test_R11_a_job_runs_as_a_uid_of_its_own_in_its_own_pid_namespace(
             lambda: ControlSession.objects.filter(node=node, closed_at__isnull=True).exists(),
             what="the confined agent connected",
         )
-        job = submit(member_api, cards=1, command=["sh", "-c", "id -u; ls -d /proc/[0-9]* | wc -l"])
+        # A script: run by its name in the scratch dir, which its uid may not reach by path
+        # here (the agent's state dir is under pytest's private tmp dir).
+        job = submit(member_api, cards=1, script="id -u; ls -d /proc/[0-9]* | wc -l")
         done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), what="success")
         [member] = done["attempts"][0]["members"]
         assert "uid 611" in member["confinement"], member["confinement"]

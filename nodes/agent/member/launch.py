@@ -63,12 +63,12 @@ def own_env(spec: MemberSpec, scratch: Path, storage_root: str | None = None) ->
 
 
 def argv_of(spec: MemberSpec, scratch: Path, script_at: Path | None = None) -> list[str]:
-    """What runs: its argv, or its script written (to ``script_at``, else its scratch dir)
-    and run by bash."""
+    """What runs: its argv, or its script written (to ``script_at``, else its scratch dir,
+    named from there: a member under a uid of its own may not pass the dirs above it) and
+    run by bash."""
     if spec.script:
-        script = script_at or scratch / "script.sh"
-        write_new(script, spec.script)
-        return ["/bin/bash", str(script)]
+        write_new(script_at or scratch / "script.sh", spec.script)
+        return ["/bin/bash", str(script_at) if script_at else "./script.sh"]
     return list(spec.argv)
 
 

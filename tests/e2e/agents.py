@@ -167,9 +167,10 @@ def serve(
     env, target, tmp_path, *options, inventory=H100_INVENTORY, member_uids="none"
 ) -> AgentProcess:
     """``tuneplane-node serve`` as a machine runs it. Its members run as the agent's user
-    unless ``member_uids`` names a range: the tests' state dirs and the files their members
-    write are under pytest's private tmp dirs, which no other uid may pass. Members confined
-    to uids of their own are tests/nodes/test_isolation.py's and test_jobs.py's R11 test."""
+    unless ``member_uids`` names a range (the agent's own default): members confined to
+    uids of their own are tests/nodes/test_isolation.py's and test_jobs.py's R11 test. A
+    file a member writes for the test goes to the ``exchange`` fixture's dir, which any uid
+    may pass, so that the default can move to confined test by test."""
     return AgentProcess(
         subprocess.Popen(
             [

@@ -5,9 +5,11 @@ whole suite by tests/conftest.py — with the API calls those tests share."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -206,3 +208,13 @@ def deploy(api, port, **body):
 def status_is(api, deployment_id, status):
     body = deployment_shown(api, deployment_id)
     return body if body["status"] == status else None
+
+
+@pytest.fixture
+def exchange():
+    """A dir a member writes and the test reads (or the other way round): members run under
+    uids of their own (R11), which may not pass pytest's private tmp dirs."""
+    path = Path(tempfile.mkdtemp(prefix="tuneplane-e2e-", dir="/var/tmp"))
+    os.chmod(path, 0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -25,10 +25,10 @@ pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 def test_R4_R7_a_job_runs_with_exactly_its_cards_succeeds_and_holds_them_until_cleanup(
-    running_node, member_api, tmp_path
+    running_node, member_api, exchange
 ):
     node, _, directory, _, _ = running_node
-    out = tmp_path / "env.json"
+    out = exchange / "env.json"
     job = submit(
         member_api,
         command=[
@@ -76,8 +76,8 @@ def test_R10_a_failing_job_fails_with_its_exit_code_and_is_not_retried(running_n
     assert failed["reason"] == "exit" and len(failed["attempts"]) == 1  # R9: no retry on exit
 
 
-def test_R10_cancel_stops_a_running_job_and_it_ends_cancelled(running_node, member_api, tmp_path):
-    marker = tmp_path / "term"
+def test_R10_cancel_stops_a_running_job_and_it_ends_cancelled(running_node, member_api, exchange):
+    marker = exchange / "term"
     job = submit(
         member_api,
         script=f"trap 'echo term > {marker}; exit 143' TERM; while true; do sleep 0.1; done",
@@ -92,10 +92,10 @@ def test_R10_cancel_stops_a_running_job_and_it_ends_cancelled(running_node, memb
 
 
 def test_R6_a_killed_agent_takes_no_work_with_it_and_the_exit_is_recorded_once(
-    running_node, member_api, tmp_path
+    running_node, member_api, tmp_path, exchange
 ):
     node, env, _, target, agent = running_node
-    release = tmp_path / "release"
+    release = exchange / "release"
     job = submit(
         member_api,
         script=f"while [ ! -e {release} ]; do sleep 0.1; done; exit 0",

@@ -29,11 +29,11 @@ def connected(node) -> bool:
 
 
 def test_R6_a_gateway_killed_mid_job_changes_nothing_and_the_exit_is_recorded_once(
-    require_redis, tmp_path, console_pki, node_fleet, mint, member_api
+    require_redis, tmp_path, console_pki, node_fleet, mint, member_api, exchange
 ):
     node, env, _ = lay_out_a_joined_node(node_fleet, mint, tmp_path)
     port = free_port()
-    release = tmp_path / "release"
+    release = exchange / "release"
     settings = {"REDIS_URL": require_redis, **FAST}
     with worker(tmp_path, require_redis):
         gateway, _ = start_gateway(tmp_path, console_pki, port, **settings)
@@ -122,17 +122,17 @@ def two_agents(require_redis, tmp_path, console_pki, node_fleet, mint):
 
 
 def test_R3_R4_a_gang_runs_on_two_real_agents_with_its_rendezvous_env(
-    two_agents, member_api, tmp_path
+    two_agents, member_api, exchange
 ):
     script = (
         f"python3 -c 'import json, os; json.dump(dict(os.environ), "
-        f'open("{tmp_path}/rank-" + os.environ["RANK"], "w"))\''
+        f'open("{exchange}/rank-" + os.environ["RANK"], "w"))\''
     )
     job = submit(member_api, cards=8, nodes=2, script=script)
     done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), 40, what="success")
     members = done["attempts"][0]["members"]
     assert {m["node"] for m in members} == {node.id for node in two_agents[0]}
-    envs = [json.loads((tmp_path / f"rank-{rank}").read_text()) for rank in (0, 1)]
+    envs = [json.loads((exchange / f"rank-{rank}").read_text()) for rank in (0, 1)]
     master = Node.objects.get(pk=members[0]["node"]).address.split(":")[0]
     for rank, env in enumerate(envs):
         assert (env["RANK"], env["NODE_RANK"], env["WORLD_SIZE"]) == (str(rank), str(rank), "16")

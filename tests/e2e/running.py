@@ -56,6 +56,25 @@ def celery(*args, env):
     return process
 
 
+def stopped(*processes, timeout: float = 30) -> None:
+    """SIGTERM to each, then each waited for; one still running after ``timeout`` is killed
+    and named. Never left behind: a worker that outlived its test took the next tests'
+    allocations from their Redis database, on the same pytest-xdist worker, for the rest of
+    the run and the runs after it."""
+    for process in processes:
+        process.terminate()
+    lingering = []
+    for process in processes:
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+            lingering.append(" ".join(process.args[3:6]))
+    if lingering:
+        raise AssertionError(f"killed after {timeout:.0f} s without stopping: {lingering}")
+
+
 @contextmanager
 def sweepers(tmp_path, redis_url, thresholds=SHORT):
     """A Celery worker and beat sweeping every second, thresholds in seconds."""
@@ -66,9 +85,7 @@ def sweepers(tmp_path, redis_url, thresholds=SHORT):
     try:
         yield
     finally:
-        for process in (beat, worker):
-            process.terminate()
-            process.wait(30)
+        stopped(beat, worker)
 
 
 @contextmanager
@@ -98,8 +115,7 @@ def worker(tmp_path, redis_url, **settings):
     try:
         yield process
     finally:
-        process.terminate()
-        process.wait(30)
+        stopped(process)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from tuneplane.schedule import seed_schedule
 
 from .agents import running_gateway
 from .console import console_env
-from .running import SHORT, celery
+from .running import SHORT, celery, stopped
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -62,10 +62,7 @@ def test_two_beats_for_a_minute_make_every_transition_once(
                     answered = True
                 time.sleep(1)
         finally:
-            for process in (*beats, worker):
-                process.terminate()
-            for process in (*beats, worker):
-                process.wait(timeout=30)
+            stopped(*beats, worker)
             output = "".join(process.log.read_text() for process in (*beats, worker))
     sent = output.count("Sending due task Liveness sweep")
     assert sent >= 1.5 * MINUTE, f"two beats should have sent ~{2 * MINUTE} sweeps: {sent}"

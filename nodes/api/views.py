@@ -7,15 +7,14 @@ from rest_framework import status
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
-from rest_framework.throttling import SimpleRateThrottle
 
 from audit.services import Actor
 from fleets.selectors import fleet_get_visible
 from tuneplane.api.permissions import IsAdmin, require_admin
 from tuneplane.api.schema import errors
+from tuneplane.api.throttles import WindowThrottle
 from tuneplane.client_address import client_address
 from tuneplane.errors import NotFound, ValidationFailed
-from tuneplane.windows import count_in_window
 
 from ..models import JoinToken
 from ..selectors import (
@@ -95,28 +94,18 @@ class JoinTokenDetailView(GenericAPIView):
         return Response(JoinTokenSerializer(token).data)
 
 
-class JoinThrottle(SimpleRateThrottle):
+class JoinThrottle(WindowThrottle):
     """Per client address (tuneplane.client_address: the peer, never a header a client
     writes unless a trusted proxy wrote it), so tokens cannot be guessed at speed
-    (TUNEPLANE_JOIN_RATE). The
-    counts live in the cache (Redis, shared by every web replica); while Redis is away they
-    live in this process, so joins go on, still throttled, per replica."""
+    (TUNEPLANE_JOIN_RATE)."""
 
     scope = "node-join"
 
     def get_rate(self):
         return settings.TUNEPLANE_JOIN_RATE
 
-    def allow_request(self, request, view):
-        """A fixed window, counted with one atomic increment: DRF's own throttle reads the
-        history and writes it back, so a concurrent burst from one address got through
-        several times over (measured: 10 of 40 at a rate of 5)."""
-        self.num_requests, self.duration = self.parse_rate(self.get_rate())
-        count = count_in_window(self.scope, client_address(request), seconds=self.duration)
-        return count <= self.num_requests
-
-    def wait(self):
-        return self.duration  # at most one window; the count resets when it ends
+    def counted_by(self, request):
+        return client_address(request)
 
 
 class NodeJoinView(GenericAPIView):

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from audit.services import Actor
 from fleets.models import Fleet
+from nodes.agent.member.policy import restart_delay
 
 from ..choices import (
     RUN_LIVE,
@@ -106,15 +107,11 @@ class WaitingJob(Waiting):
         return job_payload(self.owner, attempt.number, rank, cards, rendezvous, given)
 
 
-REPLICA_BACKOFF_FIRST = 1
-REPLICA_BACKOFF_MAX = 60
-
-
 def replica_backoff(failures: int) -> timedelta:
     """How long a replica whose members ended on their own ``failures`` times (refused by
-    their node, vanished, lost) waits before it is placed again: 1 s, doubling, at most 60."""
-    seconds = REPLICA_BACKOFF_FIRST * 2 ** min(max(failures - 1, 0), 16)
-    return timedelta(seconds=min(REPLICA_BACKOFF_MAX, seconds))
+    their node, vanished, lost) waits before it is placed again: the agent's own schedule
+    for restarting a replica's process, 1 s doubling to 60."""
+    return timedelta(seconds=restart_delay(max(failures - 1, 0)))
 
 
 @dataclass

@@ -3,9 +3,11 @@ serving tests): its cards, how a member is started and read as the agent looks a
 trivial HTTP server to serve as a replica. The executor fixture is tests/nodes/conftest.py's."""
 
 import json
+import os
 import socket
 import time
 import urllib.request
+from pathlib import Path
 
 from tests.conftest import H100_DEVICES
 
@@ -33,14 +35,17 @@ def settled(executor, member_id, timeout=20):
 
 
 # A trivial server: /health answers HEALTH_STATUS (200 unless the env says otherwise); every
-# path answers its pid and the env a replica gets.
+# path answers its pid (its PID namespace's, when confined), a token new at each launch and
+# the env a replica gets.
 SERVER = """
-import http.server, json, os
+import http.server, json, os, uuid
+LAUNCH = uuid.uuid4().hex
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         status = int(os.environ.get("HEALTH_STATUS", "200")) if self.path == "/health" else 200
         shown = ("PORT", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "MODEL")
-        body = json.dumps({"pid": os.getpid(), "env": {k: os.environ.get(k) for k in shown}})
+        body = {"pid": os.getpid(), "launch": LAUNCH, "env": {k: os.environ.get(k) for k in shown}}
+        body = json.dumps(body)
         self.send_response(status)
         self.end_headers()
         self.wfile.write(body.encode())
@@ -64,6 +69,24 @@ def serve_payload(port: int, **env) -> dict:
         "env": env,
         "serve": {"port": port, "readiness_path": "/health"},
     }
+
+
+def listener(port: int) -> int | None:
+    """The pid, as this machine sees it, of the process listening on ``port``: a member
+    under a uid of its own (R11) knows only its PID namespace's."""
+    sockets = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                sockets.add(f"socket:[{fields[9]}]")
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            if sockets and os.readlink(fd) in sockets:
+                return int(fd.parts[2])
+        except OSError:
+            continue
+    return None
 
 
 def get(port: int, path: str = "/") -> dict:

@@ -49,12 +49,22 @@ def _secret_key() -> str:
     if key:
         return key
     # Embedded default: one random key per checkout, kept beside the SQLite file.
+    # The web, the gateway, the worker and beat start at once: the key is written whole to a
+    # file of the writer's own, then linked into place; a second writer's link fails and it
+    # reads the first's.
     path = VAR_DIR / "secret_key"
     if not path.exists():
         VAR_DIR.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        mine = VAR_DIR / f".secret_key.{os.getpid()}"
+        fd = os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(secrets.token_urlsafe(50))
+        try:
+            os.link(mine, path)
+        except FileExistsError:
+            pass
+        finally:
+            mine.unlink()
     return path.read_text().strip()
 
 

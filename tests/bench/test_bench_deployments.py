@@ -21,10 +21,10 @@ from nodes.models import ControlSession, Node
 from placement.models import CardHold, Deployment, Member
 from placement.selectors import deployments_with_status
 from placement.services import submission
-from tests.agent_members import SERVER, free_port
+from tests.agent_members import SERVER, free_port, listener
 from tests.conftest import H100_DEVICE_INVENTORY
 from tests.e2e.agents import lay_out_a_joined_node, serve, wait_until
-from tests.e2e.running import ROLLOUT, answers, sweeping_console
+from tests.e2e.running import ROLLOUT, sweeping_console
 
 pytestmark = [pytest.mark.bench, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -134,9 +134,9 @@ def test_bench_database_writes_do_not_grow_with_replicas_when_nothing_changes(
                 agent.send_signal(signal.SIGTERM)
                 agent.wait(20)
             for replica in Member.objects.filter(port__isnull=False):
-                served = answers(replica.port)
-                if served:
-                    os.kill(served["pid"], signal.SIGKILL)
+                pid = listener(replica.port)
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
     with capsys.disabled():
         print(
             f"\nrows written per second with nothing changing ({AGENTS} agents, heartbeat "

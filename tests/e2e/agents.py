@@ -1,6 +1,7 @@
 """A real gateway and real agents as subprocesses, and hand-built gRPC clients."""
 
 import datetime as dt
+import itertools
 import os
 import signal
 import subprocess
@@ -163,14 +164,28 @@ class AgentProcess:
         return self.output, None
 
 
+def member_uids_of_its_own() -> str:
+    """A uid range no other agent of this test run uses: agents started side by side (one
+    pytest-xdist worker each, several per test) never hand out the same uid, as two agents
+    of one machine sharing a range could."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    first = 62000 + worker * UIDS_PER_WORKER + next(_agents) % AGENTS_PER_WORKER * UIDS_PER_AGENT
+    return f"{first}-{first + UIDS_PER_AGENT - 1}"
+
+
+UIDS_PER_AGENT, AGENTS_PER_WORKER = 20, 25
+UIDS_PER_WORKER = UIDS_PER_AGENT * AGENTS_PER_WORKER
+_agents = itertools.count()
+
+
 def serve(
-    env, target, tmp_path, *options, inventory=H100_INVENTORY, member_uids="none"
+    env, target, tmp_path, *options, inventory=H100_INVENTORY, member_uids=None
 ) -> AgentProcess:
-    """``tuneplane-node serve`` as a machine runs it. Its members run as the agent's user
-    unless ``member_uids`` names a range (the agent's own default): members confined to
-    uids of their own are tests/nodes/test_isolation.py's and test_jobs.py's R11 test. A
-    file a member writes for the test goes to the ``exchange`` fixture's dir, which any uid
-    may pass, so that the default can move to confined test by test."""
+    """``tuneplane-node serve`` as a machine runs it: as root, each member confined to a
+    uid of its own (R11), from a range no other agent of the run uses unless
+    ``member_uids`` names one ("none": members run as the agent's user). A file a member
+    writes for the test goes to the ``exchange`` fixture's dir, which any uid may pass."""
+    member_uids = member_uids or member_uids_of_its_own()
     return AgentProcess(
         subprocess.Popen(
             [

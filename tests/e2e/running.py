@@ -19,7 +19,7 @@ import pytest
 
 from nodes.models import ControlSession, Node
 from placement.models import Member
-from tests.agent_members import SERVER
+from tests.agent_members import SERVER, listener
 from tests.conftest import H100_DEVICE_INVENTORY
 from tuneplane.schedule import seed_schedule
 
@@ -187,7 +187,7 @@ def serving_node(require_redis, tmp_path, console_pki, make_fleet, mint, setting
                     agent.send_signal(signal.SIGTERM)
                     agent.wait(20)
             for member in Member.objects.filter(node=node, port__isnull=False):  # none listening
-                pid = answers(member.port) and answers(member.port)["pid"]
+                pid = listener(member.port)
                 if pid:
                     os.kill(pid, signal.SIGKILL)
 

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from placement.models import CardHold
-from tests.agent_members import free_port
+from tests.agent_members import free_port, listener
 
 from .agents import wait_until
 from .running import answers, deploy, deployment_shown, status_is
@@ -32,12 +32,12 @@ def test_S1_a_replica_serves_is_ready_at_its_address_restarted_when_killed_then_
     assert served["env"]["PORT"] == str(port) and served["env"]["MODEL"] == "a"
     assert served["env"]["CUDA_VISIBLE_DEVICES"] == str(replica["cards"][0]["index"])
 
-    os.kill(served["pid"], signal.SIGKILL)
+    os.kill(listener(port), signal.SIGKILL)
     degraded = wait_until(lambda: status_is(member_api, made["id"], "degraded"), 30, "degraded")
     assert degraded["addresses"] == []
     wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready again")
     [again] = deployment_shown(member_api, made["id"])["revisions"][0]["members"]
-    assert again["restarts"] == 1 and answers(port)["pid"] != served["pid"]
+    assert again["restarts"] == 1 and answers(port)["launch"] != served["launch"]
     logs = member_api.get(f"/api/deployments/{made['id']}/logs?replica=0&tail_bytes=4096")
     assert logs.status_code == 200, logs.content  # both runs' output, from the node
     assert logs.json()["output"].count(f"serving on {port}") == 2
@@ -72,7 +72,7 @@ def test_S2_a_good_revision_replaces_the_old_a_bad_one_is_rolled_back(serving_no
     old_port, new_port, bad_port = free_port(), free_port(), free_port()
     made = deploy(member_api, old_port, env={"MODEL": "a"})
     wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready")
-    old_pid = answers(old_port)["pid"]
+    old_launch = answers(old_port)["launch"]
 
     response = member_api.post(
         f"/api/deployments/{made['id']}/revisions", {"port": new_port, "env": {"MODEL": "b"}}
@@ -88,7 +88,7 @@ def test_S2_a_good_revision_replaces_the_old_a_bad_one_is_rolled_back(serving_no
     assert body["addresses"] == [f"127.0.0.1:{new_port}"]
     assert answers(new_port)["env"]["MODEL"] == "b"
     wait_until(lambda: answers(old_port) is None, 30, "the old replica stopped")
-    assert old_pid != answers(new_port)["pid"]
+    assert old_launch != answers(new_port)["launch"]
 
     response = member_api.post(
         f"/api/deployments/{made['id']}/revisions",
@@ -118,14 +118,14 @@ def test_S3_L2_an_agent_quiet_past_serve_degrades_the_deployment_and_nothing_is_
     port = free_port()
     made = deploy(member_api, port)
     wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready")
-    pid = answers(port)["pid"]
+    launch = answers(port)["launch"]
     agents[-1].send_signal(signal.SIGKILL)
     agents[-1].wait(10)
     body = wait_until(lambda: status_is(member_api, made["id"], "degraded"), 30, "degraded")
     [replica] = body["revisions"][0]["members"]
     assert replica["not_ready_because"] == "node quiet for serve (L2)"
-    assert answers(port)["pid"] == pid  # the replica serves on: nothing stopped, nothing moved
+    assert answers(port)["launch"] == launch  # it serves on: nothing stopped, nothing moved
     start_agent()
     wait_until(lambda: status_is(member_api, made["id"], "ready"), 60, "ready again")
     [replica] = deployment_shown(member_api, made["id"])["revisions"][0]["members"]
-    assert replica["restarts"] == 0 and answers(port)["pid"] == pid
+    assert replica["restarts"] == 0 and answers(port)["launch"] == launch

@@ -23,12 +23,13 @@ from tests.agent_members import looked_at, settled
 pytestmark = pytest.mark.e2e
 
 UIDS = (61000, 61099)
+REUSE_UIDS = (61200, 61299)  # its own range: the two tests may run side by side
 DEVICES = [{"index": i, "uuid": f"GPU-{i}"} for i in range(4)]
 SECRET = "s3cr3t-of-project-a"
 
 
 @pytest.fixture
-def node():
+def node(request):
     """An agent whose members run confined, its state dir where any uid may pass (as
     /var/lib is), with fake card device files and a node key as join writes it."""
     root = Path(tempfile.mkdtemp(prefix="tuneplane-isolation-", dir="/var/tmp"))
@@ -42,7 +43,8 @@ def node():
     directory = root / "state"
     state.ensure_private_dir(directory)
     state.write_private(directory / state.KEY, b"-----BEGIN PRIVATE KEY-----node")
-    executor = Executor(directory, devices=lambda: DEVICES, scope=scope, uids=UIDS)
+    uids = getattr(request, "param", UIDS)
+    executor = Executor(directory, devices=lambda: DEVICES, scope=scope, uids=uids)
     yield executor, directory, devices
     for member_id in cgroups.cgroup_members(scope):
         cgroups.kill_all(f"{scope}/{member_id}")
@@ -58,6 +60,7 @@ attempt() {{
 why() {{ name=$1; shift; echo "$name: $("$@" 2>&1 >/dev/null)"; }}
 attempt a-environ sh -c 'cat /proc/{a_pid}/environ'
 attempt a-signal kill -0 {a_pid}
+attempt agent-env sh -c 'env | grep AGENT_ONLY_SETTING'
 attempt node-key cat {state}/node.key
 attempt payloads sh -c 'cat {state}/commands/*.json'
 attempt a-log cat {state}/logs/m-a.log
@@ -94,8 +97,9 @@ def member_pid(executor, member_id: str, uid: int) -> int:
     raise AssertionError(f"no process of uid {uid} in {member_id}'s cgroup")
 
 
-def test_R11_R12_R13_a_member_reaches_nothing_of_another_member_or_of_the_node(node):
+def test_R11_R12_R13_a_member_reaches_nothing_of_another_member_or_of_the_node(node, monkeypatch):
     executor, directory, devices = node
+    monkeypatch.setenv("AGENT_ONLY_SETTING", "the agent's environment")
     a = executor.accept(
         "m-a", "start", {"cards": [DEVICES[0]], "argv": ["sleep", "60"], "env": {"KEY": SECRET}}
     )
@@ -120,6 +124,7 @@ def test_R11_R12_R13_a_member_reaches_nothing_of_another_member_or_of_the_node(n
     for attempt in (
         "a-environ",
         "a-signal",
+        "agent-env",
         "node-key",
         "payloads",
         "a-log",
@@ -155,17 +160,19 @@ def test_R11_R12_R13_a_member_reaches_nothing_of_another_member_or_of_the_node(n
     assert not {UIDS[0], UIDS[0] + 1} & isolation.uids_running()  # R13: nothing left
 
 
+@pytest.mark.parametrize("node", [REUSE_UIDS], indirect=True)
 def test_R11_a_uid_is_never_reused_while_a_process_of_it_runs(node):
     import subprocess
 
     executor, _, _ = node
+    first = REUSE_UIDS[0]
     stray = subprocess.Popen(
-        ["setpriv", f"--reuid={UIDS[0]}", f"--regid={UIDS[0]}", "--clear-groups", "sleep", "30"]
+        ["setpriv", f"--reuid={first}", f"--regid={first}", "--clear-groups", "sleep", "30"]
     )
     try:
         time.sleep(0.2)
         member = executor.accept("m-c", "start", {"cards": [], "argv": ["sleep", "30"]})
-        assert member.uid == UIDS[0] + 1  # the range's first is still running something
+        assert member.uid == first + 1  # the range's first is still running something
     finally:
         stray.kill()
         stray.wait()

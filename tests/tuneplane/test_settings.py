@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,17 @@ def test_issue17_item14_behind_tls_check_deploy_is_clean(tmp_path):
         text=True,
     )
     assert shown.stdout.split() == ["True"] * 4 + ["('HTTP_X_FORWARDED_PROTO',", "'https')"]
+
+
+def test_a_key_another_process_wrote_first_is_read_not_refused(tmp_path, monkeypatch):
+    """`make run` starts the web, the gateway, the worker and beat at once: one that found
+    no key and then lost the race to write it reads the winner's, rather than failing on
+    the file the winner made (seen as a gateway's FileExistsError at start)."""
+    from tuneplane import settings as module
+
+    (tmp_path / "secret_key").write_text("written-by-the-web")
+    monkeypatch.setattr(module, "VAR_DIR", tmp_path)
+    monkeypatch.delenv("TUNEPLANE_SECRET_KEY", raising=False)
+    monkeypatch.setattr(Path, "exists", lambda path: False)  # not there when it looked
+    assert module._secret_key() == "written-by-the-web"
+    assert [path.name for path in tmp_path.iterdir()] == ["secret_key"]  # none of its own left

@@ -17,10 +17,15 @@ import re
 import shutil
 from pathlib import Path
 
-# "$1" is the member's uid; its argv follows.
+# "$1" is the member's uid; its argv follows; it runs in its scratch dir. A scratch dir under
+# /tmp (an agent whose state dir is there) is bound back at its path in the private /tmp, so
+# that the member names it by its path (TUNEPLANE_SCRATCH_DIR) as anywhere else.
 INIT = (
-    "uid=$1; shift; mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp || exit 125; "
+    "uid=$1; shift; here=$(pwd -P); "
+    "mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp || exit 125; "
     "mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm 2>/dev/null; "
+    'case "$here" in /tmp/*|/dev/shm/*) mkdir -p "$here" && '
+    'mount -c --bind /proc/self/cwd "$here" || exit 125;; esac; '
     'setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs --inh-caps=-all '
     '--bounding-set=-all -- "$@" & child=$!; '
     "trap 'kill -TERM $child 2>/dev/null' TERM; "

@@ -20,6 +20,10 @@ WRAPPER = (
     'trap : TERM; "$@"; code=$?; echo "$code" > "$exitfile.tmp" && mv "$exitfile.tmp" "$exitfile"'
 )
 
+# The PATH of what runs without the agent's environment: the runtime's CLI (R14), a
+# confined member (R11).
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 
 def boot_id() -> str:
     try:
@@ -28,16 +32,29 @@ def boot_id() -> str:
         return ""
 
 
-def member_env(spec: MemberSpec, scratch: Path, storage_root: str | None = None) -> dict:
-    """R4: exactly its cards, the job's env, its Fleet's delivery, a gang's rendezvous —
-    over the agent's own environment, less what names cards or the agent's settings."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("TUNEPLANE_", "CUDA_", "NVIDIA_"))
-    }
+def member_env(
+    spec: MemberSpec, scratch: Path, storage_root: str | None = None, confined: bool = False
+) -> dict:
+    """R4: exactly its cards, the job's env, its Fleet's delivery, a gang's rendezvous — over
+    the agent's own environment less what names cards or the agent's settings; a member under
+    a uid of its own (R11) gets none of the agent's environment, only a fixed base (a PATH
+    of the system's dirs, its scratch dir as HOME, the agent's locale and time zone)."""
+    if confined:
+        env = {key: os.environ[key] for key in CONFINED_KEPT if key in os.environ}
+        env.update({"PATH": SYSTEM_PATH, "HOME": str(scratch)})
+    else:
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("TUNEPLANE_", "CUDA_", "NVIDIA_"))
+        }
     env.update(own_env(spec, scratch, storage_root))
     return env
+
+
+# What a confined member keeps of the agent's environment: how text and time read, nothing
+# that names the agent's home, its tools or its credentials.
+CONFINED_KEPT = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
 def own_env(spec: MemberSpec, scratch: Path, storage_root: str | None = None) -> dict:
@@ -84,12 +101,11 @@ def write_new(path: Path, text: str, mode: int = 0o644) -> None:
 # What the container runtime's CLI runs with: a fixed PATH and the agent's own settings for
 # reaching its daemon — never the member's env, which goes in through an env file (R14).
 RUNTIME_ENV = ("DOCKER_HOST", "DOCKER_CONFIG", "CONTAINER_HOST", "XDG_RUNTIME_DIR", "HOME")
-RUNTIME_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def runtime_env() -> dict:
     env = {key: os.environ[key] for key in RUNTIME_ENV if key in os.environ}
-    return {**env, "PATH": RUNTIME_PATH}
+    return {**env, "PATH": SYSTEM_PATH}
 
 
 def env_file_text(env: dict) -> str:

@@ -292,11 +292,9 @@ class Runner:
         if in_container:
             env = launch.runtime_env()  # the runtime's CLI never runs with the member's env
         else:
-            env = launch.member_env(spec, scratch, self.storage_root)
+            env = launch.member_env(spec, scratch, self.storage_root, confined=bool(member.uid))
             if member.uid:
                 argv = isolation.wrap(argv, member.uid)
-                if "HOME" not in spec.env:
-                    env["HOME"] = str(scratch)  # not the agent's home
         process_confined = member.uid and not in_container
         confinement, procs = cgroups.confine(
             self.cgroup(member.command_id),

@@ -5,9 +5,11 @@ the start payloads, A's log and scratch, a card it does not hold (fake /dev/nvid
 mknod), writing outside its scratch, leaving its cgroup, forking past its pids limit. Every
 attempt fails, A's secret is in none of B's output, and cleanup leaves nothing running."""
 
+import contextlib
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 import time
 import uuid
@@ -162,8 +164,6 @@ def test_R11_R12_R13_a_member_reaches_nothing_of_another_member_or_of_the_node(n
 
 @pytest.mark.parametrize("node", [REUSE_UIDS], indirect=True)
 def test_R11_a_uid_is_never_reused_while_a_process_of_it_runs(node):
-    import subprocess
-
     executor, _, _ = node
     first = REUSE_UIDS[0]
     stray = subprocess.Popen(
@@ -178,3 +178,68 @@ def test_R11_a_uid_is_never_reused_while_a_process_of_it_runs(node):
         stray.wait()
     executor.accept("c-c", "cleanup", {"member": "m-c", "grace_seconds": 0})
     settled(executor, "m-c")
+
+
+@pytest.fixture
+def cgroup_v2(monkeypatch):
+    """The node's cgroup v2 hierarchy: /sys/fs/cgroup on a v2 machine, else mounted beside
+    v1 (this machine's controllers are v1's, so it offers none of them: what it proves is
+    the device program, the cgroup a member cannot leave and its kill)."""
+    system = Path("/sys/fs/cgroup")
+    mounted = None
+    if (system / "cgroup.controllers").is_file():
+        root = system
+    else:
+        mounted = root = Path(tempfile.mkdtemp(prefix="tuneplane-cgroup2-"))
+        subprocess.run(["mount", "-t", "cgroup2", "none", str(root)], check=True)
+    monkeypatch.setenv("TUNEPLANE_NODE_CGROUP_ROOT", str(root))
+    yield root
+    if mounted is not None:
+        with contextlib.suppress(OSError):
+            (root / "tuneplane").rmdir()
+        subprocess.run(["umount", str(root)], check=True)
+        root.rmdir()
+
+
+V2_ATTEMPTS = """
+why() {{ name=$1; shift; echo "$name: $("$@" 2>&1 >/dev/null)"; }}
+why other-card sh -c 'exec 3<>{dev}/nvidia0'
+why own-card sh -c 'exec 3<>{dev}/nvidia1'
+why leave-cgroup sh -c 'echo $$ > {root}/cgroup.procs'
+why make-device mknod {dev}/../made c 195 0
+sleep 60
+"""
+
+
+def test_R12_R13_on_cgroup_v2_an_ebpf_program_allows_only_its_cards(node, cgroup_v2):
+    executor, directory, devices = node
+    script = V2_ATTEMPTS.format(dev=devices, root=cgroup_v2)
+    b = executor.accept("m-b", "start", {"cards": [DEVICES[1]], "script": script})
+    assert b.state == "running" and b.confinement.startswith("cgroup-v2"), b.confinement
+    assert "devices: its cards only" in b.confinement, b.confinement
+    cgroup = cgroup_v2 / "tuneplane" / executor.cgroup("m-b")
+    assert cgroup.is_dir()
+    until = time.monotonic() + 10
+    while "make-device:" not in executor.log_tail("m-b", 1 << 16).decode():
+        assert time.monotonic() < until, executor.log_tail("m-b", 1 << 16)
+        time.sleep(0.05)
+    output = executor.log_tail("m-b", 1 << 16).decode()
+
+    def said(name):
+        return output.split(f"{name}:")[1].split("\n")[0]
+
+    # Another member's card is refused by the device program (EPERM); its own is allowed,
+    # and finds no driver on this GPU-less machine (ENXIO).
+    assert "Operation not permitted" in said("other-card"), output
+    assert "No such device or address" in said("own-card"), output
+    assert said("leave-cgroup").strip(), output  # refused: the cgroup's files are root's
+    assert not (devices.parent / "made").exists()
+    # R13: the cleanup kills the whole cgroup (cgroup.kill) and confirms it empty.
+    executor.accept("c-b", "cleanup", {"member": "m-b", "grace_seconds": 0})
+    cleaned = settled(executor, "m-b")
+    deadline = time.monotonic() + 10
+    while not cleaned.cleaned and time.monotonic() < deadline:
+        time.sleep(0.1)
+        cleaned = looked_at(executor, "m-b")
+    assert cleaned.cleaned and not cgroup.exists()
+    assert b.uid not in isolation.uids_running()

@@ -11,8 +11,11 @@ import signal
 import time
 from pathlib import Path
 
+from . import devices as bpf_devices
+
 SIGTERM, SIGKILL = signal.SIGTERM, signal.SIGKILL
 CONTROLLERS_V1 = ("memory", "cpu")
+V2_CONTROLLERS = ("cpu", "memory", "pids")
 # Used where the node mounts them: a pids limit, the devices allowed (R12), and the freezer
 # a cleanup freezes the member in before it kills it (R13).
 OPTIONAL_V1 = ("pids", "devices", "freezer")
@@ -34,6 +37,20 @@ def cgroup_paths(name: str) -> tuple[str, list[Path]]:
         present = [c for c in OPTIONAL_V1 if (root / c / "cgroup.procs").is_file()]
         return "cgroup-v1", [root / c / "tuneplane" / name for c in (*CONTROLLERS_V1, *present)]
     return "", []
+
+
+def _enable_v2(member: Path) -> set[str]:
+    """Hand cpu, memory and pids down from the root to the member's cgroup, as far as the
+    node offers them (a hierarchy whose controllers v1 holds offers none); the ones its
+    cgroup got."""
+    offered = set(V2_CONTROLLERS)
+    level = cgroup_root()
+    for part in member.relative_to(cgroup_root()).parts:
+        offered &= set((level / "cgroup.controllers").read_text().split())
+        if offered:
+            _write(level / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(offered)))
+        level = level / part
+    return offered
 
 
 def _controller(paths: list[Path], name: str) -> Path | None:
@@ -72,22 +89,32 @@ def confine(
         return "none: no cgroup v1 memory and cpu controllers or cgroup v2 here", []
     try:
         if version == "cgroup-v2":
-            paths[0].mkdir(parents=True, exist_ok=True)
-            level = cgroup_root()
-            for part in paths[0].relative_to(cgroup_root()).parts[:-1]:
-                _write(level / "cgroup.subtree_control", "+cpu +memory")
-                level = level / part
-            _write(level / "cgroup.subtree_control", "+cpu +memory")
+            member = paths[0]
+            member.mkdir(parents=True, exist_ok=True)
+            offered = _enable_v2(member)
             if memory_bytes:
-                _write(paths[0] / "memory.max", str(memory_bytes))
-                _write(paths[0] / "memory.swap.max", "0")
+                if "memory" in offered:
+                    _write(member / "memory.max", str(memory_bytes))
+                    _write(member / "memory.swap.max", "0")
+                else:
+                    got.append("no memory limit (no memory controller)")
             if cpus:
-                _write(paths[0] / "cpu.max", f"{int(cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
-            if pids and (paths[0] / "pids.max").exists():
-                _write(paths[0] / "pids.max", str(pids))
-                got.append(f"pids {pids}")
+                if "cpu" in offered:
+                    _write(member / "cpu.max", f"{int(cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+                else:
+                    got.append("no cpu limit (no cpu controller)")
+            if pids:
+                if "pids" in offered:
+                    _write(member / "pids.max", str(pids))
+                    got.append(f"pids {pids}")
+                else:
+                    got.append("no pids limit (no pids controller)")
             if devices is not None:
-                got.append("devices not confined (cgroup v2 needs an eBPF program)")
+                try:
+                    bpf_devices.attach(member, devices)
+                    got.append("devices: its cards only")
+                except OSError as error:
+                    got.append(f"devices not confined ({error.strerror or error})")
         else:
             memory, cpu = paths[:2]
             for path in paths:

@@ -19,8 +19,11 @@ database (tests/placement/test_decide.py, with property tests):
   a request for a container only goes to a node with a container runtime.
 """
 
+import heapq
 from dataclasses import dataclass, field
 from datetime import datetime
+
+from .sharing import Book, Key
 
 # R16: what a member that names no CPUs or memory (and whose Fleet sets no default) is given
 # when it holds no cards; with cards it gets their share of its node's budgets.
@@ -47,6 +50,26 @@ class Request:
     container: bool = False  # it names an image: a node with a container runtime
     not_before: datetime | None = None  # a retry's backoff (R3)
     reserve: bool = False  # it has waited past TUNEPLANE_ALLOCATION_RESERVE_AFTER (R2)
+    project: int = 0  # whose quota it counts against (Q1)
+    priority: int = 0  # within its project, higher first (Q3)
+
+    @property
+    def total_cards(self) -> int:
+        return self.cards * self.nodes
+
+    @property
+    def shape(self) -> tuple:
+        """What decides where it fits: two requests of one shape fit the same nodes."""
+        return (
+            self.cards,
+            self.series,
+            self.nodes,
+            self.cpus,
+            self.memory,
+            self.port,
+            self.quiet,
+            self.container,
+        )
 
 
 @dataclass
@@ -127,34 +150,138 @@ class Placement:
     # Each member's CPUs and memory, as its node gives them (R16), in the order of members.
     given: tuple[tuple[float | None, int | None], ...] = ()
     rendezvous_port: int | None = None  # a gang's, on its rank 0's node
+    quota_series: str = ""  # the series of the quota its cards count against (Q1)
+    borrowed: bool = False  # placed beyond its project's guarantee (Q3)
 
 
-def decide(requests, capacities, now: datetime) -> list[Placement]:
+def decide(requests, capacities, now: datetime, book: Book | None = None) -> list[Placement]:
     """Which requests start now, and where. ``capacities`` (node id → NodeCapacity) is used
-    up as requests are placed; pass copies to keep the originals."""
-    placed = []
-    reserved: set[str] = set()
-    for request in sorted(requests, key=lambda r: r.order):
-        if request.not_before is not None and request.not_before > now:
-            continue
-        chosen = _pick(request, capacities, reserved)
+    up as requests are placed; pass copies to keep the originals. ``book``: the Fleet's
+    quotas (Q1–Q3); without quotas requests are taken first come, first served."""
+    ready = [
+        request
+        for request in sorted(requests, key=lambda r: r.order)
+        if request.not_before is None or request.not_before <= now
+    ]
+    placing = _Pass(capacities)
+    if book is None or not book.rows:
+        for request in ready:
+            placing.place(request)
+        return placing.placed
+    return _shared(ready, placing, book)
+
+
+class _Pass:
+    """What one pass has placed and reserved, and the shapes that fit nowhere any more
+    (capacity only shrinks in a pass: a shape that failed fails again, without a look)."""
+
+    def __init__(self, capacities):
+        self.capacities = capacities
+        self.placed: list[Placement] = []
+        self.reserved: set[str] = set()
+        self.full: set[tuple] = set()
+
+    def place(self, request: Request, **quota) -> Placement | None:
+        chosen = (
+            None if request.shape in self.full else _pick(request, self.capacities, self.reserved)
+        )
         port = _rendezvous_port(chosen[0]) if chosen and request.nodes > 1 else None
         if chosen is None or (request.nodes > 1 and port is None):
+            if chosen is None:
+                self.full.add(request.shape)
             if request.reserve:
-                _reserve(request, capacities, reserved)
-            continue
+                _reserve(request, self.capacities, self.reserved)
+            return None
         given = tuple(node.given(request) for node in chosen)
         if port is not None:
             chosen[0].ports.add(port)
-        placed.append(
-            Placement(
-                request,
-                tuple((node.node_id, tuple(node.take(request))) for node in chosen),
-                given,
-                port,
-            )
+        placement = Placement(
+            request,
+            tuple((node.node_id, tuple(node.take(request))) for node in chosen),
+            given,
+            port,
+            **quota,
         )
-    return placed
+        self.placed.append(placement)
+        return placement
+
+
+def _shared(ready: list[Request], placing: _Pass, book: Book) -> list[Placement]:
+    """Q3: work within its project's guarantee first; then borrowed work, project by fair
+    share, only on cards no project waits for within its guarantee and never past a
+    project's limit. Within a project, priority then admission order; a request that cannot
+    start never holds up the ones after it (R2)."""
+    ready = sorted(ready, key=lambda r: (-r.priority, r.order))
+    keys = {request.key: book.key(request.project, request.series) for request in ready}
+    borrowing: dict[int, list[Request]] = {}
+    owed: dict[Key, int] = {}  # cards guaranteed to a quota whose work waits for them
+    for request in ready:
+        key, cards = keys[request.key], request.total_cards
+        if not book.within_guarantee(key, cards):
+            borrowing.setdefault(request.project, []).append(request)
+        elif placing.place(request, quota_series=key[1]):
+            book.take(key, cards)
+        else:
+            owed[key] = owed.get(key, 0) + cards
+    for key, cards in owed.items():
+        owed[key] = min(cards, book.row(key).guaranteed - book.held.get(key, 0))
+    idle = _Idle(placing.capacities, owed)
+    turns = [
+        (book.share(keys[queue[0].key]), queue[0].order, project)
+        for project, queue in borrowing.items()
+    ]
+    heapq.heapify(turns)
+    at = dict.fromkeys(borrowing, 0)
+    while turns:
+        _, _, project = heapq.heappop(turns)
+        queue = borrowing[project]
+        request = queue[at[project]]
+        at[project] += 1
+        key, cards = keys[request.key], request.total_cards
+        if book.within_limit(key, cards) and idle.may_take(request):
+            before = idle.counts(placing.capacities)
+            if placing.place(request, quota_series=key[1], borrowed=True):
+                book.take(key, cards)
+                idle.taken(before, placing.capacities)
+        if at[project] < len(queue):
+            following = queue[at[project]]
+            heapq.heappush(turns, (book.share(keys[following.key]), following.order, project))
+    return placing.placed
+
+
+class _Idle:
+    """Free cards a borrower may take: not those guaranteed to a quota whose work waits
+    for them (Q3). Counted by series across the Fleet, as the quotas name them."""
+
+    def __init__(self, capacities, owed: dict[Key, int]):
+        self.owed: dict[str, int] = {}
+        for (_, series), cards in owed.items():
+            if cards > 0:
+                self.owed[series] = self.owed.get(series, 0) + cards
+        self.free = self.counts(capacities)
+
+    def counts(self, capacities) -> dict[str, int]:
+        if not self.owed:
+            return {}
+        return {
+            series: sum(len(node.free_of(series)) for node in capacities.values())
+            for series in self.owed
+        }
+
+    def taken(self, before: dict[str, int], capacities) -> None:
+        after = self.counts(capacities)
+        for series in self.free:
+            self.free[series] -= before[series] - after[series]
+
+    def may_take(self, request: Request) -> bool:
+        """Whether the cards each waiting guarantee is owed stay free once it takes its own:
+        a borrower of any card or of the same series, or a guarantee of any card, shares
+        the free cards counted."""
+        for series, owed in self.owed.items():
+            overlaps = not series or not request.series or series == request.series
+            if overlaps and self.free[series] - request.total_cards < owed:
+                return False
+        return True
 
 
 def _rendezvous_port(node: NodeCapacity) -> int | None:

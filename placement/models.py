@@ -90,6 +90,10 @@ class Job(Workload):
     cpus = models.FloatField(null=True, blank=True)
     memory_bytes = models.BigIntegerField(null=True, blank=True)
     max_attempts = models.PositiveSmallIntegerField(default=3)
+    # Q3: within its project, a higher priority is placed first (capped by the project's
+    # max_priority); Q4: whether it may be preempted while within its project's guarantee.
+    priority = models.IntegerField(default=0)
+    preemptible = models.BooleanField(default=False)
     # A gang's members must all run within this of allocation (R3); None: the setting's.
     gang_deadline_seconds = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(
@@ -322,6 +326,13 @@ class Member(models.Model):
     cleanup_requested_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # Q1: whose cards these are, and the quota they count against (its series, "" any
+    # card); borrowed: placed beyond the project's guarantee (Q3, Q4).
+    project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    quota_series = models.SlugField(max_length=63, blank=True)
+    borrowed = models.BooleanField(default=False)
     # A replica's (S1): the port it serves on, whether the agent's probe passes, how often
     # the agent restarted it, and the probe's last error or why it restarts.
     port = models.PositiveIntegerField(null=True, blank=True)
@@ -375,3 +386,49 @@ class CardHold(models.Model):
 
     def __str__(self) -> str:
         return f"card {self.index} of {self.node_id} held by {self.member_id}"
+
+
+class Quota(models.Model):
+    """Q1: a project's share of a node Fleet's cards of one series ("" any card): the cards
+    it is guaranteed, the most it may hold (None: unlimited) and its weight in fair share.
+    A Fleet without quotas is first come, first served; a project without a quota on a Fleet
+    that has quotas is guaranteed 0, unlimited, weight 1."""
+
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="quotas")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    series = models.SlugField(max_length=63, blank=True)
+    guaranteed = models.PositiveIntegerField(default=0)
+    limit = models.PositiveIntegerField(null=True, blank=True)
+    weight = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["fleet_id", "project__slug", "series"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["fleet", "project", "series"], name="quota_one_per_series"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(limit__isnull=True)
+                | models.Q(limit__gte=models.F("guaranteed")),
+                name="quota_limit_at_least_guaranteed",
+            ),
+            models.CheckConstraint(condition=models.Q(weight__gte=1), name="quota_weight_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project} on {self.fleet_id} ({self.series or 'any card'})"
+
+
+class Usage(models.Model):
+    """Q3: a project's use of a node Fleet's cards, in card-seconds decayed with the fair
+    share half-life, as of a time: brought forward by each allocator pass."""
+
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="+")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    card_seconds = models.FloatField(default=0.0)
+    as_of = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["fleet", "project"], name="usage_one_per_project")
+        ]

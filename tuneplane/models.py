@@ -20,6 +20,8 @@ class Project(models.Model):
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="projects"
     )
+    # Q3: the highest priority the project's jobs may ask (an administrator's to raise).
+    max_priority = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["slug"]

@@ -60,7 +60,10 @@ FIELDS = (
     "memory_bytes",
     "max_attempts",
     "gang_deadline_seconds",
+    "priority",
+    "preemptible",
 )
+MAX_PRIORITY = 1_000_000
 
 
 def checked_run(**fields) -> dict:
@@ -81,6 +84,8 @@ def _checked(
     memory_bytes=None,
     max_attempts=3,
     gang_deadline_seconds=None,
+    priority=0,
+    preemptible=False,
 ) -> dict:
     command = [] if command is None else command
     if not isinstance(command, list) or len(command) > MAX_ARGV:
@@ -125,7 +130,17 @@ def _checked(
         or not 1 <= gang_deadline_seconds <= MAX_GANG_DEADLINE
     ):
         _refuse("gang_deadline_seconds", f"whole seconds from 1 to {MAX_GANG_DEADLINE}.")
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not -MAX_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        _refuse("priority", "a whole number; higher is placed first within its project (Q3).")
+    if not isinstance(preemptible, bool):
+        _refuse("preemptible", "true or false (Q4).")
     return {
+        "priority": priority,
+        "preemptible": preemptible,
         "gang_deadline_seconds": gang_deadline_seconds,
         "command": command,
         "script": script,
@@ -171,7 +186,7 @@ def checked_serve(*, port=None, readiness_path="/health", replicas=1, **fields) 
     if unknown:
         _refuse(unknown[0], "not a field of a deployment.")
     run = _checked(**fields)
-    del run["max_attempts"], run["gang_deadline_seconds"]
+    del run["max_attempts"], run["gang_deadline_seconds"], run["priority"], run["preemptible"]
     if "PORT" in run["env"]:
         _refuse("env.PORT", "set by the agent to the deployment's port (rule S1); not settable.")
     if port is not None and (
@@ -242,7 +257,7 @@ def checked_episode(*, manifest: dict, max_timeout: int, **fields) -> dict:
         elif isinstance(default, str) and default:
             fields["script"] = default
     run = _checked(**fields)
-    del run["max_attempts"], run["gang_deadline_seconds"]
+    del run["max_attempts"], run["gang_deadline_seconds"], run["priority"], run["preemptible"]
     require_runnable(run)
     if isinstance(cards, bool) or not isinstance(cards, int) or not 0 <= cards <= 64:
         _refuse("cards", "a whole number of cards from 0 to 64.")

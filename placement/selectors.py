@@ -131,6 +131,18 @@ def workloads_shown_to(user, model) -> QuerySet:
     return records
 
 
+def workloads_listed(user, model, *, states=(), project: str = "") -> QuerySet:
+    """A list as the API shows it (workloads_shown_to), narrowed to records in any of
+    ``states`` and to the project whose slug is ``project``. A project the user may not see
+    lists nothing, exactly as one that does not exist."""
+    records = workloads_shown_to(user, model)
+    if states:
+        records = records.filter(state__in=states)
+    if project:
+        records = records.filter(project__slug=project)
+    return records
+
+
 def revisions_with_ready(revisions: QuerySet[Revision] | None = None) -> QuerySet[Revision]:
     """Each revision with ``ready``, computed in the query: never stored, so it cannot
     disagree with the liveness sweep, and never a query per revision. A revision a node

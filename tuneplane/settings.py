@@ -289,6 +289,8 @@ TUNEPLANE_CLUSTER_REFRESH_INTERVAL = env_seconds("TUNEPLANE_CLUSTER_REFRESH_INTE
 # (R2). A stop is SIGTERM, then SIGKILL after the grace (R10).
 TUNEPLANE_ALLOCATION_INTERVAL = env_seconds("TUNEPLANE_ALLOCATION_INTERVAL", 5)
 TUNEPLANE_ALLOCATION_RESERVE_AFTER = env_seconds("TUNEPLANE_ALLOCATION_RESERVE_AFTER", 300)
+# Q3: a project's use of a shared Fleet, in card-seconds, halves every this long.
+TUNEPLANE_FAIR_SHARE_HALF_LIFE = env_seconds("TUNEPLANE_FAIR_SHARE_HALF_LIFE", 7 * 86400)
 TUNEPLANE_STOP_GRACE = env_seconds("TUNEPLANE_STOP_GRACE", 30)
 # A gang's members must all run within this of allocation (R3; torchrun's rendezvous join
 # timeout is the same). A gone node's members are given up this long after gone (R8).

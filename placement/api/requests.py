@@ -102,6 +102,21 @@ class JobRequest(CardsRequest):
         "TUNEPLANE_GANG_DEADLINE when not given.",
     )
 
+    priority = serializers.IntegerField(
+        min_value=-1_000_000,
+        max_value=1_000_000,
+        required=False,
+        default=0,
+        help_text="Within its project, higher is placed first (Q3); at most the project's "
+        "max_priority, which an administrator sets.",
+    )
+    preemptible = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Whether it may be preempted while within its project's guarantee (Q4); "
+        "work on borrowed cards always may.",
+    )
+
     class Meta:
         ref_name = "JobRequest"
 
@@ -300,3 +315,34 @@ class ReplicaLogsQuery(StrictSerializer):
 
     class Meta:
         ref_name = "ReplicaLogsQuery"
+
+
+class QuotaRequest(StrictSerializer):
+    """One project's quota on the Fleet, for one hardware series or any card (Q1)."""
+
+    project = StrictCharField(max_length=63)
+    series = StrictCharField(
+        max_length=63, required=False, allow_blank=True, default="", help_text='"" any card.'
+    )
+    guaranteed = serializers.IntegerField(min_value=0, max_value=1 << 20, required=False, default=0)
+    limit = serializers.IntegerField(
+        min_value=0,
+        max_value=1 << 20,
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="The most cards it may hold; null for unlimited. At least `guaranteed`.",
+    )
+    weight = serializers.IntegerField(
+        min_value=1, max_value=1000, required=False, default=1, help_text="Its fair share's weight."
+    )
+
+    class Meta:
+        ref_name = "QuotaRequest"
+
+
+class QuotasRequest(StrictSerializer):
+    quotas = QuotaRequest(many=True)
+
+    class Meta:
+        ref_name = "QuotasRequest"

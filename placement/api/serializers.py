@@ -120,6 +120,8 @@ class JobSerializer(WorkloadSerializer):
             "cpus",
             "memory_bytes",
             "max_attempts",
+            "priority",
+            "preemptible",
             "gang_deadline_seconds",
             "state",
             "reason",
@@ -368,3 +370,21 @@ class LogsSerializer(serializers.Serializer):
     node = serializers.CharField()
     tail_bytes = serializers.IntegerField()
     output = serializers.CharField(help_text="UTF-8; undecodable bytes replaced.")
+
+
+class QuotaSerializer(serializers.Serializer):
+    """A quota as the Fleet's quotas answer it (Q1), with what it holds, borrows and has
+    queued, in cards."""
+
+    project = serializers.CharField()
+    series = serializers.CharField(help_text='"" any card.')
+    guaranteed = serializers.IntegerField()
+    limit = serializers.IntegerField(allow_null=True, help_text="null: unlimited.")
+    weight = serializers.IntegerField()
+    in_use = serializers.IntegerField()
+    borrowed = serializers.IntegerField(help_text="Of in_use, the cards beyond its guarantee.")
+    queued = serializers.IntegerField(help_text="Cards its queued jobs ask.")
+
+
+class QuotasSerializer(serializers.Serializer):
+    quotas = QuotaSerializer(many=True)

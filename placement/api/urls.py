@@ -1,9 +1,17 @@
 from django.urls import path
 
-from . import serving_views, views
+from . import quota_views, serving_views, views
 
 urlpatterns = [
+    path(
+        "fleets/<str:fleet_id>/quotas", quota_views.FleetQuotasView.as_view(), name="fleet-quotas"
+    ),
     path("training-jobs", views.TrainingJobsView.as_view(), name="training-jobs"),
+    path(
+        "training-jobs/<int:job_id>",
+        views.TrainingJobDetailView.as_view(),
+        name="training-job-detail",
+    ),
     path(
         "training-jobs/<int:job_id>/cancel",
         views.TrainingJobCancelView.as_view(),
@@ -15,6 +23,11 @@ urlpatterns = [
         name="training-job-logs",
     ),
     path("lifecycle-jobs", views.LifecycleJobsView.as_view(), name="lifecycle-jobs"),
+    path(
+        "lifecycle-jobs/<int:job_id>",
+        views.LifecycleJobDetailView.as_view(),
+        name="lifecycle-job-detail",
+    ),
     path(
         "lifecycle-jobs/<int:job_id>/logs",
         views.LifecycleJobLogsView.as_view(),

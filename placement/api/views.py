@@ -2,16 +2,18 @@
 
 import functools
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 from audit.services import Actor
+from fleets.rules import validate_choice
 from tuneplane.api.schema import errors
 from tuneplane.api.throttles import LogsThrottle
 from tuneplane.errors import NotFound
 
+from ..choices import DeploymentState, JobState
 from ..models import (
     Dataset,
     Deployment,
@@ -21,7 +23,12 @@ from ..models import (
     TrainingJob,
     Volume,
 )
-from ..selectors import environment_resolve, workloads_shown_to, workloads_visible_to
+from ..selectors import (
+    environment_resolve,
+    workloads_listed,
+    workloads_shown_to,
+    workloads_visible_to,
+)
 from ..services import runs, serving, storage, submission
 from . import requests as bodies
 from . import serializers as answers
@@ -32,11 +39,23 @@ def seen_by(request) -> dict:
     return {"viewer": request.user}
 
 
+def _list_filters(request, states) -> dict:
+    """``?state=queued,running`` (or ``state`` repeated) and ``?project=<slug>``: each state
+    one of ``states``, else a 400 naming ``state`` and the states it may be."""
+    asked = [state for value in request.query_params.getlist("state") for state in value.split(",")]
+    return {
+        "states": [validate_choice("state", state, states) for state in asked],
+        "project": request.query_params.get("project", ""),
+    }
+
+
 class WorkloadListView(GenericAPIView):
     """GET: the caller's projects' records; POST: admit one, or refuse with a reason."""
 
     model = None
     request_serializer = None
+    # A model's state choices: its list then filters by ?state= and ?project=.
+    states = None
 
     def submit(self, actor, data):
         raise NotImplementedError
@@ -45,7 +64,8 @@ class WorkloadListView(GenericAPIView):
         return workloads_shown_to(self.request.user, self.model)
 
     def get(self, request):
-        page = self.paginate_queryset(self.get_queryset())
+        filters = {} if self.states is None else _list_filters(request, self.states)
+        page = self.paginate_queryset(workloads_listed(request.user, self.model, **filters))
         return self.get_paginated_response(
             self.serializer_class(page, many=True, context=seen_by(request)).data
         )
@@ -61,24 +81,48 @@ class WorkloadListView(GenericAPIView):
         )
 
 
+def _list_parameters(states) -> list[OpenApiParameter]:
+    if states is None:
+        return []
+    return [
+        OpenApiParameter(
+            "state",
+            str,
+            enum=states.values,
+            many=True,
+            style="form",
+            explode=False,
+            description="Only records in these states, comma-separated; any other is a 400.",
+        ),
+        OpenApiParameter("project", description="Only this project's records, by slug."),
+    ]
+
+
 def documented(noun: str, request, response, *, refused=(404, 422)):
-    return lambda view: extend_schema(
-        methods=["GET"],
-        summary=f"List {noun}s of your projects",
-        responses={200: response(many=True), **errors(401)},
-    )(
-        extend_schema(
+    def document(view):
+        listed = extend_schema(
+            methods=["GET"],
+            summary=f"List {noun}s of your projects",
+            parameters=_list_parameters(view.states),
+            responses={
+                200: response(many=True),
+                **errors(*((401,) if view.states is None else (400, 401))),
+            },
+        )
+        submitted = extend_schema(
             methods=["POST"],
             summary=f"Submit a {noun}: admitted to a Fleet, or refused",
             request=request,
             responses={201: response, **refusals(400, 401, *refused)},
-        )(view)
-    )
+        )
+        return listed(submitted(view))
+
+    return document
 
 
 @documented("training job", bodies.TrainingJobRequest, answers.TrainingJobSerializer)
 class TrainingJobsView(WorkloadListView):
-    model = TrainingJob
+    model, states = TrainingJob, JobState
     serializer_class, request_serializer = answers.TrainingJobSerializer, bodies.TrainingJobRequest
 
     def submit(self, actor, data):
@@ -87,7 +131,7 @@ class TrainingJobsView(WorkloadListView):
 
 @documented("lifecycle job", bodies.LifecycleJobRequest, answers.LifecycleJobSerializer)
 class LifecycleJobsView(WorkloadListView):
-    model, serializer_class = LifecycleJob, answers.LifecycleJobSerializer
+    model, serializer_class, states = LifecycleJob, answers.LifecycleJobSerializer, JobState
     request_serializer = bodies.LifecycleJobRequest
 
     def submit(self, actor, data):
@@ -96,25 +140,56 @@ class LifecycleJobsView(WorkloadListView):
 
 @documented("deployment", bodies.DeploymentRequest, answers.DeploymentSerializer)
 class DeploymentsView(WorkloadListView):
-    model, serializer_class = Deployment, answers.DeploymentSerializer
+    model, serializer_class, states = Deployment, answers.DeploymentSerializer, DeploymentState
     request_serializer = bodies.DeploymentRequest
 
     def submit(self, actor, data):
         return submission.deployment_submit(actor=actor, **data)
 
 
-class JobCancelView(GenericAPIView):
-    """R10: a queued job is cancelled at once; a running one is stopped, then cleaned up."""
-
+class JobView(GenericAPIView):
     model = None
 
-    def post(self, request, job_id: int):
+    def _job(self, request, job_id: int):
+        """The job as its list shows it; one the caller may not see is not found, exactly as
+        one that does not exist (F8)."""
         job = workloads_shown_to(request.user, self.model).filter(pk=job_id).first()
         if job is None:
             raise NotFound(f"{self.model._meta.verbose_name.capitalize()} {job_id} not found.")
-        runs.job_cancel(actor=Actor.of_user(request.user), job=job)
-        shown = workloads_shown_to(request.user, self.model).get(pk=job_id)
-        return Response(self.serializer_class(shown, context=seen_by(request)).data)
+        return job
+
+
+class JobDetailView(JobView):
+    def get(self, request, job_id: int):
+        return Response(
+            self.serializer_class(self._job(request, job_id), context=seen_by(request)).data
+        )
+
+
+@extend_schema(
+    summary="A training job: its state, attempts and members, as the list shows it",
+    responses={200: answers.TrainingJobSerializer, **errors(401, 404)},
+)
+class TrainingJobDetailView(JobDetailView):
+    model, serializer_class = TrainingJob, answers.TrainingJobSerializer
+
+
+@extend_schema(
+    summary="A lifecycle job: its state, attempts and members, as the list shows it",
+    responses={200: answers.LifecycleJobSerializer, **errors(401, 404)},
+)
+class LifecycleJobDetailView(JobDetailView):
+    model, serializer_class = LifecycleJob, answers.LifecycleJobSerializer
+
+
+class JobCancelView(JobView):
+    """R10: a queued job is cancelled at once; a running one is stopped, then cleaned up."""
+
+    def post(self, request, job_id: int):
+        runs.job_cancel(actor=Actor.of_user(request.user), job=self._job(request, job_id))
+        return Response(
+            self.serializer_class(self._job(request, job_id), context=seen_by(request)).data
+        )
 
 
 @extend_schema(
@@ -135,17 +210,13 @@ class LifecycleJobCancelView(JobCancelView):
     model, serializer_class = LifecycleJob, answers.LifecycleJobSerializer
 
 
-class JobLogsView(GenericAPIView):
+class JobLogsView(JobView):
     """The tail of one member's output, read from its node now: logs stay on the node."""
 
     throttle_classes = [LogsThrottle]
 
-    model = None
-
     def get(self, request, job_id: int):
-        job = workloads_shown_to(request.user, self.model).filter(pk=job_id).first()
-        if job is None:
-            raise NotFound(f"{self.model._meta.verbose_name.capitalize()} {job_id} not found.")
+        job = self._job(request, job_id)
         incoming = bodies.LogsQuery(data=request.query_params)
         incoming.is_valid(raise_exception=True)
         query = incoming.validated_data
@@ -245,6 +316,7 @@ class DeploymentRevisionsView(DeploymentView):
 @documented("playground session", bodies.PlaygroundRequest, answers.PlaygroundSessionSerializer)
 class PlaygroundSessionsView(WorkloadListView):
     model, serializer_class = PlaygroundSession, answers.PlaygroundSessionSerializer
+    states = DeploymentState
     request_serializer = bodies.PlaygroundRequest
 
     def submit(self, actor, data):

@@ -45,6 +45,7 @@ from ..choices import (
 from ..decide import NodeCapacity, Placement, decide
 from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS
 from ..models import Attempt, CardHold, Episode, Member, PlaygroundSession, Revision
+from .ledger import pass_book
 from .starts import host
 from .waiting import (
     ALLOCATOR,
@@ -141,7 +142,8 @@ def allocate(*, fleet_id: str) -> dict:
             items[item.request(bound)] = item
         capacities = _capacities(fleet, now)
         addresses = {node_id: node.address for node_id, node in capacities.items()}
-        decided = [(items[p.request], p) for p in decide(list(items), capacities, now)]
+        book = pass_book(fleet, now)
+        decided = [(items[p.request], p) for p in decide(list(items), capacities, now, book)]
         if decided:
             _write(fleet, decided, addresses, now)
     waiting_now = len(queue) - len(decided)
@@ -168,7 +170,7 @@ def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, no
             commands.append((node_id, CommandKind.START, payload))
             # A gang's rank 0 holds its rendezvous port in the ledger while it runs (R16).
             port = {"port": placement.rendezvous_port} if rank == 0 and rendezvous else {}
-            placed.append((item, attempt, rank, node_id, cards, given, port))
+            placed.append((item, placement, attempt, rank, node_id, cards, given, port))
     created = node_commands_create_many(actor=ALLOCATOR, commands=commands)
     members = Member.objects.bulk_create(
         [
@@ -180,9 +182,12 @@ def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, no
                 cards=cards,
                 cpus=given[0],
                 memory_bytes=given[1],
+                project_id=item.project_id,
+                quota_series=placement.quota_series,
+                borrowed=placement.borrowed,
                 **port,
             )
-            for (item, attempt, rank, node_id, cards, given, port), command in zip(
+            for (item, placement, attempt, rank, node_id, cards, given, port), command in zip(
                 placed, created, strict=True
             )
         ]

@@ -120,6 +120,12 @@ def _record(
 def _job(model, *, actor: Actor, project_slug, need: Need, volumes, datasets, run, **fields):
     run = checked_run(**run)
     project = project_for(actor.user, project_slug)
+    if run["priority"] > project.max_priority:
+        raise ValidationFailed(
+            f"priority: project '{project.slug}' may ask at most {project.max_priority} "
+            f"(its administrator sets the cap, Q3); this job asks {run['priority']}.",
+            field="priority",
+        )
     volumes = _storage(project, Volume, volumes, "volumes")
     datasets = _storage(project, Dataset, datasets, "datasets")
     admitted = admit_automatically(project, need)

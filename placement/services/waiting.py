@@ -66,6 +66,10 @@ class Waiting:
     def fleet(self) -> Fleet:
         return self.owner.fleet
 
+    @property
+    def project_id(self) -> int:
+        return self.owner.project_id
+
     def fleet_default(self, key: str):
         """The Fleet's default for what the request does not say (its ``config``, R16)."""
         return (self.fleet.config or {}).get(key)
@@ -79,6 +83,7 @@ class Waiting:
             memory=owner.memory_bytes or self.fleet_default("member_memory_bytes"),
             container=bool(owner.image),
             reserve=owner.created_at <= reserve_before,
+            project=self.project_id,
             **needs,
         )
 
@@ -98,6 +103,7 @@ class WaitingJob(Waiting):
             series=job.series,
             nodes=job.nodes,
             not_before=job.not_before,
+            priority=job.priority,
         )
 
     def member(self, attempt: Attempt | None) -> dict:
@@ -143,6 +149,10 @@ class WaitingReplica(Waiting):
     def fleet(self) -> Fleet:
         return self.owner.deployment.fleet
 
+    @property
+    def project_id(self) -> int:
+        return self.owner.deployment.project_id
+
 
 class WaitingSession(Waiting):
     """A live playground session without its process (S4)."""
@@ -183,6 +193,10 @@ class WaitingEpisode(Waiting):
     @property
     def fleet(self) -> Fleet:
         return self.owner.environment.fleet
+
+    @property
+    def project_id(self) -> int:
+        return self.owner.environment.project_id
 
 
 def waiting(fleet: Fleet) -> list[Waiting]:

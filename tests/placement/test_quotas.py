@@ -1,0 +1,152 @@
+"""Quotas on a shared node Fleet, on the real database (DESIGN §8 Q1–Q3): set through the
+API as a whole and audited, read with what each holds, borrows and has queued, and obeyed
+by the allocator. The decision itself, without a database, is test_sharing.py's."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from audit.models import AuditEvent
+from audit.services import Actor
+from placement.models import Member, TrainingJob, Usage
+from placement.services import submission
+from placement.services.allocator import allocate
+from tests.conftest import Api
+from tuneplane.models import Membership, Project
+
+QUOTAS = "/api/fleets/gpu-lab/quotas"
+
+
+@pytest.fixture
+def lab(node_fleet, gpu_node):
+    gpu_node(node_fleet)
+    return node_fleet
+
+
+@pytest.fixture
+def vision(db):
+    """A second project, with a member of its own."""
+    project = Project.objects.create(slug="cv", name="Vision")
+    user = get_user_model().objects.create_user("vic", password="vic-password-1")
+    Membership.objects.create(project=project, user=user)
+    return user
+
+
+def submit(user, project, name, cards=8, **fields) -> TrainingJob:
+    return submission.training_job_submit(
+        actor=Actor.of_user(user),
+        project=project,
+        name=name,
+        command=["python", "train.py"],
+        cards=cards,
+        **fields,
+    )
+
+
+def state(job) -> str:
+    return TrainingJob.objects.get(pk=job.pk).state
+
+
+def test_Q1_quotas_are_replaced_as_a_whole_audited_and_read_back(lab, admin_api, project, vision):
+    body = {
+        "quotas": [
+            {"project": "ml", "series": "h100", "guaranteed": 8, "limit": 16, "weight": 2},
+            {"project": "cv", "guaranteed": 0, "limit": None},
+        ]
+    }
+    response = admin_api.request("PUT", QUOTAS, body)
+    assert response.status_code == 200, response.content
+    rows = response.json()["quotas"]
+    assert [
+        (r["project"], r["series"], r["guaranteed"], r["limit"], r["weight"]) for r in rows
+    ] == [
+        ("cv", "", 0, None, 1),
+        ("ml", "h100", 8, 16, 2),
+    ]
+    assert all((r["in_use"], r["borrowed"], r["queued"]) == (0, 0, 0) for r in rows)
+    again = admin_api.request("PUT", QUOTAS, {"quotas": [{"project": "ml", "guaranteed": 4}]})
+    assert [(r["project"], r["series"]) for r in again.json()["quotas"]] == [("ml", "")]
+    events = AuditEvent.objects.filter(action="fleet.quotas_replaced").order_by("pk")
+    assert events.count() == 2
+    assert len(events[1].before["quotas"]) == 2 and events[1].after["quotas"] == [
+        {"project": "ml", "series": "", "guaranteed": 4, "limit": None, "weight": 1}
+    ]
+
+
+def test_Q1_a_limit_below_its_guarantee_or_an_unknown_project_is_refused_naming_it(
+    lab, admin_api, project
+):
+    response = admin_api.request(
+        "PUT", QUOTAS, {"quotas": [{"project": "ml", "guaranteed": 8, "limit": 4}]}
+    )
+    assert response.status_code == 400, response.content
+    assert "quotas[0].limit" in response.content.decode()
+    response = admin_api.request("PUT", QUOTAS, {"quotas": [{"project": "nope"}]})
+    assert response.status_code == 400 and "quotas[0].project" in response.content.decode()
+    duplicate = [{"project": "ml"}, {"project": "ml", "guaranteed": 2}]
+    response = admin_api.request("PUT", QUOTAS, {"quotas": duplicate})
+    assert response.status_code == 400 and "quotas[1]" in response.content.decode()
+    assert not AuditEvent.objects.filter(action="fleet.quotas_replaced").exists()
+
+
+def test_Q1_members_read_their_own_projects_rows_and_only_administrators_set_them(
+    lab, admin_api, member_api, vision
+):
+    admin_api.request(
+        "PUT", QUOTAS, {"quotas": [{"project": "ml", "guaranteed": 2}, {"project": "cv"}]}
+    )
+    mine = member_api.get(QUOTAS)
+    assert mine.status_code == 200
+    assert [r["project"] for r in mine.json()["quotas"]] == ["ml"]
+    assert member_api.request("PUT", QUOTAS, {"quotas": []}).status_code == 403
+    assert Api(vision).get("/api/fleets/no-such-fleet/quotas").status_code == 404
+
+
+def test_Q3_the_allocator_places_work_within_its_guarantee_before_older_borrowed_work(
+    lab, admin_api, member, vision
+):
+    admin_api.request(
+        "PUT", QUOTAS, {"quotas": [{"project": "cv", "guaranteed": 8}, {"project": "ml"}]}
+    )
+    borrower = submit(member, "ml", "early", cards=8)
+    owner = submit(vision, "cv", "late", cards=8)
+    allocate(fleet_id=lab.id)
+    assert (state(borrower), state(owner)) == ("queued", "starting")
+    member_row = Member.objects.get(attempt__training_job=owner)
+    assert (member_row.project.slug, member_row.quota_series, member_row.borrowed) == (
+        "cv",
+        "",
+        False,
+    )
+    rows = {r["project"]: r for r in admin_api.get(QUOTAS).json()["quotas"]}
+    assert (rows["cv"]["in_use"], rows["cv"]["borrowed"]) == (8, 0)
+    assert (rows["ml"]["in_use"], rows["ml"]["queued"]) == (0, 8)
+    allocate(fleet_id=lab.id)  # the next pass counts the cards held since the last
+    assert Usage.objects.filter(fleet=lab, project__slug="cv").exists()
+
+
+def test_Q3_borrowed_work_is_marked_and_never_passes_a_limit(lab, admin_api, member):
+    admin_api.request("PUT", QUOTAS, {"quotas": [{"project": "ml", "guaranteed": 2, "limit": 6}]})
+    jobs = [submit(member, "ml", f"j{n}", cards=2) for n in range(4)]
+    allocate(fleet_id=lab.id)
+    assert [state(job) for job in jobs] == ["starting", "starting", "starting", "queued"]
+    borrowed = [Member.objects.get(attempt__training_job=job).borrowed for job in jobs[:3]]
+    assert borrowed == [False, True, True]
+    [row] = admin_api.get(QUOTAS).json()["quotas"]
+    assert (row["in_use"], row["borrowed"], row["queued"]) == (6, 4, 2)
+
+
+def test_Q3_a_jobs_priority_is_capped_by_its_project(lab, member):
+    with pytest.raises(Exception) as refused:
+        submit(member, "ml", "urgent", cards=1, priority=5)
+    assert "priority" in str(refused.value) and "at most 0" in str(refused.value)
+    Project.objects.filter(slug="ml").update(max_priority=10)
+    assert submit(member, "ml", "urgent", cards=1, priority=5).priority == 5
+
+
+def test_Q3_within_a_project_a_higher_priority_goes_first(lab, admin_api, member):
+    Project.objects.filter(slug="ml").update(max_priority=10)
+    admin_api.request("PUT", QUOTAS, {"quotas": [{"project": "ml"}]})
+    first = submit(member, "ml", "first", cards=8)
+    urgent = submit(member, "ml", "urgent", cards=8, priority=3)
+    allocate(fleet_id=lab.id)
+    assert (state(first), state(urgent)) == ("queued", "starting")

@@ -153,6 +153,14 @@ class FleetAdmin(StaffAdmin):
         for warning in fleet_config_warnings(fleet):
             messages.warning(request, warning.message)
 
+    def save_formset(self, request, form, formset, change):
+        """A higher app's inline saves through its own services (each change audited)."""
+        save = getattr(formset, "save_through_services", None)
+        if save is None:
+            super().save_formset(request, form, formset, change)
+        else:
+            save(request, form.instance)
+
     def get_actions(self, request):
         actions = super().get_actions(request)
         # Deletion goes one Fleet at a time through the F7 guard, never in bulk.
@@ -219,3 +227,10 @@ def register_fleet_action(action) -> None:
     registers a page section, so that this app never imports it."""
     if action not in FleetAdmin.actions:
         FleetAdmin.actions = [*FleetAdmin.actions, action]
+
+
+def register_fleet_inline(inline) -> None:
+    """A higher app's inline on the Fleet page (placement: its quotas), registered as a page
+    section is; its formset's ``save_through_services(request, fleet)`` saves it."""
+    if inline not in FleetAdmin.inlines:
+        FleetAdmin.inlines = [*FleetAdmin.inlines, inline]

@@ -1,8 +1,10 @@
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Prefetch
 from django.utils.html import format_html, format_html_join
 
 from audit.services import Actor
+from fleets.admin import register_fleet_inline
 from tuneplane.admin import ReadOnlyAdmin
 from tuneplane.errors import ApplicationError
 
@@ -15,12 +17,14 @@ from .models import (
     LifecycleJob,
     Member,
     PlaygroundSession,
+    Quota,
     Revision,
     TrainingJob,
     Volume,
 )
 from .selectors import deployments_with_status, replica_not_ready, revisions_with_ready
 from .services import playground, runs, serving
+from .services.quotas import QuotaSpec, quotas_replace
 from .services.starts import host
 
 
@@ -275,3 +279,47 @@ class PlaygroundSessionAdmin(WorkloadAdmin):
                 playground.session_end(actor=Actor.of_user(request.user), session=session)
             except ApplicationError as error:
                 self.message_user(request, f"{session}: {error.message}", messages.WARNING)
+
+
+class QuotaFormSet(forms.BaseInlineFormSet):
+    """The Fleet's quotas, saved as a whole through the service (Q1: audited as one change)."""
+
+    def save_through_services(self, request, fleet) -> None:
+        self.new_objects, self.changed_objects, self.deleted_objects = [], [], []
+        specs = [
+            QuotaSpec(
+                project=form.cleaned_data["project"].slug,
+                series=form.cleaned_data.get("series") or "",
+                guaranteed=form.cleaned_data.get("guaranteed") or 0,
+                limit=form.cleaned_data.get("limit"),
+                weight=form.cleaned_data.get("weight") or 1,
+            )
+            for form in self.forms
+            if form.cleaned_data
+            and not form.cleaned_data.get("DELETE")
+            and form.cleaned_data.get("project")
+        ]
+        try:
+            quotas_replace(actor=Actor.of_user(request.user), fleet=fleet, specs=specs)
+        except ApplicationError as error:
+            messages.error(request, f"Quotas not saved: {error}")
+
+
+class QuotaInline(admin.TabularInline):
+    """Q1: per project, the cards it is guaranteed, the most it may hold (empty: unlimited)
+    and its weight in fair share; a series, or empty for any card."""
+
+    model = Quota
+    formset = QuotaFormSet
+    fields = ["project", "series", "guaranteed", "limit", "weight"]
+    extra = 0
+    verbose_name = "quota"
+    verbose_name_plural = "Quotas (Q1): what each project is guaranteed, may hold and weighs"
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_staff
+
+    has_add_permission = has_change_permission = has_delete_permission = has_view_permission
+
+
+register_fleet_inline(QuotaInline)

@@ -18,7 +18,7 @@ class PlacementConfig(AppConfig):
             tasks,  # noqa: F401 -- registered wherever placement runs: services send them by name
         )
         from .deletion import live_deployments_blocking_deletion, workload_records_blocking_deletion
-        from .fleet_page import fleet_work_section
+        from .fleet_page import fleet_quota_section, fleet_work_section
         from .metrics import QueueCollector
         from .services.reports import command_observed
         from .services.serving import stopped_deployments_release
@@ -29,4 +29,5 @@ class PlacementConfig(AppConfig):
         # nodes carries the agents' reports; placement follows its members in them.
         register_command_observer(command_observed)
         register_fleet_page_section(fleet_work_section)
+        register_fleet_page_section(fleet_quota_section)
         register_scrape_collector(QueueCollector())

@@ -8,6 +8,7 @@ from nodes.choices import SchedulingState
 
 from .choices import RUN_LIVE, JobState
 from .models import CardHold, LifecycleJob, Member, TrainingJob
+from .services.quotas import quota_rows
 
 
 def fleet_work_section(fleet) -> dict | None:
@@ -47,3 +48,15 @@ def fleet_work_section(fleet) -> dict | None:
         for state in (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
     }
     return {"template": "admin/placement/fleet_work.html", "rows": rows, "counts": counts}
+
+
+def fleet_quota_section(fleet) -> dict | None:
+    """Q1, Q3: per quota, what it is guaranteed, may hold, holds, borrows and has queued, in
+    fair-share order (the first borrows next)."""
+    if fleet.kind != FleetKind.NODE:
+        return None
+    rows = quota_rows(fleet)
+    if not rows:
+        return None
+    rows.sort(key=lambda row: (row["fair_share"], row["project"], row["series"]))
+    return {"template": "admin/placement/fleet_quotas.html", "rows": rows}

@@ -67,7 +67,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(StaffAdmin):
-    list_display = ["slug", "name", "created_at"]
+    list_display = ["slug", "name", "max_priority", "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
 
@@ -78,11 +78,20 @@ class ProjectAdmin(StaffAdmin):
     def save_model(self, request, obj, form, change):
         actor = Actor.of_user(request.user)
         if change:
-            services.project_update(actor=actor, project=obj, name=form.cleaned_data["name"])
+            services.project_update(
+                actor=actor,
+                project=obj,
+                name=form.cleaned_data["name"],
+                max_priority=form.cleaned_data.get("max_priority"),
+            )
         else:
             project = services.project_create(
                 actor=actor, slug=form.cleaned_data["slug"], name=form.cleaned_data["name"]
             )
+            if form.cleaned_data.get("max_priority"):
+                project = services.project_update(
+                    actor=actor, project=project, max_priority=form.cleaned_data["max_priority"]
+                )
             obj.pk, obj.created_at = project.pk, project.created_at  # for the inline rows
 
     def save_formset(self, request, form, formset, change):

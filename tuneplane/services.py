@@ -58,20 +58,31 @@ def project_create(*, actor: Actor, slug: str, name: str) -> Project:
     return project
 
 
-def project_update(*, actor: Actor, project: Project, name: str) -> Project:
-    """A project's slug is what workloads and API calls name: only its name changes."""
+def project_update(
+    *, actor: Actor, project: Project, name: str | None = None, max_priority: int | None = None
+) -> Project:
+    """A project's slug is what workloads and API calls name: its name changes, and the
+    highest priority its jobs may ask (Q3). One event for what changed; nothing, nothing."""
     with transaction.atomic():
         project = Project.objects.select_for_update().get(pk=project.pk)
-        if project.name != name:
-            before, project.name = {"name": project.name}, name
+        wanted = {"name": name, "max_priority": max_priority}
+        changed = {
+            field: value
+            for field, value in wanted.items()
+            if value is not None and getattr(project, field) != value
+        }
+        if changed:
+            before = {field: getattr(project, field) for field in changed}
+            for field, value in changed.items():
+                setattr(project, field, value)
             project.full_clean()
-            project.save(update_fields=["name"])
+            project.save(update_fields=list(changed))
             audit_record(
                 actor=actor,
                 action="project.updated",
                 target=project,
                 before=before,
-                after={"name": name},
+                after=changed,
             )
     return project
 

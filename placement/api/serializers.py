@@ -384,6 +384,9 @@ class QuotaSerializer(serializers.Serializer):
     in_use = serializers.IntegerField()
     borrowed = serializers.IntegerField(help_text="Of in_use, the cards beyond its guarantee.")
     queued = serializers.IntegerField(help_text="Cards its queued jobs ask.")
+    fair_share = serializers.FloatField(
+        help_text="Q3: cards held now plus its recent average, per weight; lower goes first."
+    )
 
 
 class QuotasSerializer(serializers.Serializer):

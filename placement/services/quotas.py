@@ -8,6 +8,7 @@ quotas, a project without one is guaranteed 0 cards, unlimited, weight 1.
 
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 
 from audit.services import Actor, audit_record
@@ -17,8 +18,8 @@ from tuneplane.errors import ValidationFailed
 from tuneplane.models import Project
 
 from ..choices import Cleanup, JobState
-from ..models import Member, Quota
-from ..sharing import Book, QuotaRow
+from ..models import Member, Quota, Usage
+from ..sharing import Book, QuotaRow, time_constant
 from .allocator import allocate_on_commit
 from .waiting import JOB_MODELS
 
@@ -116,8 +117,8 @@ def _view(quota: Quota) -> dict:
 
 def quota_rows(fleet: Fleet, projects=None) -> list[dict]:
     """Q1: each quota (of ``projects``, or all) with the cards it holds now, how many of
-    them are borrowed (beyond its guarantee) and how many its queued jobs ask: three
-    queries, whatever the number of quotas."""
+    them are borrowed (beyond its guarantee), how many its queued jobs ask, and its project's
+    fair share (Q3: lower goes first): four queries, whatever the number of quotas."""
     quotas = fleet_quotas(fleet, projects)
     book = Book(rows={(q.project_id, q.series): QuotaRow() for q in quotas})
     held: dict = {}
@@ -136,12 +137,19 @@ def quota_rows(fleet: Fleet, projects=None) -> list[dict]:
         ).values_list("project_id", "series", "cards", "nodes"):
             key = book.key(project_id, series)
             queued[key] = queued.get(key, 0) + cards * nodes
+    ledger = Book(
+        rows={(q.project_id, q.series): QuotaRow(q.guaranteed, q.limit, q.weight) for q in quotas},
+        held=held,
+        usage=dict(Usage.objects.filter(fleet=fleet).values_list("project_id", "card_seconds")),
+        tau=time_constant(settings.TUNEPLANE_FAIR_SHARE_HALF_LIFE),
+    )
     return [
         {
             **_view(quota),
             "in_use": held.get(key, 0),
             "borrowed": borrowed.get(key, 0),
             "queued": queued.get(key, 0),
+            "fair_share": round(ledger.share(key), 3),
         }
         for quota in quotas
         for key in [(quota.project_id, quota.series)]

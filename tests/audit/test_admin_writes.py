@@ -102,6 +102,7 @@ def test_A1_a_member_added_and_removed_in_the_admin_is_audited(staff, project, o
     url = f"/admin/tuneplane/project/{project.pk}/change/"
     form = {
         "name": project.name,
+        "max_priority": "0",
         "memberships-TOTAL_FORMS": "1",
         "memberships-INITIAL_FORMS": "0",
         "memberships-MIN_NUM_FORMS": "0",
@@ -135,6 +136,7 @@ def test_A1_a_project_made_in_the_admin_with_a_member_is_audited(staff, outsider
     form = {
         "slug": "vision",
         "name": "Vision",
+        "max_priority": "0",
         "memberships-TOTAL_FORMS": "1",
         "memberships-INITIAL_FORMS": "0",
         "memberships-MIN_NUM_FORMS": "0",

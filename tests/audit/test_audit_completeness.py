@@ -22,7 +22,7 @@ from placement.models import Dataset, Volume
 from placement.services import submission
 
 from . import node_scenarios as nodes
-from . import run_scenarios, serving_scenarios, session_scenarios
+from . import run_scenarios, serving_scenarios, session_scenarios, sharing_scenarios
 from .scenarios import (
     CHANGED,
     CREATED,
@@ -79,6 +79,7 @@ WRITING_MODULES = (
     "placement.services.serving",
     "placement.services.playground",
     "placement.services.episodes",
+    "placement.services.quotas",
     "placement.handover",
     "tuneplane.lifecycle",
 )
@@ -338,6 +339,8 @@ SCENARIOS.update(serving_scenarios.SCENARIOS)
 READS |= serving_scenarios.READS
 SCENARIOS.update(session_scenarios.SCENARIOS)
 READS |= session_scenarios.READS
+SCENARIOS.update(sharing_scenarios.SCENARIOS)
+READS |= sharing_scenarios.READS
 
 
 def function_of(scenario_name: str) -> str:

@@ -17,6 +17,10 @@ def staff(client, admin_user):
     return client
 
 
+# The quotas inline placement adds to the page (Q1), with no rows.
+NO_QUOTAS = {"quotas-TOTAL_FORMS": "0", "quotas-INITIAL_FORMS": "0"}
+
+
 def add_form(**fields):
     return {
         "id": "gpu-lab",
@@ -27,6 +31,7 @@ def add_form(**fields):
         "project": "",
         "state": "active",
         "config": "{}",
+        **NO_QUOTAS,
         **fields,
     }
 
@@ -66,6 +71,7 @@ def test_F1_change_page_shows_kind_and_delivery_read_only(staff, make_fleet):
             "project": "",
             "state": "active",
             "config": "{}",
+            **NO_QUOTAS,
         },
     )
     assert response.status_code == 302
@@ -147,3 +153,32 @@ def test_admin_changelist_query_count_is_flat(staff, make_fleet, django_assert_m
     staff.get(LIST)
     with django_assert_max_num_queries(12):
         assert staff.get(LIST).status_code == 200
+
+
+def test_Q1_the_fleet_page_edits_its_quotas_as_a_whole_through_the_service(
+    staff, make_fleet, project
+):
+    make_fleet("gpu-lab")
+    form = {
+        **add_form(),
+        "quotas-TOTAL_FORMS": "1",
+        "quotas-0-project": str(project.pk),
+        "quotas-0-series": "",
+        "quotas-0-guaranteed": "8",
+        "quotas-0-limit": "16",
+        "quotas-0-weight": "2",
+    }
+    del form["id"], form["kind"], form["delivery"]
+    response = staff.post(f"{LIST}gpu-lab/change/", form)
+    assert response.status_code == 302, response.content.decode()[-3000:]
+    from placement.models import Quota
+
+    quota = Quota.objects.get(fleet_id="gpu-lab")
+    assert (quota.project, quota.guaranteed, quota.limit, quota.weight) == (project, 8, 16, 2)
+    event = AuditEvent.objects.get(action="fleet.quotas_replaced")
+    assert event.actor_label == "ops" and event.after["quotas"][0]["limit"] == 16
+    page = staff.get(f"{LIST}gpu-lab/change/").content.decode()
+    assert 'id="fleet-quotas"' in page and 'data-project="ml"' in page  # in fair-share order
+    refused = {**form, "quotas-0-limit": "4"}  # below its guarantee: the form says so
+    response = staff.post(f"{LIST}gpu-lab/change/", refused)
+    assert response.status_code == 200 and Quota.objects.get(fleet_id="gpu-lab").limit == 16

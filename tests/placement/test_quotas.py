@@ -150,3 +150,13 @@ def test_Q3_within_a_project_a_higher_priority_goes_first(lab, admin_api, member
     urgent = submit(member, "ml", "urgent", cards=8, priority=3)
     allocate(fleet_id=lab.id)
     assert (state(first), state(urgent)) == ("queued", "starting")
+
+
+def test_Q3_an_administrator_raises_a_projects_priority_cap_audited(project, admin_user):
+    from tuneplane.services import project_update
+
+    project_update(actor=Actor.of_user(admin_user), project=project, max_priority=5)
+    project.refresh_from_db()
+    event = AuditEvent.objects.get(action="project.updated")
+    assert project.max_priority == 5
+    assert (event.before, event.after) == ({"max_priority": 0}, {"max_priority": 5})

@@ -23,7 +23,9 @@ import heapq
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from . import waits as why
 from .sharing import Book, Key
+from .waits import Wait
 
 # R16: what a member that names no CPUs or memory (and whose Fleet sets no default) is given
 # when it holds no cards; with cards it gets their share of its node's budgets.
@@ -154,21 +156,54 @@ class Placement:
     borrowed: bool = False  # placed beyond its project's guarantee (Q3)
 
 
-def decide(requests, capacities, now: datetime, book: Book | None = None) -> list[Placement]:
+def decide(
+    requests,
+    capacities,
+    now: datetime,
+    book: Book | None = None,
+    waits: dict | None = None,
+    unavailable: dict[str, int] | None = None,
+) -> list[Placement]:
     """Which requests start now, and where. ``capacities`` (node id → NodeCapacity) is used
     up as requests are placed; pass copies to keep the originals. ``book``: the Fleet's
-    quotas (Q1–Q3); without quotas requests are taken first come, first served."""
-    ready = [
-        request
-        for request in sorted(requests, key=lambda r: r.order)
-        if request.not_before is None or request.not_before <= now
-    ]
+    quotas (Q1–Q3); without quotas requests are taken first come, first served. ``waits``,
+    when given, is filled with why each request not placed waits (Q8; placement.waits),
+    ``unavailable`` saying how many cards the Fleet has that no pass can use, and why."""
+    ready = []
+    for request in sorted(requests, key=lambda r: r.order):
+        if request.not_before is not None and request.not_before > now:
+            if waits is not None:
+                waits[request.key] = why.backoff(request.not_before)
+        else:
+            ready.append(request)
     placing = _Pass(capacities)
+    free_at_start = {
+        series: sum(len(node.free_of(series)) for node in capacities.values())
+        for series in {request.series for request in ready}
+    }
     if book is None or not book.rows:
         for request in ready:
             placing.place(request)
-        return placing.placed
-    return _shared(ready, placing, book)
+    else:
+        _shared(ready, placing, book)
+    if waits is not None:
+        placed = {placement.request.key for placement in placing.placed}
+        for request in ready:
+            if request.key in placed:
+                continue
+            waits[request.key] = placing.refused.get(request.key) or why.unfit(
+                request,
+                capacities,
+                free_at_start[request.series],
+                [
+                    p
+                    for p in placing.placed[: placing.tried_at.get(request.key, 0)]
+                    if not request.series or p.request.series in ("", request.series)
+                ],
+                unavailable or {},
+            )
+        waits.update(why.positioned(waits, requests))
+    return placing.placed
 
 
 class _Pass:
@@ -180,8 +215,11 @@ class _Pass:
         self.placed: list[Placement] = []
         self.reserved: set[str] = set()
         self.full: set[tuple] = set()
+        self.refused: dict[tuple, Wait] = {}  # not tried: over its limit, cards owed (Q8)
+        self.tried_at: dict[tuple, int] = {}  # how many were placed before it was tried
 
     def place(self, request: Request, **quota) -> Placement | None:
+        self.tried_at[request.key] = len(self.placed)
         chosen = (
             None if request.shape in self.full else _pick(request, self.capacities, self.reserved)
         )
@@ -238,7 +276,18 @@ def _shared(ready: list[Request], placing: _Pass, book: Book) -> list[Placement]
         request = queue[at[project]]
         at[project] += 1
         key, cards = keys[request.key], request.total_cards
-        if book.within_limit(key, cards) and idle.may_take(request):
+        row = book.row(key)
+        if not book.within_limit(key, cards):
+            held = book.held.get(key, 0)
+            placing.refused[request.key] = why.over_limit(held, row.limit, cards, key[1])
+        elif not idle.may_take(request):
+            placing.refused[request.key] = why.owed(
+                idle.free.get(request.series, idle.free.get("", 0)),
+                idle.owed_to(request),
+                cards,
+                request.series,
+            )
+        else:
             before = idle.counts(placing.capacities)
             if placing.place(request, quota_series=key[1], borrowed=True):
                 book.take(key, cards)
@@ -272,6 +321,14 @@ class _Idle:
         after = self.counts(capacities)
         for series in self.free:
             self.free[series] -= before[series] - after[series]
+
+    def owed_to(self, request: Request) -> int:
+        """The cards owed to waiting guarantees that this request's cards would overlap."""
+        return sum(
+            owed
+            for series, owed in self.owed.items()
+            if not series or not request.series or series == request.series
+        )
 
     def may_take(self, request: Request) -> bool:
         """Whether the cards each waiting guarantee is owed stay free once it takes its own:

@@ -1,0 +1,153 @@
+"""Why a request waits (Q8), decided by the pass that places (placement.decide), never guessed
+later: one reason from a closed set, a message with its numbers, and its place in its
+project's queue and in the Fleet's.
+
+- ``backoff``: a retry waits until a time.
+- ``quota``: its project would pass its limit (use / limit).
+- ``capacity``: not enough free cards of its series on the Fleet's placeable nodes (free vs
+  needed), or the free ones are owed to a guarantee whose work waits for them, or no node
+  has the CPUs, memory, port or runtime it needs beside its cards.
+- ``fragmentation``: enough free cards, but not on one node (the largest free block).
+- ``health``, ``node_unreachable``, ``no_devices``: it would fit with the cards of nodes
+  that are cordoned or have unhealthy cards, that are not connected, or that list cards
+  without devices (what the allocator cannot hold; Q9).
+- ``priority``: its cards went, this pass, to work of its own project ahead of it.
+- ``fair_share``: its cards went, this pass, to another project's borrowed work.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Wait:
+    reason: str
+    message: str
+    numbers: dict = field(default_factory=dict)
+    position_in_project: int = 0
+    position_in_fleet: int = 0
+
+    def as_record(self) -> dict:
+        return {
+            "reason": self.reason,
+            "message": self.message,
+            "numbers": self.numbers,
+            "position_in_project": self.position_in_project,
+            "position_in_fleet": self.position_in_fleet,
+        }
+
+
+def backoff(not_before: datetime) -> Wait:
+    return Wait(
+        "backoff",
+        f"retried after a backoff: not placed before {not_before.isoformat()}",
+        {"not_before": not_before.isoformat()},
+    )
+
+
+def over_limit(held: int, limit: int, needs: int, series: str) -> Wait:
+    what = series or "cards"
+    return Wait(
+        "quota",
+        f"its project holds {held} of its limit of {limit} {what} here; this needs {needs}",
+        {"in_use": held, "limit": limit, "needs": needs},
+    )
+
+
+def owed(free: int, owed_cards: int, needs: int, series: str) -> Wait:
+    what = series or "cards"
+    return Wait(
+        "capacity",
+        f"needs {needs} {what}; {free} free, {owed_cards} of them owed to work waiting within "
+        "its guarantee",
+        {"needs": needs, "free": free, "owed": owed_cards},
+    )
+
+
+# Capacity the pass cannot use, by why: cards on nodes cordoned or unhealthy (``health``),
+# on nodes not connected (``node_unreachable``), listed without devices (``no_devices``).
+UNAVAILABLE = ("health", "node_unreachable", "no_devices")
+UNAVAILABLE_SAID = {
+    "health": "on cordoned nodes or unhealthy",
+    "node_unreachable": "on nodes not connected now",
+    "no_devices": "on nodes that list cards without devices (the agent's inventory must name "
+    "each card's index and uuid)",
+}
+
+
+def unfit(
+    request,
+    capacities,
+    free_at_start: int,
+    placed_before: list,
+    unavailable: dict[str, int],
+) -> Wait:
+    """Why a request the pass tried did not fit: read off what is free after the pass, what
+    was free before it, and what the pass placed ahead of it."""
+    series, needs = request.series, request.total_cards
+    what = series or "cards"
+    free = sum(len(node.free_of(series)) for node in capacities.values())
+    if free_at_start >= needs and placed_before:
+        own = [p for p in placed_before if p.request.project == request.project]
+        if own:
+            return Wait(
+                "priority",
+                f"needs {needs} {what}; the {len(own)} placed ahead of it in its project "
+                f"took them ({free} free now)",
+                {"needs": needs, "free": free, "ahead": len(own)},
+            )
+        return Wait(
+            "fair_share",
+            f"needs {needs} {what}; they went to {len(placed_before)} of other projects "
+            f"first by fair share ({free} free now)",
+            {"needs": needs, "free": free, "placed_first": len(placed_before)},
+        )
+    largest, where = max(
+        ((len(node.free_of(series)), node_id) for node_id, node in capacities.items()),
+        default=(0, ""),
+    )
+    if request.nodes == 1 and free >= request.cards > largest:
+        return Wait(
+            "fragmentation",
+            f"needs {request.cards} {what} on one node; the largest free block is {largest}"
+            + (f" on {where}" if where else ""),
+            {"needs": request.cards, "free": free, "largest_block": largest, "node": where},
+        )
+    for reason in UNAVAILABLE:
+        if unavailable.get(reason) and free + unavailable[reason] >= needs:
+            return Wait(
+                reason,
+                f"needs {needs} {what}; {free} free, {unavailable[reason]} more "
+                f"{UNAVAILABLE_SAID[reason]}",
+                {"needs": needs, "free": free, reason: unavailable[reason]},
+            )
+    if free >= needs:
+        return Wait(
+            "capacity",
+            f"needs {needs} {what} on nodes with the CPUs, memory, port and runtime it asks; "
+            f"{free} free, none on such a node",
+            {"needs": needs, "free": free},
+        )
+    return Wait("capacity", f"needs {needs} {what}; {free} free", {"needs": needs, "free": free})
+
+
+def positioned(waits: dict, requests) -> dict:
+    """Each wait with its place in its project's queue (priority, then admission order) and
+    in the Fleet's (admission order), counting only what still waits."""
+    waiting = [r for r in requests if r.key in waits]
+    in_fleet = {r.key: n for n, r in enumerate(sorted(waiting, key=lambda r: r.order), 1)}
+    in_project: dict = {}
+    counts: dict[int, int] = {}
+    for r in sorted(waiting, key=lambda r: (-r.priority, r.order)):
+        counts[r.project] = counts.get(r.project, 0) + 1
+        in_project[r.key] = counts[r.project]
+    return {
+        key: Wait(
+            wait.reason,
+            wait.message,
+            wait.numbers,
+            in_project.get(key, 0),
+            in_fleet.get(key, 0),
+        )
+        for key, wait in waits.items()
+    }

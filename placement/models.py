@@ -94,6 +94,10 @@ class Job(Workload):
     # max_priority); Q4: whether it may be preempted while within its project's guarantee.
     priority = models.IntegerField(default=0)
     preemptible = models.BooleanField(default=False)
+    # Q8: why it waits, as the allocator's last pass decided (shown while queued), and each
+    # change of reason: [{"at": …, "reason": …}].
+    waiting = models.JSONField(null=True, blank=True)
+    waiting_history = models.JSONField(default=list, blank=True)
     # A gang's members must all run within this of allocation (R3); None: the setting's.
     gang_deadline_seconds = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(
@@ -180,6 +184,8 @@ class Revision(ServeSpec, models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     # What each replica runs (ServeSpec, node Fleets: placement.runspec.checked_serve).
     replicas = models.PositiveSmallIntegerField(default=1)
+    # Q8: why each replica without a member waits, by rank ("0", "1", …).
+    waiting = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["deployment_id", "number"]
@@ -197,6 +203,8 @@ class PlaygroundSession(ServeSpec, Workload):
     )
     reason = models.CharField(max_length=200, blank=True)
     ends_at = models.DateTimeField(null=True, blank=True)
+    waiting = models.JSONField(null=True, blank=True)  # Q8, while it has no member
+    waiting_history = models.JSONField(default=list, blank=True)
 
     class Meta(Workload.Meta):
         pass
@@ -232,6 +240,8 @@ class Episode(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    waiting = models.JSONField(null=True, blank=True)  # Q8, while queued
+    waiting_history = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["environment_id", "number"]

@@ -18,6 +18,20 @@ project's queue and in the Fleet's.
 from dataclasses import dataclass, field
 from datetime import datetime
 
+# The closed set (Q8); ``preempting`` is for preemption's victims' waiters (Q5, not built).
+REASONS = (
+    "quota",
+    "capacity",
+    "fragmentation",
+    "health",
+    "priority",
+    "fair_share",
+    "backoff",
+    "preempting",
+    "no_devices",
+    "node_unreachable",
+)
+
 
 @dataclass(frozen=True)
 class Wait:

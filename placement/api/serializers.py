@@ -28,6 +28,7 @@ from ..models import (
 )
 from ..selectors import delivery_of, replica_not_ready, replica_ready
 from ..services.starts import host
+from ..waits import REASONS as WAIT_REASONS
 
 
 class WorkloadSerializer(serializers.ModelSerializer):
@@ -99,6 +100,28 @@ class AttemptSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class WaitingSerializer(serializers.Serializer):
+    """Q8: why it waits, as the allocator's last pass decided."""
+
+    reason = serializers.ChoiceField(choices=WAIT_REASONS)
+    message = serializers.CharField()
+    numbers = serializers.DictField()
+    position_in_project = serializers.IntegerField()
+    position_in_fleet = serializers.IntegerField()
+    since = serializers.DateTimeField()
+
+
+class WaitChangeSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    reason = serializers.ChoiceField(choices=WAIT_REASONS)
+
+
+def waiting_while(record, waits: bool) -> dict | None:
+    """Q8: its reason to wait while it waits; null once it runs (or before the allocator's
+    first pass over it)."""
+    return record.waiting if waits else None
+
+
 class JobSerializer(WorkloadSerializer):
     volumes = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     datasets = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
@@ -106,6 +129,8 @@ class JobSerializer(WorkloadSerializer):
     state = serializers.ChoiceField(choices=JobState.choices, read_only=True)
     attempts = AttemptSerializer(many=True, read_only=True)
     env = serializers.SerializerMethodField(help_text="The names; values are not shown again.")
+    waiting = serializers.SerializerMethodField(help_text="Q8: why it waits; null once placed.")
+    waiting_history = WaitChangeSerializer(many=True, read_only=True)
 
     class Meta(WorkloadSerializer.Meta):
         model = TrainingJob
@@ -127,6 +152,8 @@ class JobSerializer(WorkloadSerializer):
             "reason",
             "cancel_requested_at",
             "ended_at",
+            "waiting",
+            "waiting_history",
             "attempts",
         ]
         read_only_fields = fields
@@ -134,6 +161,10 @@ class JobSerializer(WorkloadSerializer):
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_env(self, job):
         return sorted(job.env)
+
+    @extend_schema_field(WaitingSerializer(allow_null=True))
+    def get_waiting(self, job) -> dict | None:
+        return waiting_while(job, job.state == JobState.QUEUED)
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_delivery(self, job):
@@ -208,6 +239,9 @@ class RevisionSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=RevisionState.choices, read_only=True)
     env = serializers.SerializerMethodField(help_text="The names only: values are not shown.")
     members = ReplicaSerializer(many=True, read_only=True)
+    waiting = serializers.SerializerMethodField(
+        help_text="Q8: by replica rank, why each replica without a process waits."
+    )
 
     class Meta:
         model = Revision
@@ -229,11 +263,19 @@ class RevisionSerializer(serializers.ModelSerializer):
             "created_at",
             "ended_at",
             "members",
+            "waiting",
         ]
         read_only_fields = fields
 
     def get_env(self, revision) -> list[str]:
         return sorted(revision.env)
+
+    @extend_schema_field(serializers.DictField(child=WaitingSerializer()))
+    def get_waiting(self, revision) -> dict:
+        if revision.state != RevisionState.LIVE:
+            return {}
+        running = {str(m.rank) for m in revision.members.all() if m.cleanup == Cleanup.PENDING}
+        return {rank: wait for rank, wait in revision.waiting.items() if rank not in running}
 
 
 class DeploymentSerializer(WorkloadSerializer):
@@ -279,12 +321,16 @@ class PlaygroundSessionSerializer(WorkloadSerializer):
     state = serializers.ChoiceField(choices=DeploymentState.choices, read_only=True)
     members = ReplicaSerializer(many=True, read_only=True)
     address = serializers.SerializerMethodField(help_text="host:port once Ready, else null.")
+    waiting = serializers.SerializerMethodField(help_text="Q8: why it waits for its process.")
+    waiting_history = WaitChangeSerializer(many=True, read_only=True)
 
     class Meta(WorkloadSerializer.Meta):
         model = PlaygroundSession
         fields = WorkloadSerializer.Meta.fields + [
             "state",
             "reason",
+            "waiting",
+            "waiting_history",
             "ends_at",
             "image",
             "port",
@@ -293,6 +339,11 @@ class PlaygroundSessionSerializer(WorkloadSerializer):
             "members",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(WaitingSerializer(allow_null=True))
+    def get_waiting(self, session) -> dict | None:
+        live = [m for m in session.members.all() if m.cleanup == Cleanup.PENDING]
+        return waiting_while(session, session.state == DeploymentState.LIVE and not live)
 
     def get_address(self, session) -> str | None:
         ready = [m for m in session.members.all() if replica_ready(m)]
@@ -307,6 +358,8 @@ class EpisodeSerializer(serializers.ModelSerializer):
     env = serializers.SerializerMethodField(help_text="The names only: values are not shown.")
     node = serializers.SerializerMethodField()
     duration_seconds = serializers.SerializerMethodField()
+    waiting = serializers.SerializerMethodField(help_text="Q8: why it waits; null once placed.")
+    waiting_history = WaitChangeSerializer(many=True, read_only=True)
 
     class Meta:
         model = Episode
@@ -315,6 +368,8 @@ class EpisodeSerializer(serializers.ModelSerializer):
             "number",
             "state",
             "reason",
+            "waiting",
+            "waiting_history",
             "exit_code",
             "command",
             "script",
@@ -332,6 +387,10 @@ class EpisodeSerializer(serializers.ModelSerializer):
 
     def get_env(self, episode) -> list[str]:
         return sorted(episode.env)
+
+    @extend_schema_field(WaitingSerializer(allow_null=True))
+    def get_waiting(self, episode) -> dict | None:
+        return waiting_while(episode, episode.state == EpisodeState.QUEUED)
 
     def get_node(self, episode) -> str | None:
         members = list(episode.members.all())

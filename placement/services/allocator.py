@@ -22,14 +22,15 @@ from datetime import timedelta
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from audit.services import audit_record_each
 from fleets.choices import FleetKind, FleetState
 from fleets.models import Fleet
-from nodes.choices import CommandKind
+from nodes.choices import CommandKind, SchedulingState
 from nodes.inventory import has_container_runtime
-from nodes.models import CardAlias
+from nodes.models import CardAlias, Node, NodeCordon
 from nodes.selectors import nodes_placeable
 from nodes.services.commands import node_commands_create_many
 
@@ -56,6 +57,7 @@ from .waiting import (
     member_kind,
     member_view,
     waiting,
+    waits_record,
 )
 
 logger = logging.getLogger("tuneplane.allocator")
@@ -126,6 +128,28 @@ def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
     return capacities
 
 
+def _unavailable(fleet: Fleet, capacities: dict[str, NodeCapacity]) -> dict[str, int]:
+    """Q8, Q9: the Fleet's cards no pass can use now, by why — on nodes cordoned, not
+    schedulable or with unhealthy cards (health), on nodes whose lease or inventory has
+    lapsed (node_unreachable), on placeable nodes that list cards without devices
+    (no_devices). One query."""
+    cordoned = NodeCordon.objects.filter(node_id=OuterRef("pk"))
+    found = dict.fromkeys(("health", "node_unreachable", "no_devices"), 0)
+    for node_id, cards, state, unhealthy, is_cordoned in (
+        Node.objects.filter(fleet=fleet)
+        .exclude(scheduling_state=SchedulingState.REMOVED)
+        .values_list("id", "card_count", "scheduling_state", "unhealthy_cards", Exists(cordoned))
+    ):
+        node = capacities.get(node_id)
+        found["health"] += len(unhealthy or {})
+        if node is None:
+            shut = is_cordoned or state != SchedulingState.SCHEDULABLE
+            found["health" if shut else "node_unreachable"] += cards
+        elif cards and not node.devices_by_series.get("", 0):
+            found["no_devices"] += cards
+    return {reason: cards for reason, cards in found.items() if cards}
+
+
 def allocate(*, fleet_id: str) -> dict:
     """One pass over a node Fleet's queue, in one transaction. Returns what it did."""
     now = timezone.now()
@@ -143,7 +167,12 @@ def allocate(*, fleet_id: str) -> dict:
         capacities = _capacities(fleet, now)
         addresses = {node_id: node.address for node_id, node in capacities.items()}
         book = pass_book(fleet, now)
-        decided = [(items[p.request], p) for p in decide(list(items), capacities, now, book)]
+        waits: dict = {}
+        placements = decide(
+            list(items), capacities, now, book, waits, _unavailable(fleet, capacities)
+        )
+        decided = [(items[p.request], p) for p in placements]
+        waits_record({r.key: item for r, item in items.items()}, waits, now)
         if decided:
             _write(fleet, decided, addresses, now)
     waiting_now = len(queue) - len(decided)

@@ -327,3 +327,43 @@ def member_view(member: Member) -> dict:
         "state": member.state,
         "command": member.command_id,
     }
+
+
+# How many changes of a record's reason to wait are kept (Q8): the newest.
+WAIT_HISTORY = 50
+
+
+def waits_record(items: dict[tuple, Waiting], waits: dict, now) -> None:
+    """Q8: why each request of the pass waits, on its owner — a job, a session or an
+    episode; a revision by replica rank — with since when (kept while the reason stays) and,
+    on a job, session or episode, each change of reason. Only what changed is written: a
+    statement a kind."""
+    changed: dict = {}
+    for key, wait in waits.items():
+        item = items.get(key)
+        if item is None:
+            continue
+        record, owner = wait.as_record(), item.owner
+        if isinstance(item, WaitingReplica):
+            rank = str(item.rank)
+            shown = _since(owner.waiting.get(rank), record, now)
+            if shown != owner.waiting.get(rank):
+                owner.waiting = {**owner.waiting, rank: shown}
+                changed.setdefault(Revision, {})[owner.pk] = owner
+            continue
+        shown = _since(owner.waiting, record, now)
+        if shown == owner.waiting:
+            continue
+        if shown["since"] == now.isoformat():
+            change = {"at": shown["since"], "reason": record["reason"]}
+            owner.waiting_history = [*owner.waiting_history, change][-WAIT_HISTORY:]
+        owner.waiting = shown
+        changed.setdefault(type(owner), {})[owner.pk] = owner
+    for model, owners in changed.items():
+        fields = ["waiting"] if model is Revision else ["waiting", "waiting_history"]
+        model.objects.bulk_update(list(owners.values()), fields)
+
+
+def _since(current: dict | None, record: dict, now) -> dict:
+    kept = current and current.get("reason") == record["reason"]
+    return {**record, "since": current["since"] if kept else now.isoformat()}

@@ -160,3 +160,27 @@ def test_Q3_an_administrator_raises_a_projects_priority_cap_audited(project, adm
     event = AuditEvent.objects.get(action="project.updated")
     assert project.max_priority == 5
     assert (event.before, event.after) == ({"max_priority": 0}, {"max_priority": 5})
+
+
+def test_Q8_a_queued_job_says_why_it_waits_each_change_is_kept_and_null_once_placed(
+    lab, member, member_api
+):
+    first = submit(member, "ml", "first", cards=8)
+    second = submit(member, "ml", "second", cards=8)
+    path = f"/api/training-jobs/{second.pk}"
+    assert member_api.get(path).json()["waiting"] is None  # no pass has looked at it yet
+    allocate(fleet_id=lab.id)
+    shown = member_api.get(path).json()
+    waiting = shown["waiting"]
+    assert waiting["reason"] == "priority" and waiting["numbers"]["ahead"] == 1
+    assert (waiting["position_in_project"], waiting["position_in_fleet"]) == (1, 1)
+    since = waiting["since"]
+    allocate(fleet_id=lab.id)  # the cards are held now: capacity, with its numbers
+    waiting = member_api.get(path).json()["waiting"]
+    assert (waiting["reason"], waiting["numbers"]) == ("capacity", {"needs": 8, "free": 0})
+    assert waiting["message"] == "needs 8 cards; 0 free" and waiting["since"] > since
+    allocate(fleet_id=lab.id)  # nothing changed: nothing written, since kept
+    again = member_api.get(path).json()
+    assert again["waiting"]["since"] == waiting["since"]
+    assert [change["reason"] for change in again["waiting_history"]] == ["priority", "capacity"]
+    assert member_api.get(f"/api/training-jobs/{first.pk}").json()["waiting"] is None

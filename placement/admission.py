@@ -7,7 +7,10 @@ staff, cannot put one project's workload (and so its members' eyes) on another's
 The gates, in order: the named Fleet is open to the workload's project (404, the same
 answer as a Fleet that does not exist), it has the capability, it is active, the inventory
 fits. Automatic choice runs the same gates over every Fleet open to the project and never
-counts, names or hints at another. Inventory fit is a check, not a reservation (P7).
+counts, names or hints at another. Inventory fit is a check, not a reservation (P7), and it
+counts what the allocator can hold: a node's devices, each card by index and UUID. A node
+whose inventory counts cards but lists no devices holds nothing here, and a refusal it caused
+says so, with the fix (Q9).
 
 Queries do not depend on the number of nodes or Fleets: the visible Fleets, one aggregate
 per Fleet over the placeable nodes' rows, then where it fits in the Fleet chosen.
@@ -17,7 +20,16 @@ from dataclasses import dataclass, field
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection
-from django.db.models import F, IntegerField
+from django.db.models import (
+    BooleanField,
+    Case,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    Q,
+    Value,
+    When,
+)
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
@@ -68,6 +80,11 @@ class FleetFit:
     largest: int = 0  # the most matching cards on one placeable node
     fitting_count: int = 0  # placeable nodes holding the cards asked per node
     fitting_cards: int = 0  # the matching cards on those nodes
+    # Placeable nodes that would hold the cards asked by their cards count, but list no
+    # devices for the allocator to hold (Q9): never counted above; and the most cards one
+    # of them counts.
+    unlisted: int = 0
+    unlisted_cards: int = 0
 
     def fits(self, need: "Need") -> bool:
         return self.fitting_count >= need.nodes
@@ -85,15 +102,21 @@ class Admitted:
 
 class Holdings:
     """The placeable machines of some Fleets against one need, at one moment. A node holds
-    what its row keeps (J4), so nothing is unpacked or joined per node; a cluster Fleet's
-    machines are those of a fresh snapshot from its manager (L1), mapped the same way."""
+    what its row keeps (J4) if its inventory lists its devices (Q9), so nothing is unpacked or
+    joined per node; a cluster Fleet's machines are those of a fresh snapshot from its manager
+    (L1), mapped the same way."""
 
     def __init__(self, fleets: list, need: Need, now=None):  # Fleets, or rows: id and kind
         self.fleets, self.need, self.now = fleets, need, now or timezone.now()
         nodes = nodes_placeable([f.id for f in fleets if f.kind == FleetKind.NODE], self.now)
         if need.container:
             nodes = with_container_runtime(nodes)
-        self.nodes = nodes.annotate(held=_cards_held(need))
+        counted = _cards_counted(need)
+        self.nodes = nodes.annotate(
+            counted=counted,
+            listed=ExpressionWrapper(DEVICES_LISTED, output_field=BooleanField()),
+            held=Case(When(DEVICES_LISTED, then=counted), default=Value(0)),
+        )
         # A cluster's manager runs its own way: its machines never fit a workload's image.
         clusters = [f.id for f in fleets if f.kind != FleetKind.NODE]
         self.clusters = [] if need.container else clusters
@@ -109,16 +132,43 @@ class Holdings:
                 fleet_id, max((c for c, _ in held), default=0), len(fitting), sum(fitting)
             )
         try:
-            inner, params = self.nodes.order_by().values("fleet_id", "held").query.sql_with_params()
+            inner, params = (
+                self.nodes.order_by()
+                .values("fleet_id", "counted", "listed")
+                .query.sql_with_params()
+            )
         except EmptyResultSet:
             return fits
         with connection.cursor() as cursor:
-            cursor.execute(
-                FIT_SQL.format(placeable=inner), [*params, self.need.cards, self.need.cards]
-            )
-            for fleet_id, largest, count, cards in cursor.fetchall():
-                fits[fleet_id] = FleetFit(fleet_id, largest, count, cards or 0)
+            cursor.execute(FIT_SQL.format(placeable=inner), [*params, *[self.need.cards] * 6])
+            for fleet_id, largest, count, cards, *unlisted in cursor.fetchall():
+                fits[fleet_id] = FleetFit(fleet_id, largest, count, cards or 0, *unlisted)
         return fits
+
+    def without_devices(self, fits: dict[str, FleetFit]) -> str:
+        """Why nothing fits, when nodes that count cards but list no devices are why (Q9):
+        how many in each Fleet they would have made fit, with the fix; else nothing. Never
+        which nodes: their ids are an administrator's to read (the join warned the node)."""
+        what = self.need.series or "cards"
+        named = [
+            (
+                f"a placeable node of {fit.fleet_id} reports {fit.unlisted_cards} {what}"
+                if fit.unlisted == 1
+                else f"{fit.unlisted} placeable nodes of {fit.fleet_id} report up to "
+                f"{fit.unlisted_cards} {what}"
+            )
+            + " but no devices"
+            for fit in sorted(fits.values(), key=lambda fit: fit.fleet_id)
+            if fit.unlisted and fit.fitting_count + fit.unlisted >= self.need.nodes
+        ]
+        if not named:
+            return ""
+        said = "; ".join(named)
+        return (
+            f" {said[0].upper()}{said[1:]}: the agent's inventory must list each card's index "
+            'and uuid ("devices", as tuneplane-node reports them from nvidia-smi), or its node '
+            "counts toward no fit (rule Q9)."
+        )
 
     def fitting_nodes(self, fleet_id: str, limit: int = 8) -> list[str]:
         """Where the need fits in one Fleet, most cards first: what the admission records."""
@@ -132,7 +182,7 @@ class Holdings:
         )
 
     def _held(self, summary: dict) -> int:
-        """What one machine's card summary holds of the need, as _cards_held reads a node's."""
+        """What one machine's card summary holds of the need, as _cards_counted reads a node's."""
         if not self.need.series:
             return summary["card_count"]
         return summary["series_cards"].get(self.need.series, 0)
@@ -157,19 +207,31 @@ class Holdings:
         return self._machines
 
 
-# Per Fleet, over its placeable nodes' rows: what a node holds is computed once, in the
-# inner query, and the aggregate reads it (PostgreSQL and SQLite alike).
+# Per Fleet, over its placeable nodes' rows: what a node counts and whether it lists its
+# devices are computed once, in the inner query, and the aggregate reads them (PostgreSQL and
+# SQLite alike). A node holds what it counts only if it lists its devices (Q9).
 FIT_SQL = """
-WITH placeable AS MATERIALIZED ({placeable})
+WITH placeable AS MATERIALIZED ({placeable}),
+held AS (SELECT fleet_id, counted, CASE WHEN listed THEN counted ELSE 0 END AS held
+         FROM placeable)
 SELECT fleet_id, MAX(held), COUNT(*) FILTER (WHERE held >= %s),
-       SUM(held) FILTER (WHERE held >= %s)
-FROM placeable GROUP BY fleet_id
+       SUM(held) FILTER (WHERE held >= %s),
+       COUNT(*) FILTER (WHERE held < %s AND counted >= %s),
+       COALESCE(MAX(counted) FILTER (WHERE held < %s AND counted >= %s), 0)
+FROM held GROUP BY fleet_id
 """
 
+# The allocator holds a node's cards by device, index and UUID, and only those its inventory
+# lists (placement.services.allocator): a node listing none holds nothing (Q9). Where it lists
+# them, its kept counts are its devices' (less the unhealthy, by series through CardAlias), as
+# the allocator counts them: an inventory's devices name as many cards of each name as its
+# cards count, or it is refused (nodes.inventory.normalize_inventory).
+DEVICES_LISTED = Q(inventory__devices__0__isnull=False)
 
-def _cards_held(need: Need):
-    """A node's cards of the series asked, or of any series; a card no admin has mapped
-    never counts for a pinned series (J4)."""
+
+def _cards_counted(need: Need):
+    """A node's cards of the series asked, or of any series, as its row keeps them (J4); a
+    card no admin has mapped never counts for a pinned series. Held only if DEVICES_LISTED."""
     if not need.series:
         return F("card_count")
     return Coalesce(Cast(KeyTransform(need.series, "series_cards"), IntegerField()), 0)
@@ -231,7 +293,7 @@ def admit_named(project, fleet_id: str, need: Need, now=None) -> Admitted:
             _without_runtime(
                 need,
                 f"Fleet '{fleet.id}' has no placeable nodes for "
-                f"{need.describe()}; {_best_offer(fits, need)}.",
+                f"{need.describe()}; {_best_offer(fits, need)}." + holdings.without_devices(fits),
             ),
             best_offer=_best_offer(fits, need),
         )
@@ -270,7 +332,11 @@ def admit_automatically(project, need: Need, now=None) -> Admitted:
         offer = _best_offer(fits, need)
         raise _refuse(
             Refusal.INVENTORY_FIT,
-            _without_runtime(need, f"No Fleet you can see fits {need.describe()} now; {offer}."),
+            _without_runtime(
+                need,
+                f"No Fleet you can see fits {need.describe()} now; {offer}."
+                + holdings.without_devices(fits),
+            ),
             best_offer=offer,
         )
     chosen = min(fitting, key=lambda fit: (-fit.fitting_cards, fit.fleet_id))

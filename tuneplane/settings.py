@@ -232,6 +232,7 @@ SPECTACULAR_SETTINGS = {
         "JobStateEnum": "placement.choices.JobState",
         "RunStateEnum": "placement.choices.RunState",
         "CleanupEnum": "placement.choices.Cleanup",
+        "WaitReasonEnum": "placement.waits.REASONS",
         "PlacementRefusedCodeEnum": ["placement_refused"],
     },
     "POSTPROCESSING_HOOKS": [

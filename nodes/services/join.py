@@ -222,6 +222,19 @@ def _join_warnings(node: Node, inventory: dict, now) -> list[dict]:
                 "administrator remove it.",
             }
         )
+    cards = sum(card["count"] for card in inventory["cards"])
+    if cards and not inventory.get("devices"):
+        warnings.append(
+            {
+                "code": "no_devices",
+                "cards": cards,
+                "message": f"The inventory counts {cards} card(s) but lists no devices: cards "
+                "are held by index and UUID, so no work is placed on this node and it counts "
+                'toward no fit (rule Q9). List each card in the inventory\'s "devices" as '
+                '{"index": 0, "uuid": "GPU-...", "name": "..."}, as tuneplane-node reports '
+                "them from nvidia-smi (an --inventory-file must list them too).",
+            }
+        )
     for name in unknown_cards(inventory):
         warnings.append(
             {

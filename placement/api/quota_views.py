@@ -1,7 +1,7 @@
 """A Fleet's quotas (Q1): ``GET`` and ``PUT /api/fleets/{id}/quotas``."""
 
 from drf_spectacular.utils import extend_schema
-from rest_framework.generics import GenericAPIView
+from rest_framework.views import APIView
 from rest_framework.response import Response
 
 from audit.services import Actor
@@ -16,7 +16,7 @@ from .requests import QuotasRequest
 from .serializers import QuotasSerializer
 
 
-class FleetQuotasView(GenericAPIView):
+class FleetQuotasView(APIView):
     serializer_class = QuotasSerializer
 
     @extend_schema(

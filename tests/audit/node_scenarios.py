@@ -33,7 +33,7 @@ from nodes.services import (
     strays,
 )
 from nodes.services.commands import Reported
-from tests.conftest import H100_INVENTORY, SYSTEM, make_csr
+from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM, make_csr
 
 from .scenarios import RUN
 
@@ -52,7 +52,7 @@ def node_join(w, token: str = ""):
     fleet = w.fleet()
     token = token or w.mint(fleet)[1]
     return lambda: join.node_join(
-        token=token, fleet_id=fleet.id, csr=make_csr()[1], inventory=H100_INVENTORY
+        token=token, fleet_id=fleet.id, csr=make_csr()[1], inventory=H100_DEVICE_INVENTORY
     )
 
 
@@ -133,12 +133,14 @@ def credential_rotate(w):
 
 def node_report_inventory(w):
     session = w.live()
-    return lambda: control.node_report_inventory(node_id=session.node_id, inventory=H100_INVENTORY)
+    return lambda: control.node_report_inventory(
+        node_id=session.node_id, inventory=H100_DEVICE_INVENTORY
+    )
 
 
 def node_report_inventory_unchanged(w):
     node = w.placeable()
-    return lambda: control.node_report_inventory(node_id=node.id, inventory=H100_INVENTORY)
+    return lambda: control.node_report_inventory(node_id=node.id, inventory=H100_DEVICE_INVENTORY)
 
 
 def gateway_started(w):
@@ -325,7 +327,7 @@ def storage_cordon_sweep(w):
     """One node lost its storage root unseen by the gateway; another's came back."""
     lost, back = w.node(), w.node()
     Node.objects.filter(pk=lost.pk).update(
-        inventory={**H100_INVENTORY, "storage_root_visible": False}
+        inventory={**H100_DEVICE_INVENTORY, "storage_root_visible": False}
     )
     NodeCordon.objects.create(
         node=back,
@@ -348,14 +350,14 @@ def liveness_sweep(w):
     Node.objects.create(
         fleet=fleet,
         scheduling_state=SchedulingState.SCHEDULABLE,
-        inventory=H100_INVENTORY,
+        inventory=H100_DEVICE_INVENTORY,
         last_seen_at=silent,
         inventory_observed_at=silent,
     )
     Node.objects.create(
         fleet=fleet,
         scheduling_state=SchedulingState.SCHEDULABLE,
-        inventory=H100_INVENTORY,
+        inventory=H100_DEVICE_INVENTORY,
         last_seen_at=now,
         inventory_observed_at=now,
         quiet_serve=True,

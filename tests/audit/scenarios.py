@@ -16,7 +16,7 @@ from nodes.services import clusters as node_clusters
 from nodes.services import commands, control, join, removal, sessions
 from placement import handover as placement_clusters
 from placement.services import serving, storage, submission
-from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr
+from tests.conftest import H100_DEVICE_INVENTORY, SERVE, SYSTEM, make_csr
 from tests.nodes.kube_replay import KubeReplay
 from tuneplane import services as tuneplane
 from tuneplane.celery import app as celery_app
@@ -83,7 +83,7 @@ class World:
             token=self.mint(fleet)[1],
             fleet_id=fleet.id,
             csr=make_csr()[1],
-            inventory=H100_INVENTORY,
+            inventory=H100_DEVICE_INVENTORY,
         )
 
     def node(self, state: str = "schedulable") -> Node:
@@ -100,7 +100,9 @@ class World:
 
     def placeable(self) -> Node:
         """A node that may take work now: a live lease, inventory observed just now (L1)."""
-        return control.node_report_inventory(node_id=self.live().node_id, inventory=H100_INVENTORY)
+        return control.node_report_inventory(
+            node_id=self.live().node_id, inventory=H100_DEVICE_INVENTORY
+        )
 
     def command(self, node: Node, state: str = "pending") -> NodeCommand:
         made = commands.node_command_create(actor=SYSTEM, node=node, kind="run", payload=RUN)

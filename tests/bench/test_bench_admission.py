@@ -20,7 +20,7 @@ from nodes.models import ControlSession, Node
 from nodes.selectors import cards_summary
 from placement.admission import Need, admit_automatically
 from placement.services.submission import training_job_submit
-from tests.conftest import H100_INVENTORY
+from tests.conftest import H100_DEVICE_INVENTORY
 
 pytestmark = [pytest.mark.bench]
 
@@ -32,7 +32,7 @@ RUNS = 200
 def _placeable_fleets(make_fleet):
     now = timezone.now()
     lease = now + timedelta(hours=1)
-    cards = cards_summary(H100_INVENTORY)  # as a join and an inventory report keep it
+    cards = cards_summary(H100_DEVICE_INVENTORY)  # as a join and an inventory report keep it
     for index in range(FLEETS):
         fleet = make_fleet(f"fleet-{index:03d}", kind="node", capabilities=["train", "serve"])
         nodes = Node.objects.bulk_create(
@@ -42,7 +42,7 @@ def _placeable_fleets(make_fleet):
                     fleet=fleet,
                     hostname=f"h{i}",
                     scheduling_state=SchedulingState.SCHEDULABLE,
-                    inventory=H100_INVENTORY,
+                    inventory=H100_DEVICE_INVENTORY,
                     **cards,
                     inventory_observed_at=now,
                     last_seen_at=now,
@@ -91,7 +91,12 @@ def test_bench_admission_100_fleets_10k_nodes(make_fleet, member, project, capsy
     for index in range(RUNS):
         started = time.perf_counter()
         training_job_submit(
-            actor=Actor.of_user(member), project="ml", name=f"j{index}", series="h100", cards=8
+            actor=Actor.of_user(member),
+            project="ml",
+            name=f"j{index}",
+            series="h100",
+            cards=8,
+            command=["python", "train.py"],
         )
         submit.append((time.perf_counter() - started) * 1000)
     assert admitted.fleet_id == "fleet-000"

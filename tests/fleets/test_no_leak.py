@@ -21,12 +21,29 @@ from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
 from nodes.services.sessions import session_open
 from placement.services import submission
-from tests.conftest import H100_INVENTORY, SERVE, make_csr
+from tests.conftest import H100_DEVICE_INVENTORY, H100_INVENTORY, SERVE, make_csr
 from tuneplane.models import Project
 
 HIDDEN, MISSING = "hidden-lab", "absent-lab"  # the same length and shape
-SIXTEEN_H100 = {**H100_INVENTORY, "cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 16}]}
-EIGHT_A100 = {**H100_INVENTORY, "cards": [{"name": "NVIDIA A100-SXM4-80GB", "count": 8}]}
+
+
+def with_devices(inventory: dict) -> dict:
+    """The inventory with each card by index and UUID, as an agent reports it: what the
+    allocator holds, and so what admission counts (Q9)."""
+    names = [card["name"] for card in inventory["cards"] for _ in range(card["count"])]
+    devices = [
+        {"index": index, "uuid": f"GPU-{index:04d}-fake", "name": name}
+        for index, name in enumerate(names)
+    ]
+    return {**inventory, "devices": devices}
+
+
+SIXTEEN_H100 = with_devices(
+    {**H100_INVENTORY, "cards": [{"name": "NVIDIA H100 80GB HBM3", "count": 16}]}
+)
+EIGHT_A100 = with_devices(
+    {**H100_INVENTORY, "cards": [{"name": "NVIDIA A100-SXM4-80GB", "count": 8}]}
+)
 
 # How to call each route that takes a Fleet id: every method it supports, with the bodies
 # to send. A route or method missing here fails the sweep until someone says how to call it.
@@ -56,6 +73,12 @@ CALLS = {
         "OPTIONS": [None],
         "POST": [None, {}, {"reason": "x"}, {"reason": "x", "deadline": "yesterday"}],
     },
+    "api/fleets/<str:fleet_id>/quotas": {
+        "GET": [None],
+        "HEAD": [None],
+        "OPTIONS": [None],
+        "PUT": [None, {}, {"quotas": [{"project": "ml", "guaranteed": 1}]}, "not json"],
+    },
 }
 
 
@@ -66,7 +89,7 @@ CALLS = {
 def add_node(mint):
     """A node that may take work now: joined, a live lease, inventory observed just now."""
 
-    def add(fleet, inventory=H100_INVENTORY):
+    def add(fleet, inventory=H100_DEVICE_INVENTORY):
         joined = node_join(
             token=mint(fleet)[1],
             fleet_id=fleet.id,

@@ -18,7 +18,7 @@ from nodes.choices import SchedulingState
 from nodes.models import CardAlias, HardwareSeries, Node, NodeCredential
 from nodes.services.hardware import card_alias_map
 from nodes.services.join import JOIN_REFUSED, join_token_revoke
-from tests.conftest import H100_INVENTORY, make_csr
+from tests.conftest import H100_DEVICE_INVENTORY, H100_INVENTORY, make_csr
 
 
 def join_body(secret, fleet="gpu-lab", **extra):
@@ -29,7 +29,7 @@ def join_body(secret, fleet="gpu-lab", **extra):
         "csr": csr,
         "address": "10.0.0.7:9100",
         "hostname": "gpu-01",
-        "inventory": H100_INVENTORY,
+        "inventory": H100_DEVICE_INVENTORY,
         **extra,
     }
 
@@ -95,7 +95,12 @@ def test_J4_unknown_card_is_named_and_mapping_takes_effect_without_rejoin(
     anon_api, admin_api, admin_user, node_fleet, mint
 ):
     _, secret = mint(node_fleet)
-    inventory = {**H100_INVENTORY, "cards": [{"name": "Tuneplane Test Card 9000", "count": 2}]}
+    name = "Tuneplane Test Card 9000"
+    inventory = {
+        **H100_INVENTORY,
+        "cards": [{"name": name, "count": 2}],
+        "devices": [{"index": i, "uuid": f"GPU-{i}-tc9000", "name": name} for i in range(2)],
+    }
     body = anon_api.post("/api/nodes/join", join_body(secret, inventory=inventory)).json()
     assert [(w["code"], w["card"]) for w in body["warnings"]] == [
         ("unknown_card", "Tuneplane Test Card 9000")

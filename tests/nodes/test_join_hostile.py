@@ -9,7 +9,7 @@ import uuid
 from django.core.cache import cache
 
 from audit.models import AuditEvent
-from tests.conftest import H100_INVENTORY, make_csr
+from tests.conftest import H100_DEVICE_INVENTORY, make_csr
 from tuneplane import windows
 from tuneplane.client_address import parse_trusted_proxies
 from tuneplane.logs import OneLineFormatter, escape
@@ -22,7 +22,7 @@ def join_body(secret, fleet="gpu-lab", **extra):
         "csr": make_csr()[1],
         "address": "10.0.0.7:9100",
         "hostname": "gpu-01",
-        "inventory": H100_INVENTORY,
+        "inventory": H100_DEVICE_INVENTORY,
         **extra,
     }
 

@@ -24,11 +24,23 @@ from tuneplane.errors import PlacementRefused
 A100_INVENTORY = {**H100_INVENTORY, "cards": [{"name": "NVIDIA A100-SXM4-80GB", "count": 4}]}
 
 
+def with_devices(inventory: dict) -> dict:
+    """The inventory with each card by index and UUID, as an agent reports it: what the
+    allocator holds, and so what admission counts (Q9)."""
+    names = [card["name"] for card in inventory["cards"] for _ in range(card["count"])]
+    devices = [
+        {"index": index, "uuid": f"GPU-{index:04d}-fake", "name": name}
+        for index, name in enumerate(names)
+    ]
+    return {**inventory, "devices": devices}
+
+
 @pytest.fixture
 def placeable(mint):
     """A node that may take work now: joined, a live lease, inventory observed just now."""
 
     def make(fleet, inventory=H100_INVENTORY):
+        inventory = with_devices(inventory)
         result = node_join(
             token=mint(fleet)[1],
             fleet_id=fleet.id,

@@ -11,7 +11,7 @@ from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
 from nodes.services.sessions import session_open
 from placement.models import Deployment, Environment, LifecycleJob, PlaygroundSession, TrainingJob
-from tests.conftest import H100_INVENTORY, SERVE, Api, make_csr
+from tests.conftest import H100_DEVICE_INVENTORY, SERVE, Api, make_csr
 from tuneplane.models import Membership, Project
 
 EVERY_KIND = ["train", "eval", "serve", "env"]
@@ -49,10 +49,10 @@ def ml_lab(make_fleet, mint, project):
     """Project ml's own Fleet of one placeable 8 × H100 node, with every capability."""
     fleet = make_fleet("ml-lab", capabilities=EVERY_KIND, visibility="project", project=project)
     joined = node_join(
-        token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1], inventory=H100_INVENTORY
+        token=mint(fleet)[1], fleet_id=fleet.id, csr=make_csr()[1], inventory=H100_DEVICE_INVENTORY
     )
     session_open(node_id=joined.node.id, serial=joined.certificate.serial, gateway="test")
-    node_report_inventory(node_id=joined.node.id, inventory=H100_INVENTORY)
+    node_report_inventory(node_id=joined.node.id, inventory=H100_DEVICE_INVENTORY)
     return fleet
 
 

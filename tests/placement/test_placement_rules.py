@@ -11,7 +11,7 @@ from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
 from nodes.services.sessions import session_close, session_open
 from placement.models import TrainingJob
-from tests.conftest import H100_INVENTORY, make_csr
+from tests.conftest import H100_DEVICE_INVENTORY, make_csr
 
 
 @pytest.fixture
@@ -24,11 +24,11 @@ def joined(mint):
             token=mint(fleet)[1],
             fleet_id=fleet.id,
             csr=make_csr()[1],
-            inventory=H100_INVENTORY,
+            inventory=H100_DEVICE_INVENTORY,
             address=address,
         )
         session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="gw-1")
-        node = node_report_inventory(node_id=result.node.id, inventory=H100_INVENTORY)
+        node = node_report_inventory(node_id=result.node.id, inventory=H100_DEVICE_INVENTORY)
         return node, result.certificate.serial
 
     return join

@@ -184,3 +184,21 @@ def test_Q8_a_queued_job_says_why_it_waits_each_change_is_kept_and_null_once_pla
     assert again["waiting"]["since"] == waiting["since"]
     assert [change["reason"] for change in again["waiting_history"]] == ["priority", "capacity"]
     assert member_api.get(f"/api/training-jobs/{first.pk}").json()["waiting"] is None
+
+
+def test_Q1_Q3_the_quotas_are_scraped_as_gauges(lab, admin_api, member):
+    from django.test import Client
+
+    from tests.tuneplane.test_metrics import scrape, value
+
+    admin_api.request("PUT", QUOTAS, {"quotas": [{"project": "ml", "guaranteed": 2, "limit": 6}]})
+    for n in range(4):
+        submit(member, "ml", f"j{n}", cards=2)
+    allocate(fleet_id=lab.id)
+    figures = scrape(Client(REMOTE_ADDR="127.0.0.1"))
+    labels = {"fleet": "gpu-lab", "project": "ml", "series": ""}
+    shown = {
+        name: value(figures, f"tuneplane_quota_{name}", **labels)
+        for name in ("guaranteed", "limit", "in_use", "borrowed", "queued")
+    }
+    assert shown == {"guaranteed": 2, "limit": 6, "in_use": 6, "borrowed": 4, "queued": 2}

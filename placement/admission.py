@@ -47,6 +47,7 @@ from tuneplane.errors import PlacementRefused
 
 from .choices import Refusal
 from .metrics import measured_admission
+from .models import Quota
 
 GATES = ["visibility", "capability", "state", "inventory_fit"]
 
@@ -259,6 +260,28 @@ def _without_runtime(need: Need, message: str) -> str:
     )
 
 
+def _over_limits(project, fleet_ids: list[str], need: Need) -> dict[str, str]:
+    """Q2: the Fleets among ``fleet_ids`` where the request can never fit its project's limit,
+    each with the arithmetic: its quota for the series asked, else for any card. One query."""
+    limits: dict[str, dict[str, int | None]] = {}
+    for fleet_id, series, limit in Quota.objects.filter(
+        project=project, fleet_id__in=fleet_ids, series__in={need.series, ""}
+    ).values_list("fleet_id", "series", "limit"):
+        limits.setdefault(fleet_id, {})[series] = limit
+    asked = need.cards * need.nodes
+    over = {}
+    for fleet_id, by_series in limits.items():
+        series = need.series if need.series in by_series else ""
+        limit = by_series.get(series)
+        if limit is not None and asked > limit:
+            what = series or "cards"
+            over[fleet_id] = (
+                f"project {project.slug} may hold at most {limit} {what} on {fleet_id}; "
+                f"this asks {asked} (rule Q2)."
+            )
+    return over
+
+
 def _check_fit(candidates: list, need: Need, now):
     holdings = Holdings(candidates, need, now)
     fits = holdings.per_fleet()
@@ -284,6 +307,9 @@ def admit_named(project, fleet_id: str, need: Need, now=None) -> Admitted:
         raise _refuse(
             Refusal.STATE, f"Fleet '{fleet.id}' is {fleet.state}: it takes no new work (rule D1)."
         )
+    over = _over_limits(project, [fleet.id], need)
+    if over:
+        raise _refuse(Refusal.QUOTA, over[fleet.id])
     if not need.checks_fit:
         return Admitted(fleet.id, GATES[:3])
     fitting, fits, holdings = _check_fit([fleet], need, now)
@@ -325,6 +351,10 @@ def admit_automatically(project, need: Need, now=None) -> Admitted:
             f"Every Fleet you can see that can {need.capability} is "
             "draining or disabled: none takes new work (rule D1).",
         )
+    over = _over_limits(project, [f.id for f in active], need)
+    if over and len(over) == len(active):
+        raise _refuse(Refusal.QUOTA, " ".join(over[f.id] for f in active))
+    active = [f for f in active if f.id not in over]
     if not need.checks_fit:
         return Admitted(active[0].id, GATES[:3])
     fitting, fits, holdings = _check_fit(active, need, now)

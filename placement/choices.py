@@ -80,12 +80,13 @@ class DeploymentStatus(models.TextChoices):
 
 
 class Refusal(models.TextChoices):
-    """Why admission refused (P6). The first three are the product's; the last two say what
-    the submitter has to add."""
+    """Why admission refused (P6). The first three are the product's, and quota a shared
+    Fleet's (Q2); the last two say what the submitter has to add."""
 
     CAPABILITY = "capability", "capability"
     STATE = "state", "state"
     INVENTORY_FIT = "inventory_fit", "inventory_fit"
+    QUOTA = "quota", "quota"
     FLEET_NOT_NAMED = "fleet_not_named", "fleet_not_named"
     NO_NODE_ANSWERING = "no_node_answering", "no_node_answering"
 

@@ -1,8 +1,8 @@
 """A Fleet's quotas (Q1): ``GET`` and ``PUT /api/fleets/{id}/quotas``."""
 
 from drf_spectacular.utils import extend_schema
-from rest_framework.views import APIView
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from audit.services import Actor
 from fleets.selectors import fleet_get_visible

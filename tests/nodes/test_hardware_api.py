@@ -117,12 +117,12 @@ def test_J4_a_bare_a100_is_never_taken_for_80_gb(db):
     assert HardwareSeries.objects.filter(slug__in=["a100", "a100-80gb", "a100-40gb"]).count() == 3
 
 
-def test_P1_a_slurm_fleet_places_by_series_with_no_admin_mapping(make_fleet, member):
+def test_P1_a_slurm_fleet_places_by_series_with_no_admin_mapping(make_fleet, project):
     fleet = make_fleet("hpc", kind="slurm", capabilities=["train"], config={})
     machines = [Machine(name="node-01", cards=[{"name": "h100", "count": 8}]).as_dict()]
     ClusterSnapshot.objects.create(
         fleet=fleet, machines=machines, observed_at=timezone.now(), attempted_at=timezone.now()
     )
-    admitted = admit_automatically(member, Need("train", "h100", 8))
+    admitted = admit_automatically(project, Need("train", "h100", 8))
     assert admitted.fleet_id == "hpc" and admitted.nodes == ["node-01"]
     assert Fleet.objects.count() == 1

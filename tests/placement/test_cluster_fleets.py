@@ -86,7 +86,7 @@ def test_L1_a_failed_read_keeps_the_snapshot_until_it_ages_out(
     )
     assert (
         refusal(
-            member, Need("train", "h100", 8), now=read.observed_at + window + timedelta(seconds=1)
+            project, Need("train", "h100", 8), now=read.observed_at + window + timedelta(seconds=1)
         ).reason
         == "inventory_fit"
     )

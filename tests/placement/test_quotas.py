@@ -202,3 +202,32 @@ def test_Q1_Q3_the_quotas_are_scraped_as_gauges(lab, admin_api, member):
         for name in ("guaranteed", "limit", "in_use", "borrowed", "queued")
     }
     assert shown == {"guaranteed": 2, "limit": 6, "in_use": 6, "borrowed": 4, "queued": 2}
+
+
+def test_Q2_a_request_that_can_never_fit_its_projects_limit_is_refused_with_the_arithmetic(
+    lab, admin_api, member_api
+):
+    admin_api.request("PUT", QUOTAS, {"quotas": [{"project": "ml", "limit": 4}]})
+    body = {"project": "ml", "name": "big", "cards": 8, "command": ["true"]}
+    refused = member_api.post("/api/training-jobs", body)
+    assert refused.status_code == 422, refused.content
+    error = refused.json()["error"]
+    assert error["reason"] == "quota"
+    assert error["message"] == (
+        "project ml may hold at most 4 cards on gpu-lab; this asks 8 (rule Q2)."
+    )
+    assert not TrainingJob.objects.exists()  # nothing written
+    served = {"project": "ml", "name": "chat", "fleet": "gpu-lab", "cards": 6, "port": 8080}
+    served["command"] = ["python", "-m", "http.server"]
+    refused = member_api.post("/api/deployments", served)
+    assert refused.status_code == 422 and refused.json()["error"]["reason"] == "quota"
+
+
+def test_Q2_a_request_within_its_limit_but_not_the_free_cards_queues(lab, admin_api, member):
+    admin_api.request("PUT", QUOTAS, {"quotas": [{"project": "ml", "limit": 8}]})
+    running = submit(member, "ml", "running", cards=8)
+    allocate(fleet_id=lab.id)
+    waiting = submit(member, "ml", "waiting", cards=8)  # admitted: it fits the limit alone
+    allocate(fleet_id=lab.id)
+    assert (state(running), state(waiting)) == ("starting", "queued")
+    assert TrainingJob.objects.get(pk=waiting.pk).waiting["reason"] == "quota"

@@ -56,6 +56,7 @@ from .waiting import (
     WaitingJob,
     member_kind,
     member_view,
+    run_fields_load,
     waiting,
     waits_record,
 )
@@ -172,6 +173,7 @@ def allocate(*, fleet_id: str) -> dict:
             list(items), capacities, now, book, waits, _unavailable(fleet, capacities)
         )
         decided = [(items[p.request], p) for p in placements]
+        run_fields_load([item for item, _ in decided])
         waits_record({r.key: item for r, item in items.items()}, waits, now)
         if decided:
             _write(fleet, decided, addresses, now)

@@ -12,6 +12,8 @@ and then stops what it placed.
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db.models import prefetch_related_objects
+
 from audit.services import Actor
 from fleets.models import Fleet
 from nodes.agent.member.policy import restart_delay
@@ -217,9 +219,31 @@ def _jobs(fleet: Fleet) -> list[WaitingJob]:
         # or waits for it (and then stops what it started).
         .select_for_update(of=("self",))
         .select_related("fleet", "project")
-        .prefetch_related("volumes", "datasets")
+        .defer(*RUN_FIELDS)
         .order_by("created_at", "id")
     ]
+
+
+# What a job runs: read for the jobs a pass places only (run_fields_load), never for the
+# whole queue — a pass's bytes stay bounded by its jobs' few numbers, not their scripts.
+RUN_FIELDS = ("command", "script", "env", "admission", "backend_error")
+
+
+def run_fields_load(items: list[Waiting]) -> None:
+    """The run fields and storage of the placed jobs, onto their rows: a query a kind and
+    two for their volumes and datasets, however many."""
+    for model in JOB_MODELS:
+        jobs = {
+            i.owner.pk: i.owner
+            for i in items
+            if isinstance(i, WaitingJob) and isinstance(i.owner, model)
+        }
+        if not jobs:
+            continue
+        for row in model.objects.filter(pk__in=jobs).values("pk", *RUN_FIELDS):
+            for field in RUN_FIELDS:
+                setattr(jobs[row["pk"]], field, row[field])
+        prefetch_related_objects(list(jobs.values()), "volumes", "datasets")
 
 
 def _replicas(fleet: Fleet) -> list[WaitingReplica]:

@@ -231,3 +231,22 @@ def test_Q2_a_request_within_its_limit_but_not_the_free_cards_queues(lab, admin_
     allocate(fleet_id=lab.id)
     assert (state(running), state(waiting)) == ("starting", "queued")
     assert TrainingJob.objects.get(pk=waiting.pk).waiting["reason"] == "quota"
+
+
+def test_Q3_a_pass_reads_the_scripts_and_env_of_the_jobs_it_places_only(lab, member):
+    """The queue is read by its numbers; what a job runs is read for the placed ones, in one
+    query: a pass's bytes do not grow with the scripts of what waits."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    placed = submit(member, "ml", "placed", cards=8, env={"SECRET": "x" * 1000})
+    waiting = [submit(member, "ml", f"w{n}", cards=8, env={"BIG": "y" * 1000}) for n in range(3)]
+    with CaptureQueriesContext(connection) as captured:
+        allocate(fleet_id=lab.id)
+    reads = [q["sql"] for q in captured if q["sql"].startswith("SELECT") and '"env"' in q["sql"]]
+    jobs = [sql for sql in reads if "placement_trainingjob" in sql]
+    assert len(jobs) == 1 and str(placed.pk) in jobs[0], jobs
+    assert all(f"IN ({job.pk}" not in jobs[0] for job in waiting)
+    assert state(placed) == "starting"
+    command = Member.objects.get(attempt__training_job=placed).command
+    assert command.payload["env"]["SECRET"] == "x" * 1000  # the payload has what it runs

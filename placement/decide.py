@@ -201,6 +201,7 @@ def decide(
                     if not request.series or p.request.series in ("", request.series)
                 ],
                 unavailable or {},
+                shared=book is not None and bool(book.rows),
             )
         waits.update(why.positioned(waits, requests))
     return placing.placed

@@ -95,9 +95,10 @@ def unfit(
     free_at_start: int,
     placed_before: list,
     unavailable: dict[str, int],
+    shared: bool = False,
 ) -> Wait:
     """Why a request the pass tried did not fit: read off what is free after the pass, what
-    was free before it, and what the pass placed ahead of it."""
+    was free before it, and what the pass placed ahead of it (``shared``: by quotas)."""
     series, needs = request.series, request.total_cards
     what = series or "cards"
     free = sum(len(node.free_of(series)) for node in capacities.values())
@@ -109,6 +110,21 @@ def unfit(
                 f"needs {needs} {what}; the {len(own)} placed ahead of it in its project "
                 f"took them ({free} free now)",
                 {"needs": needs, "free": free, "ahead": len(own)},
+            )
+        if not shared:  # first come, first served: those admitted before it came first
+            return Wait(
+                "capacity",
+                f"needs {needs} {what}; {len(placed_before)} admitted before it took them "
+                f"({free} free now)",
+                {"needs": needs, "free": free, "placed_first": len(placed_before)},
+            )
+        guaranteed = [p for p in placed_before if not p.borrowed]
+        if guaranteed:  # other projects' work within their guarantees came first (Q3)
+            return Wait(
+                "capacity",
+                f"needs {needs} {what}; they went to {len(guaranteed)} within other "
+                f"projects' guarantees ({free} free now)",
+                {"needs": needs, "free": free, "guaranteed_first": len(guaranteed)},
             )
         return Wait(
             "fair_share",

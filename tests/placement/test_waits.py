@@ -75,6 +75,11 @@ def test_Q8_priority_and_fair_share_say_where_the_cards_went():
     book = Book(rows={(A, ""): QuotaRow(), (B, ""): QuotaRow()}, usage={A: 1e9})
     waits = why(others, fleet(node("n")), book)
     assert list(waits) == [("job", 1)] and waits[("job", 1)].reason == "fair_share"
+    guaranteed = Book(rows={(A, ""): QuotaRow(), (B, ""): QuotaRow(guaranteed=8)})
+    [wait] = why(others, fleet(node("n")), guaranteed).values()
+    assert wait.reason == "capacity" and wait.numbers["guaranteed_first"] == 1
+    [wait] = why(others, fleet(node("n"))).values()  # no quotas: first come
+    assert wait.reason == "capacity" and wait.numbers["placed_first"] == 1
 
 
 def test_Q8_Q9_cards_the_pass_cannot_use_are_named_with_why():

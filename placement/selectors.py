@@ -25,12 +25,20 @@ from tuneplane.models import Membership
 from tuneplane.permissions import is_admin
 
 from .admission import Need, admit_named
-from .choices import DeploymentState, DeploymentStatus, Refusal, RevisionState, RunState
+from .choices import (
+    DeploymentState,
+    DeploymentStatus,
+    JobState,
+    Refusal,
+    RevisionState,
+    RunState,
+)
 from .models import (
     Attempt,
     Dataset,
     Deployment,
     Environment,
+    Job,
     LifecycleJob,
     Member,
     PlaygroundSession,
@@ -238,3 +246,26 @@ def delivery_of(fleet, volumes, datasets) -> list[dict]:
                 )
             reached.append(entry)
     return reached
+
+
+def queue_position(record) -> dict | None:
+    """Where a queued job stands (Q7's dry run; Q8's positions are the allocator's): its
+    place in its project's queue (priority, then admission order) and in its Fleet's
+    (admission order). None for what is not a queued job. Four queries."""
+    if not isinstance(record, Job) or record.state != JobState.QUEUED:
+        return None
+    ahead_in_fleet = ahead_in_project = 0
+    for model in (TrainingJob, LifecycleJob):
+        queued = model.objects.filter(fleet_id=record.fleet_id, state=JobState.QUEUED).exclude(
+            pk=record.pk if isinstance(record, model) else None
+        )
+        ahead_in_fleet += queued.filter(created_at__lte=record.created_at).count()
+        ahead_in_project += (
+            queued.filter(project_id=record.project_id)
+            .filter(
+                Q(priority__gt=record.priority)
+                | Q(priority=record.priority, created_at__lte=record.created_at)
+            )
+            .count()
+        )
+    return {"position_in_project": ahead_in_project + 1, "position_in_fleet": ahead_in_fleet + 1}

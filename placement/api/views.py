@@ -2,6 +2,7 @@
 
 import functools
 
+from django.db import transaction
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
@@ -25,6 +26,7 @@ from ..models import (
 )
 from ..selectors import (
     environment_resolve,
+    queue_position,
     workloads_listed,
     workloads_shown_to,
     workloads_visible_to,
@@ -73,12 +75,27 @@ class WorkloadListView(GenericAPIView):
     def post(self, request):
         incoming = self.request_serializer(data=request.data)
         incoming.is_valid(raise_exception=True)
+        if request.query_params.get("dry_run") in ("true", "1"):
+            return Response(self._dry_run(request, incoming.validated_data))
         record = self.submit(Actor.of_user(request.user), incoming.validated_data)
         shown = self.get_queryset().get(pk=record.pk)
         return Response(
             self.serializer_class(shown, context=seen_by(request)).data,
             status=status.HTTP_201_CREATED,
         )
+
+    def _dry_run(self, request, data) -> dict:
+        """Q7: what admission would decide and where it would queue, writing nothing: the
+        submission runs, is shown, and is rolled back (its audit events and the tasks it
+        would send with it)."""
+        with transaction.atomic():
+            record = self.submit(Actor.of_user(request.user), data)
+            shown = self.serializer_class(
+                self.get_queryset().get(pk=record.pk), context=seen_by(request)
+            ).data
+            queue = queue_position(record)
+            transaction.set_rollback(True)
+        return {**shown, "id": None, "dry_run": True, "queue": queue}
 
 
 def _list_parameters(states) -> list[OpenApiParameter]:
@@ -112,8 +129,11 @@ def documented(noun: str, request, response, *, refused=(404, 422)):
         submitted = extend_schema(
             methods=["POST"],
             summary=f"Submit a {noun}: admitted to a Fleet, or refused",
+            description="With `?dry_run=true`: 200 with what admission would decide and, for "
+            "a job, where it would queue (`queue`), writing nothing (Q7).",
+            parameters=[OpenApiParameter("dry_run", bool, description="Decide; write nothing.")],
             request=request,
-            responses={201: response, **refusals(400, 401, *refused)},
+            responses={201: response, 200: response, **refusals(400, 401, *refused)},
         )
         return listed(submitted(view))
 

@@ -250,3 +250,22 @@ def test_Q3_a_pass_reads_the_scripts_and_env_of_the_jobs_it_places_only(lab, mem
     assert state(placed) == "starting"
     command = Member.objects.get(attempt__training_job=placed).command
     assert command.payload["env"]["SECRET"] == "x" * 1000  # the payload has what it runs
+
+
+def test_Q7_a_dry_run_answers_what_admission_decides_and_where_it_queues_writing_nothing(
+    lab, member, member_api
+):
+    from audit.models import AuditEvent as Event
+
+    submit(member, "ml", "ahead", cards=8)
+    events, jobs = Event.objects.count(), TrainingJob.objects.count()
+    body = {"project": "ml", "name": "probe", "cards": 4, "command": ["true"]}
+    answer = member_api.post("/api/training-jobs?dry_run=true", body)
+    assert answer.status_code == 200, answer.content
+    shown = answer.json()
+    assert (shown["dry_run"], shown["id"], shown["state"]) == (True, None, "queued")
+    assert shown["admission"]["fleet"] == "gpu-lab"
+    assert shown["queue"] == {"position_in_project": 2, "position_in_fleet": 2}
+    assert (Event.objects.count(), TrainingJob.objects.count()) == (events, jobs)
+    refused = member_api.post("/api/training-jobs?dry_run=true", {**body, "cards": 64})
+    assert refused.status_code == 422  # a refusal is the same refusal

@@ -222,9 +222,11 @@ class _Pass:
     def place(self, request: Request, **quota) -> Placement | None:
         self.tried_at[request.key] = len(self.placed)
         chosen = (
-            None if request.shape in self.full else _pick(request, self.capacities, self.reserved)
+            None
+            if request.shape in self.full
+            else best_fit(request, self.capacities, self.reserved)
         )
-        port = _rendezvous_port(chosen[0]) if chosen and request.nodes > 1 else None
+        port = free_rendezvous_port(chosen[0]) if chosen and request.nodes > 1 else None
         if chosen is None or (request.nodes > 1 and port is None):
             if chosen is None:
                 self.full.add(request.shape)
@@ -342,11 +344,11 @@ class _Idle:
         return True
 
 
-def _rendezvous_port(node: NodeCapacity) -> int | None:
+def free_rendezvous_port(node: NodeCapacity) -> int | None:
     return next((port for port in RENDEZVOUS_PORTS if port not in node.ports), None)
 
 
-def _pick(request: Request, capacities, reserved: set[str]) -> list[NodeCapacity] | None:
+def best_fit(request: Request, capacities, reserved: set[str]) -> list[NodeCapacity] | None:
     """Best fit: the nodes with the fewest free cards that still fit, so that large holes
     stay for large requests. All of a gang's nodes, or none."""
     fitting = [

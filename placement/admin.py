@@ -119,11 +119,33 @@ class JobAdmin(WorkloadAdmin):
     """A job with its state and attempts; Cancel goes through the service (R10)."""
 
     list_display = (
-        WorkloadAdmin.list_display[:4] + ["state", "reason"] + WorkloadAdmin.list_display[4:]
+        WorkloadAdmin.list_display[:4]
+        + ["state", "reason", "waits_because", "priority"]
+        + WorkloadAdmin.list_display[4:]
     )
     list_filter = ["state", *WorkloadAdmin.list_filter]
     inlines = [AttemptInline]
     actions = ["cancel"]
+
+    def get_exclude(self, request, obj=None):
+        return [*super().get_exclude(request, obj), "waiting", "waiting_history"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [*super().get_readonly_fields(request, obj), "waits_because", "waited"]
+
+    @admin.display(description="Waits because (Q8)")
+    def waits_because(self, job) -> str:
+        if job.state != "queued" or not job.waiting:
+            return "—"
+        waiting = job.waiting
+        return (
+            f"{waiting['reason']}: {waiting['message']} · #{waiting['position_in_project']} "
+            f"in its project, #{waiting['position_in_fleet']} on its Fleet"
+        )
+
+    @admin.display(description="Reasons it waited")
+    def waited(self, job) -> str:
+        return " → ".join(f"{c['reason']} ({c['at'][:19]})" for c in job.waiting_history) or "—"
 
     @admin.action(description="Cancel selected jobs (R10)")
     def cancel(self, request, queryset):

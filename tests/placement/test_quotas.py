@@ -269,3 +269,16 @@ def test_Q7_a_dry_run_answers_what_admission_decides_and_where_it_queues_writing
     assert (Event.objects.count(), TrainingJob.objects.count()) == (events, jobs)
     refused = member_api.post("/api/training-jobs?dry_run=true", {**body, "cards": 64})
     assert refused.status_code == 422  # a refusal is the same refusal
+
+
+def test_Q8_the_admin_lists_why_each_queued_job_waits(lab, member, client, admin_user):
+    submit(member, "ml", "first", cards=8)
+    waiting = submit(member, "ml", "second", cards=8)
+    allocate(fleet_id=lab.id)
+    allocate(fleet_id=lab.id)
+    client.force_login(admin_user)
+    listing = client.get("/admin/placement/trainingjob/").content.decode()
+    assert "capacity: needs 8 cards; 0 free · #1 in its project, #1 on its Fleet" in listing
+    page = client.get(f"/admin/placement/trainingjob/{waiting.pk}/change/").content.decode()
+    assert "priority (" in page and "capacity (" in page  # each change of reason, in order
+    assert page.index("priority (") < page.index("capacity (")

@@ -220,17 +220,34 @@ def gpu_node(mint):
             "devices": devices,
             **reported,  # what else its inventory says (container_runtime, say)
         }
-        result = node_join(
-            token=mint(fleet)[1],
-            fleet_id=fleet.id,
-            csr=make_csr()[1],
-            inventory=inventory,
-            address=address,
-        )
-        session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="test")
-        return node_report_inventory(node_id=result.node.id, inventory=inventory)
+        return placeable_node(mint, fleet, inventory, address)
 
     return make
+
+
+def placeable_node(mint, fleet, inventory: dict, address: str):
+    """A node joined with ``inventory``, its control session open and its inventory fresh:
+    placeable (L1) by whatever its inventory says."""
+    result = node_join(
+        token=mint(fleet)[1],
+        fleet_id=fleet.id,
+        csr=make_csr()[1],
+        inventory=inventory,
+        address=address,
+    )
+    session_open(node_id=result.node.id, serial=result.certificate.serial, gateway="test")
+    return node_report_inventory(node_id=result.node.id, inventory=inventory)
+
+
+def with_devices(inventory: dict) -> dict:
+    """The inventory with each card by index and UUID, as an agent reports it: what the
+    allocator holds, and so what admission counts (Q9)."""
+    names = [card["name"] for card in inventory["cards"] for _ in range(card["count"])]
+    devices = [
+        {"index": index, "uuid": f"GPU-{index:04d}-fake", "name": name}
+        for index, name in enumerate(names)
+    ]
+    return {**inventory, "devices": devices}
 
 
 def make_csr(hostname="gpu-01"):

@@ -38,7 +38,8 @@ class QuotaSpec:
 def quotas_replace(*, actor: Actor, fleet: Fleet, specs: list[QuotaSpec]) -> list[Quota]:
     """Q1: the Fleet's quotas become ``specs``, as a whole, in one transaction and one audit
     event that shows them before and after. Each row names a project and a series that
-    exist, its limit is at least its guarantee, and no (project, series) is named twice."""
+    exist, its limit is at least its guarantee, and no (project, series) is named twice.
+    The same quotas again change nothing and record nothing."""
     projects = {p.slug: p for p in Project.objects.filter(slug__in={s.project for s in specs})}
     known_series = set(
         HardwareSeries.objects.filter(slug__in={s.series for s in specs if s.series}).values_list(
@@ -73,6 +74,21 @@ def quotas_replace(*, actor: Actor, fleet: Fleet, specs: list[QuotaSpec]) -> lis
     with transaction.atomic():
         Fleet.objects.select_for_update().filter(pk=fleet.pk).first()
         before = [_view(quota) for quota in fleet_quotas(fleet)]
+        wanted = sorted(
+            (
+                {
+                    "project": spec.project,
+                    "series": spec.series,
+                    "guaranteed": spec.guaranteed,
+                    "limit": spec.limit,
+                    "weight": spec.weight,
+                }
+                for spec in specs
+            ),
+            key=lambda row: (row["project"], row["series"]),
+        )
+        if wanted == before:  # nothing changes: nothing written, nothing recorded
+            return fleet_quotas(fleet)
         Quota.objects.filter(fleet=fleet).delete()
         created = Quota.objects.bulk_create(
             [

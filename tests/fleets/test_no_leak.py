@@ -21,21 +21,10 @@ from nodes.services.control import node_report_inventory
 from nodes.services.join import node_join
 from nodes.services.sessions import session_open
 from placement.services import submission
-from tests.conftest import H100_DEVICE_INVENTORY, H100_INVENTORY, SERVE, make_csr
+from tests.conftest import H100_DEVICE_INVENTORY, H100_INVENTORY, SERVE, make_csr, with_devices
 from tuneplane.models import Project
 
 HIDDEN, MISSING = "hidden-lab", "absent-lab"  # the same length and shape
-
-
-def with_devices(inventory: dict) -> dict:
-    """The inventory with each card by index and UUID, as an agent reports it: what the
-    allocator holds, and so what admission counts (Q9)."""
-    names = [card["name"] for card in inventory["cards"] for _ in range(card["count"])]
-    devices = [
-        {"index": index, "uuid": f"GPU-{index:04d}-fake", "name": name}
-        for index, name in enumerate(names)
-    ]
-    return {**inventory, "devices": devices}
 
 
 SIXTEEN_H100 = with_devices(

@@ -18,21 +18,10 @@ from nodes.services.cordons import node_cordon
 from nodes.services.join import node_join
 from nodes.services.sessions import session_open
 from placement.models import Deployment, TrainingJob
-from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr
+from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr, with_devices
 from tuneplane.errors import PlacementRefused
 
 A100_INVENTORY = {**H100_INVENTORY, "cards": [{"name": "NVIDIA A100-SXM4-80GB", "count": 4}]}
-
-
-def with_devices(inventory: dict) -> dict:
-    """The inventory with each card by index and UUID, as an agent reports it: what the
-    allocator holds, and so what admission counts (Q9)."""
-    names = [card["name"] for card in inventory["cards"] for _ in range(card["count"])]
-    devices = [
-        {"index": index, "uuid": f"GPU-{index:04d}-fake", "name": name}
-        for index, name in enumerate(names)
-    ]
-    return {**inventory, "devices": devices}
 
 
 @pytest.fixture

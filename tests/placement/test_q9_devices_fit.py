@@ -9,14 +9,11 @@ was admitted work (`fits_on_nodes: 1`) that the allocator never placed."""
 import pytest
 
 from audit.services import Actor
-from nodes.services.control import node_report_inventory
-from nodes.services.join import node_join
-from nodes.services.sessions import session_open
 from placement.admission import Need, admit_named
 from placement.models import Member, TrainingJob
 from placement.services import submission
 from placement.services.allocator import allocate
-from tests.conftest import H100_INVENTORY, SERVE, make_csr
+from tests.conftest import H100_INVENTORY, SERVE, placeable_node
 from tuneplane.errors import PlacementRefused
 
 FIX = "the agent's inventory must list each card's index and uuid"
@@ -28,15 +25,7 @@ def cards_only(mint):
     --inventory-file with `cards` alone makes it."""
 
     def make(fleet, address="10.0.0.9:1", inventory=H100_INVENTORY):
-        joined = node_join(
-            token=mint(fleet)[1],
-            fleet_id=fleet.id,
-            csr=make_csr()[1],
-            inventory=inventory,
-            address=address,
-        )
-        session_open(node_id=joined.node.id, serial=joined.certificate.serial, gateway="test")
-        return node_report_inventory(node_id=joined.node.id, inventory=inventory)
+        return placeable_node(mint, fleet, inventory, address)
 
     return make
 

@@ -282,3 +282,12 @@ def test_Q8_the_admin_lists_why_each_queued_job_waits(lab, member, client, admin
     page = client.get(f"/admin/placement/trainingjob/{waiting.pk}/change/").content.decode()
     assert "priority (" in page and "capacity (" in page  # each change of reason, in order
     assert page.index("priority (") < page.index("capacity (")
+
+
+def test_Q1_the_same_quotas_again_change_nothing_and_record_nothing(lab, admin_api, project):
+    body = {"quotas": [{"project": "ml", "guaranteed": 2}]}
+    admin_api.request("PUT", QUOTAS, body)
+    admin_api.request("PUT", QUOTAS, body)
+    admin_api.request("PUT", "/api/fleets/gpu-lab/quotas", {"quotas": []})
+    admin_api.request("PUT", "/api/fleets/gpu-lab/quotas", {"quotas": []})
+    assert AuditEvent.objects.filter(action="fleet.quotas_replaced").count() == 2

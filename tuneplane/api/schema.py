@@ -42,7 +42,9 @@ _DESCRIPTIONS = {
     404: "Not found — also the answer for anything the caller may not see.",
     409: "Conflicts with a rule; `rule` names it.",
     413: "Request body over the limit.",
-    414: "Query string over the limit (2,048 characters).",
+    414: "Query string over the limit (2,048 characters). A request line over the HTTP "
+    "server's own limit (gunicorn's, at most 8,190 bytes) never reaches the console: that "
+    "server answers with its own page (text/html).",
     422: "Placement refused at admission; `reason` says why.",
     429: "Too many requests from this address; retry after the `Retry-After` seconds.",
     503: "The console's database did not answer (a restart, say); retry after the "
@@ -72,4 +74,5 @@ def document_request_refusals(result, generator, request, public):
                     },
                 },
             )
+        responses["414"].setdefault("content", {})["text/html"] = {"schema": {"type": "string"}}
     return result

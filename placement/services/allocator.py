@@ -14,6 +14,11 @@ order, best fit, a gang all or nothing, reservations past a bound — R2, R3). W
 decided — attempts, start commands, members, held cards, the owners' moves and their audit
 events — with one writer for every kind, in a fixed number of statements whatever the number
 of requests and nodes (``make bench``).
+
+On a Fleet with quotas the pass decides by them (Q1–Q3, placement.sharing) and brings each
+project's use forward (placement.services.ledger). Why each request it did not place waits
+is written on its record by the same pass (Q8, placement.waits), only when it changed; like
+the use, it is the pass's reading, not a change anyone made, and is not audited.
 """
 
 import logging
@@ -305,8 +310,8 @@ def _owners_start(items: list[Waiting], attempts) -> None:
         jobs = [i.owner for i in items if isinstance(i, WaitingJob) and isinstance(i.owner, model)]
         for job in jobs:
             JOB_LIFECYCLE.check(job.state, JobState.STARTING, target=job.pk)
-            job.state = JobState.STARTING
-        model.objects.bulk_update(jobs, ["state"])
+            job.state, job.waiting = JobState.STARTING, None  # it no longer waits (Q8)
+        model.objects.bulk_update(jobs, ["state", "waiting"])
         audit_record_each(
             actor=ALLOCATOR,
             target_type=model._meta.label_lower,
@@ -326,8 +331,8 @@ def _owners_start(items: list[Waiting], attempts) -> None:
     episodes = [item.owner for item in items if isinstance(item, WaitingEpisode)]
     for episode in episodes:
         EPISODE_LIFECYCLE.check(episode.state, EpisodeState.STARTING, target=episode.pk)
-        episode.state = EpisodeState.STARTING
-    Episode.objects.bulk_update(episodes, ["state"])
+        episode.state, episode.waiting = EpisodeState.STARTING, None
+    Episode.objects.bulk_update(episodes, ["state", "waiting"])
     audit_record_each(
         actor=ALLOCATOR,
         target_type="placement.episode",

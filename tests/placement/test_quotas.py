@@ -291,3 +291,15 @@ def test_Q1_the_same_quotas_again_change_nothing_and_record_nothing(lab, admin_a
     admin_api.request("PUT", "/api/fleets/gpu-lab/quotas", {"quotas": []})
     admin_api.request("PUT", "/api/fleets/gpu-lab/quotas", {"quotas": []})
     assert AuditEvent.objects.filter(action="fleet.quotas_replaced").count() == 2
+
+
+def test_Q8_a_job_placed_no_longer_carries_its_reason_to_wait(lab, member, gpu_node):
+    submit(member, "ml", "first", cards=8)
+    second = submit(member, "ml", "second", cards=8)
+    allocate(fleet_id=lab.id)
+    assert TrainingJob.objects.get(pk=second.pk).waiting is not None
+    gpu_node(lab, address="10.0.0.2:1")  # a second machine joins
+    allocate(fleet_id=lab.id)
+    placed = TrainingJob.objects.get(pk=second.pk)
+    assert placed.state == "starting" and placed.waiting is None
+    assert [c["reason"] for c in placed.waiting_history] == ["priority"]  # kept

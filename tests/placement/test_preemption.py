@@ -1,5 +1,5 @@
 """Which running jobs a waiting request may preempt, without a database (placement.preemption;
-DESIGN §8 Q4, Q5). Not yet wired to the allocator's writes (Q6): these prove the choice.
+DESIGN §8 Q4, Q5). Not yet wired to the allocator: the stop and the requeue are next.
 Properties: victims only ever free what the request then fits in, every victim may be
 preempted (borrowed, or preemptible) and has run its minimum, work within its guarantee is
 never taken for borrowed work, and no victim is chosen twice."""

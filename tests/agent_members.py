@@ -34,6 +34,17 @@ def settled(executor, member_id, timeout=20):
     raise AssertionError(f"{member_id} still running")
 
 
+def cleaned_up(executor, member_id, timeout=10):
+    """The member once its node has ended it and cleaned up after it (R7, R13), as the
+    agent's tick finds it; its cleanup is asked first elsewhere."""
+    member = settled(executor, member_id)
+    deadline = time.monotonic() + timeout
+    while not member.cleaned and time.monotonic() < deadline:
+        time.sleep(0.1)
+        member = looked_at(executor, member_id)
+    return member
+
+
 # A trivial server: /health answers HEALTH_STATUS (200 unless the env says otherwise); every
 # path answers its pid (its PID namespace's, when confined), a token new at each launch and
 # the env a replica gets.

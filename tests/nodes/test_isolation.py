@@ -20,7 +20,7 @@ import pytest
 from nodes.agent import state
 from nodes.agent.executor import Executor
 from nodes.agent.member import cgroups, isolation
-from tests.agent_members import looked_at, settled
+from tests.agent_members import cleaned_up, settled
 
 pytestmark = pytest.mark.e2e
 
@@ -153,11 +153,7 @@ def test_R11_R12_R13_a_member_reaches_nothing_of_another_member_or_of_the_node(n
     for member_id in ("m-a", "m-b"):
         executor.accept(f"c-{member_id}", "cleanup", {"member": member_id, "grace_seconds": 0})
     for member_id in ("m-a", "m-b"):
-        cleaned = settled(executor, member_id)
-        deadline = time.monotonic() + 10
-        while not cleaned.cleaned and time.monotonic() < deadline:
-            time.sleep(0.1)
-            cleaned = looked_at(executor, member_id)
+        cleaned = cleaned_up(executor, member_id)
         assert cleaned.cleaned and not cgroups.live_pids(executor.cgroup(member_id))
     assert not {UIDS[0], UIDS[0] + 1} & isolation.uids_running()  # R13: nothing left
 
@@ -236,10 +232,6 @@ def test_R12_R13_on_cgroup_v2_an_ebpf_program_allows_only_its_cards(node, cgroup
     assert not (devices.parent / "made").exists()
     # R13: the cleanup kills the whole cgroup (cgroup.kill) and confirms it empty.
     executor.accept("c-b", "cleanup", {"member": "m-b", "grace_seconds": 0})
-    cleaned = settled(executor, "m-b")
-    deadline = time.monotonic() + 10
-    while not cleaned.cleaned and time.monotonic() < deadline:
-        time.sleep(0.1)
-        cleaned = looked_at(executor, "m-b")
+    cleaned = cleaned_up(executor, "m-b")
     assert cleaned.cleaned and not cgroup.exists()
     assert b.uid not in isolation.uids_running()

@@ -13,7 +13,7 @@ from nodes.agent.command import process_start_time
 from nodes.agent.executor import Executor
 from nodes.agent.member import cgroups, launch
 from nodes.agent.member.adoption import adopt_orphans
-from tests.agent_members import CARDS, looked_at, settled, start
+from tests.agent_members import CARDS, cleaned_up, looked_at, settled, start
 from tests.conftest import H100_DEVICES
 
 pytestmark = pytest.mark.e2e
@@ -114,11 +114,7 @@ def test_R7_cleanup_kills_what_is_left_removes_the_scratch_and_keeps_the_log(exe
     assert (scratch / "script.sh").exists()
     time.sleep(0.5)
     executor.accept("c-clean", "cleanup", {"member": "m-left", "grace_seconds": 0})
-    ended = settled(executor, "m-left")
-    deadline = time.monotonic() + 10
-    while not ended.cleaned and time.monotonic() < deadline:
-        time.sleep(0.2)
-        ended = looked_at(executor, "m-left")
+    ended = cleaned_up(executor, "m-left")
     assert ended.cleaned and not scratch.exists()
     assert not cgroups.cgroup_pids(executor.cgroup("m-left"))  # the escaped grandchild too
     assert executor.log_tail("m-left", 100).startswith(b"hello\n")

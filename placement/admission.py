@@ -48,6 +48,7 @@ from tuneplane.errors import PlacementRefused
 from .choices import Refusal
 from .metrics import measured_admission
 from .models import Quota
+from .sharing import Book, QuotaRow
 
 GATES = ["visibility", "capability", "state", "inventory_fit"]
 
@@ -262,22 +263,22 @@ def _without_runtime(need: Need, message: str) -> str:
 
 def _over_limits(project, fleet_ids: list[str], need: Need) -> dict[str, str]:
     """Q2: the Fleets among ``fleet_ids`` where the request can never fit its project's limit,
-    each with the arithmetic: its quota for the series asked, else for any card. One query."""
-    limits: dict[str, dict[str, int | None]] = {}
+    each with the arithmetic: the quota it counts against as the allocator reads it (its
+    series', else its any card's), holding nothing. One query."""
+    rows: dict[str, dict] = {}
     for fleet_id, series, limit in Quota.objects.filter(
         project=project, fleet_id__in=fleet_ids, series__in={need.series, ""}
     ).values_list("fleet_id", "series", "limit"):
-        limits.setdefault(fleet_id, {})[series] = limit
+        rows.setdefault(fleet_id, {})[(project.pk, series)] = QuotaRow(limit=limit)
     asked = need.cards * need.nodes
     over = {}
-    for fleet_id, by_series in limits.items():
-        series = need.series if need.series in by_series else ""
-        limit = by_series.get(series)
-        if limit is not None and asked > limit:
-            what = series or "cards"
+    for fleet_id, quotas in rows.items():
+        book = Book(rows=quotas)
+        key = book.key(project.pk, need.series)
+        if not book.within_limit(key, asked):
             over[fleet_id] = (
-                f"project {project.slug} may hold at most {limit} {what} on {fleet_id}; "
-                f"this asks {asked} (rule Q2)."
+                f"project {project.slug} may hold at most {book.row(key).limit} "
+                f"{key[1] or 'cards'} on {fleet_id}; this asks {asked} (rule Q2)."
             )
     return over
 

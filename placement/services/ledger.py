@@ -11,6 +11,26 @@ from ..models import Member, Quota, Usage
 from ..sharing import Book, QuotaRow, brought_forward, time_constant
 
 
+def holdings(fleet: Fleet) -> tuple[dict, dict]:
+    """The cards each quota of the Fleet holds now, and of those the borrowed ones (beyond
+    its guarantee), by (project, series): one query, what the allocator and the quotas'
+    readers both count."""
+    held: dict = {}
+    borrowed: dict = {}
+    for project_id, series, cards, lent in Member.objects.filter(
+        node__fleet=fleet, cleanup=Cleanup.PENDING, project__isnull=False
+    ).values_list("project_id", "quota_series", "cards", "borrowed"):
+        key = (project_id, series)
+        held[key] = held.get(key, 0) + len(cards)
+        if lent:
+            borrowed[key] = borrowed.get(key, 0) + len(cards)
+    return held, borrowed
+
+
+def fair_share_tau() -> float:
+    return time_constant(settings.TUNEPLANE_FAIR_SHARE_HALF_LIFE)
+
+
 def pass_book(fleet: Fleet, now) -> Book | None:
     """The ledger one allocator pass decides by (Q3), None for a Fleet without quotas:
     its quotas, the cards each holds, each project's use brought forward to ``now`` and
@@ -23,14 +43,12 @@ def pass_book(fleet: Fleet, now) -> Book | None:
     }
     if not rows:
         return None
-    tau = time_constant(settings.TUNEPLANE_FAIR_SHARE_HALF_LIFE)
-    book = Book(rows=rows, tau=tau)
+    tau = fair_share_tau()
+    held, _ = holdings(fleet)
+    book = Book(rows=rows, held=held, tau=tau)
     by_project: dict[int, int] = {}
-    for project_id, series, cards in Member.objects.filter(
-        node__fleet=fleet, cleanup=Cleanup.PENDING, project__isnull=False
-    ).values_list("project_id", "quota_series", "cards"):
-        book.take((project_id, series), len(cards))
-        by_project[project_id] = by_project.get(project_id, 0) + len(cards)
+    for (project_id, _), cards in held.items():
+        by_project[project_id] = by_project.get(project_id, 0) + cards
     usage = {u.project_id: u for u in Usage.objects.filter(fleet=fleet)}
     for project_id in by_project.keys() | usage.keys():
         record = usage.get(project_id)

@@ -8,7 +8,6 @@ quotas, a project without one is guaranteed 0 cards, unlimited, weight 1.
 
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import transaction
 
 from audit.services import Actor, audit_record
@@ -17,10 +16,11 @@ from nodes.models import HardwareSeries
 from tuneplane.errors import ValidationFailed
 from tuneplane.models import Project
 
-from ..choices import Cleanup, JobState
-from ..models import Member, Quota, Usage
-from ..sharing import Book, QuotaRow, time_constant
+from ..choices import JobState
+from ..models import Quota, Usage
+from ..sharing import Book, QuotaRow
 from .allocator import allocate_on_commit
+from .ledger import fair_share_tau, holdings
 from .waiting import JOB_MODELS
 
 
@@ -136,16 +136,13 @@ def quota_rows(fleet: Fleet, projects=None) -> list[dict]:
     them are borrowed (beyond its guarantee), how many its queued jobs ask, and its project's
     fair share (Q3: lower goes first): four queries, whatever the number of quotas."""
     quotas = fleet_quotas(fleet, projects)
-    book = Book(rows={(q.project_id, q.series): QuotaRow() for q in quotas})
-    held: dict = {}
-    borrowed: dict = {}
-    for project_id, series, cards, lent in Member.objects.filter(
-        node__fleet=fleet, cleanup=Cleanup.PENDING, project__isnull=False
-    ).values_list("project_id", "quota_series", "cards", "borrowed"):
-        key = (project_id, series)
-        held[key] = held.get(key, 0) + len(cards)
-        if lent:
-            borrowed[key] = borrowed.get(key, 0) + len(cards)
+    held, borrowed = holdings(fleet)
+    book = Book(
+        rows={(q.project_id, q.series): QuotaRow(q.guaranteed, q.limit, q.weight) for q in quotas},
+        held=held,
+        usage=dict(Usage.objects.filter(fleet=fleet).values_list("project_id", "card_seconds")),
+        tau=fair_share_tau(),
+    )
     queued: dict = {}
     for model in JOB_MODELS:
         for project_id, series, cards, nodes in model.objects.filter(
@@ -153,19 +150,13 @@ def quota_rows(fleet: Fleet, projects=None) -> list[dict]:
         ).values_list("project_id", "series", "cards", "nodes"):
             key = book.key(project_id, series)
             queued[key] = queued.get(key, 0) + cards * nodes
-    ledger = Book(
-        rows={(q.project_id, q.series): QuotaRow(q.guaranteed, q.limit, q.weight) for q in quotas},
-        held=held,
-        usage=dict(Usage.objects.filter(fleet=fleet).values_list("project_id", "card_seconds")),
-        tau=time_constant(settings.TUNEPLANE_FAIR_SHARE_HALF_LIFE),
-    )
     return [
         {
             **_view(quota),
             "in_use": held.get(key, 0),
             "borrowed": borrowed.get(key, 0),
             "queued": queued.get(key, 0),
-            "fair_share": round(ledger.share(key), 3),
+            "fair_share": round(book.share(key), 3),
         }
         for quota in quotas
         for key in [(quota.project_id, quota.series)]

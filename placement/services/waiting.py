@@ -378,7 +378,7 @@ def waits_record(items: dict[tuple, Waiting], waits: dict, now) -> None:
         shown = _since(owner.waiting, record, now)
         if shown == owner.waiting:
             continue
-        if shown["since"] == now.isoformat():
+        if not owner.waiting or owner.waiting["reason"] != record["reason"]:
             change = {"at": shown["since"], "reason": record["reason"]}
             owner.waiting_history = [*owner.waiting_history, change][-WAIT_HISTORY:]
         owner.waiting = shown

@@ -4,14 +4,17 @@ moves those states allow, written once (``tuneplane.lifecycle``; ``move`` makes 
 A job (training or lifecycle; on a cluster Fleet its manager's state read back)::
 
     queued ──► starting ──► running ──► succeeded | failed | cancelled
-      │  ▲        │  ▲         │
-      │  └────────┴──┼─────────┘   retried after a lost attempt or a missed gang deadline (R9);
-      │              │             a cluster manager may put a running job back in its queue
+      │  ▲        │  ▲         │  │
+      │  └────────┴──┼─────────┘  │  retried after a lost attempt or a missed gang deadline
+      │  │           │            │  (R9); a cluster manager may put a running job back
+      │  │           │            ▼  in its queue
+      │  └──────── preempting ──► succeeded | failed | cancelled    (Q6: stopped for a
+      │                                        preemptor, then queued again in its place)
       └──────────────┴──► running (a cluster manager's), succeeded | failed | cancelled
 
 An attempt; a member (``unknown``: its node is gone, R8)::
 
-    starting ──► running ──► succeeded | failed | lost | cancelled        (an attempt)
+    starting ──► running ──► succeeded | failed | lost | cancelled | preempted  (an attempt)
     starting ──► running ──► succeeded | failed | cancelled | abandoned
         │   ▲       │   ▲
         └───┴► unknown ─┘──► succeeded | failed | lost | cancelled | abandoned   (a member)
@@ -97,6 +100,7 @@ class JobState(models.TextChoices):
     QUEUED = "queued", "queued"
     STARTING = "starting", "starting"
     RUNNING = "running", "running"
+    PREEMPTING = "preempting", "preempting"
     SUCCEEDED = "succeeded", "succeeded"
     FAILED = "failed", "failed"
     CANCELLED = "cancelled", "cancelled"
@@ -110,7 +114,10 @@ JOB_LIFECYCLE = Lifecycle.of(
     {
         JobState.QUEUED: {JobState.STARTING, JobState.RUNNING, *JOB_ENDED},
         JobState.STARTING: {JobState.QUEUED, JobState.RUNNING, *JOB_ENDED},
-        JobState.RUNNING: {JobState.QUEUED, *JOB_ENDED},
+        JobState.RUNNING: {JobState.QUEUED, JobState.PREEMPTING, *JOB_ENDED},
+        # Q6: its members stopped for a preemptor; queued again once they have ended, or
+        # ended if they ended first on their own or it was cancelled meanwhile.
+        JobState.PREEMPTING: {JobState.QUEUED, *JOB_ENDED},
     },
 )
 
@@ -126,6 +133,7 @@ class RunState(models.TextChoices):
     LOST = "lost", "lost"
     CANCELLED = "cancelled", "cancelled"
     ABANDONED = "abandoned", "abandoned"
+    PREEMPTED = "preempted", "preempted"  # an attempt's: stopped for a preemptor (Q6)
 
 
 RUN_LIVE = (RunState.STARTING, RunState.RUNNING, RunState.UNKNOWN)
@@ -135,7 +143,8 @@ ATTEMPT_LIFECYCLE = Lifecycle.of(
     "attempt",
     {
         RunState.STARTING: {RunState.RUNNING, *_ATTEMPT_ENDS},
-        RunState.RUNNING: _ATTEMPT_ENDS,
+        # Only a running attempt is preempted (Q5: it has run its minimum runtime).
+        RunState.RUNNING: {*_ATTEMPT_ENDS, RunState.PREEMPTED},
     },
 )
 _MEMBER_ENDS = {*_ATTEMPT_ENDS, RunState.ABANDONED}

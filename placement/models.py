@@ -94,6 +94,11 @@ class Job(Workload):
     # max_priority); Q4: whether it may be preempted while within its project's guarantee.
     priority = models.IntegerField(default=0)
     preemptible = models.BooleanField(default=False)
+    # Q6: the grace its members get between SIGTERM and SIGKILL when preempted, if it asks
+    # for less than TUNEPLANE_PREEMPT_GRACE; and its last preemption: by whom, why, when and
+    # the deadline its members were given ({"by": …, "why": …, "at": …, "deadline": …}).
+    preemption_grace_seconds = models.PositiveIntegerField(null=True, blank=True)
+    preemption = models.JSONField(null=True, blank=True)
     # Q8: why it waits, as the allocator's last pass decided (shown while queued), and each
     # change of reason: [{"at": …, "reason": …}].
     waiting = models.JSONField(null=True, blank=True)

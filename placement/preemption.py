@@ -1,6 +1,6 @@
-"""Which running jobs a waiting request may preempt (Q4, Q5), as a pure function of plain
-data, like placement.decide. Not yet called by the allocator: the victims' stop, the
-``preempting`` state and the requeue (Q6) are the next step.
+"""Which running jobs a waiting request may preempt (Q4, Q5), as pure functions of plain
+data, like placement.decide. The allocator (placement.services.preempting) calls ``plan``
+with what its pass left waiting, and stops the victims it answers (Q6).
 
 - Q4: work on borrowed cards is always preemptible; work within its project's guarantee only
   if it says so (``preemptible``).
@@ -14,6 +14,9 @@ data, like placement.decide. Not yet called by the allocator: the victims' stop,
   a request within its guarantee, so the preemptor borrows nothing afterwards (its share
   above its guarantee is 0, never above the victim's), and a victim on borrowed cards never
   preempts work within a guarantee back.
+- A pass preempts for each waiting request in turn (priority, then admission order); what
+  one preemptor is to take — the victims and the free cards it needs beside theirs — is no
+  longer there for the next, and its cards count against its quota from then on.
 """
 
 import copy
@@ -38,6 +41,7 @@ class Running:
     started_at: datetime
     members: tuple[tuple[str, tuple[dict, ...]], ...]  # (node, cards with "series")
     given: tuple[tuple[float | None, int | None], ...] = ()
+    attempt: int = 0  # its attempt's id, for the writer that stops it
 
     @property
     def cards(self) -> int:
@@ -46,6 +50,37 @@ class Running:
     @property
     def may_be_preempted(self) -> bool:
         return self.borrowed or self.preemptible  # Q4
+
+
+def plan(
+    waiting: list[Request],
+    running: list[Running],
+    capacities: dict[str, NodeCapacity],
+    book: Book,
+    now: datetime,
+    min_runtime: float,
+) -> list[tuple[Request, list[Running]]]:
+    """Q5 for one pass: each request of ``waiting`` that preemption makes fit, with its
+    victims. ``capacities`` and ``book`` are used up as ``decide`` uses them: pass copies
+    to keep the originals."""
+    pool = list(running)
+    chosen: list[tuple[Request, list[Running]]] = []
+    for waiter in sorted(waiting, key=lambda r: (-r.priority, r.order)):
+        taken = victims(waiter, pool, capacities, book, now, min_runtime)
+        if not taken:  # None: nothing it may take makes it fit; []: it fits already
+            continue
+        chosen.append((waiter, taken))
+        pool = [job for job in pool if job not in taken]
+        capacities.update(_freed(capacities, taken))
+        nodes = best_fit(waiter, capacities, set())
+        if waiter.nodes > 1:
+            nodes[0].ports.add(free_rendezvous_port(nodes[0]))
+        for node in nodes:
+            node.take(waiter)
+        for job in taken:
+            book.held[job.quota] = book.held.get(job.quota, 0) - job.cards
+        book.take(book.key(waiter.project, waiter.series), waiter.total_cards)
+    return chosen
 
 
 def victims(
@@ -58,6 +93,8 @@ def victims(
 ) -> list[Running] | None:
     """Q5: the running jobs to preempt so that ``waiter`` fits, fewest and cheapest; None when
     no set of the jobs it may preempt makes it fit."""
+    if _fits(waiter, capacities, []):
+        return []
     key = book.key(waiter.project, waiter.series)
     reclaiming = book.within_guarantee(key, waiter.total_cards)
     candidates = [
@@ -74,22 +111,29 @@ def victims(
     chosen: list[Running] = []
     for job in candidates:
         chosen.append(job)
-        if _fits(waiter, capacities, chosen):
+        if _fits(waiter, capacities, chosen) and _within_limit(waiter, key, book, chosen):
             break
     else:
         return None
     for job in list(reversed(chosen[:-1])):  # the fewest: drop any the request fits without
         fewer = [other for other in chosen if other is not job]
-        if _fits(waiter, capacities, fewer):
+        if _fits(waiter, capacities, fewer) and _within_limit(waiter, key, book, fewer):
             chosen = fewer
     return chosen
 
 
-def _fits(waiter: Request, capacities: dict[str, NodeCapacity], freed: list[Running]) -> bool:
+def _within_limit(waiter: Request, key: Key, book: Book, freed: list[Running]) -> bool:
+    """The preemptor stays within its limit once the victims of its own quota are gone
+    (a higher-priority job taking its project's own lower-priority work's cards)."""
+    returned = sum(job.cards for job in freed if job.quota == key)
+    return book.within_limit(key, waiter.total_cards - returned)
+
+
+def _freed(capacities: dict[str, NodeCapacity], freed: list[Running]) -> dict:
+    """The nodes the victims run on, copied, with their cards, CPUs and memory free."""
     touched = {node_id for job in freed for node_id, _ in job.members}
     trial = {
-        node_id: copy.deepcopy(node) if node_id in touched else node
-        for node_id, node in capacities.items()
+        node_id: copy.deepcopy(capacities[node_id]) for node_id in touched if node_id in capacities
     }
     for job in freed:
         for rank, (node_id, cards) in enumerate(job.members):
@@ -106,7 +150,13 @@ def _fits(waiter: Request, capacities: dict[str, NodeCapacity], freed: list[Runn
                 node.cpus += cpus
             if memory and node.memory is not None:
                 node.memory += memory
-    chosen = best_fit(waiter, trial, set())
+    return trial
+
+
+def _fits(waiter: Request, capacities: dict[str, NodeCapacity], freed: list[Running]) -> bool:
+    """Whether the whole request, a gang with its rendezvous port included, fits once the
+    ``freed`` jobs' members are gone."""
+    chosen = best_fit(waiter, {**capacities, **_freed(capacities, freed)}, set())
     if chosen is None:
         return False
     return waiter.nodes == 1 or free_rendezvous_port(chosen[0]) is not None

@@ -7,6 +7,8 @@ than silently overridden.
 
 import re
 
+from django.conf import settings
+
 from tuneplane.errors import ValidationFailed
 
 MAX_ARGV = 64
@@ -62,6 +64,15 @@ FIELDS = (
     "gang_deadline_seconds",
     "priority",
     "preemptible",
+    "preemption_grace_seconds",
+)
+# A job's own fields, which a deployment's revision, a session and an episode do not have.
+JOB_ONLY = (
+    "max_attempts",
+    "gang_deadline_seconds",
+    "priority",
+    "preemptible",
+    "preemption_grace_seconds",
 )
 MAX_PRIORITY = 1_000_000
 
@@ -86,6 +97,7 @@ def _checked(
     gang_deadline_seconds=None,
     priority=0,
     preemptible=False,
+    preemption_grace_seconds=None,
 ) -> dict:
     command = [] if command is None else command
     if not isinstance(command, list) or len(command) > MAX_ARGV:
@@ -138,9 +150,22 @@ def _checked(
         _refuse("priority", "a whole number; higher is placed first within its project (Q3).")
     if not isinstance(preemptible, bool):
         _refuse("preemptible", "true or false (Q4).")
+    most = settings.TUNEPLANE_PREEMPT_GRACE
+    if preemption_grace_seconds is not None and (
+        isinstance(preemption_grace_seconds, bool)
+        or not isinstance(preemption_grace_seconds, int)
+        or not 0 <= preemption_grace_seconds <= most
+    ):
+        _refuse(
+            "preemption_grace_seconds",
+            f"whole seconds from 0 to {most} (TUNEPLANE_PREEMPT_GRACE): the time between "
+            "SIGTERM and SIGKILL when it is preempted may be shorter than the Fleet's, never "
+            "longer (rule Q6).",
+        )
     return {
         "priority": priority,
         "preemptible": preemptible,
+        "preemption_grace_seconds": preemption_grace_seconds,
         "gang_deadline_seconds": gang_deadline_seconds,
         "command": command,
         "script": script,
@@ -186,7 +211,8 @@ def checked_serve(*, port=None, readiness_path="/health", replicas=1, **fields) 
     if unknown:
         _refuse(unknown[0], "not a field of a deployment.")
     run = _checked(**fields)
-    del run["max_attempts"], run["gang_deadline_seconds"], run["priority"], run["preemptible"]
+    for name in JOB_ONLY:
+        del run[name]
     if "PORT" in run["env"]:
         _refuse("env.PORT", "set by the agent to the deployment's port (rule S1); not settable.")
     if port is not None and (
@@ -257,7 +283,8 @@ def checked_episode(*, manifest: dict, max_timeout: int, **fields) -> dict:
         elif isinstance(default, str) and default:
             fields["script"] = default
     run = _checked(**fields)
-    del run["max_attempts"], run["gang_deadline_seconds"], run["priority"], run["preemptible"]
+    for name in JOB_ONLY:
+        del run[name]
     require_runnable(run)
     if isinstance(cards, bool) or not isinstance(cards, int) or not 0 <= cards <= 64:
         _refuse("cards", "a whole number of cards from 0 to 64.")

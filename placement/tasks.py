@@ -9,8 +9,9 @@ from .handover import (
     cluster_job_handover,
     cluster_jobs_track,
 )
-from .services.allocator import ALLOCATE_TASK, allocate, allocate_all
+from .services.allocator import allocate, allocate_all
 from .services.episodes import episodes_time_out
+from .services.passes import ALLOCATE_TASK
 from .services.playground import sessions_expire
 from .services.reconcile import members_reconcile
 from .services.serving import rollouts_settle

@@ -97,6 +97,15 @@ def member(db, project):
 
 
 @pytest.fixture
+def vision(db):
+    """A second project, cv, with a member of its own: a Fleet shared by two (Q1–Q9)."""
+    project = Project.objects.create(slug="cv", name="Vision")
+    user = get_user_model().objects.create_user("vic", password="vic-password-1")
+    Membership.objects.create(project=project, user=user)
+    return user
+
+
+@pytest.fixture
 def outsider(db):
     return get_user_model().objects.create_user("otto", password="otto-password-1")
 

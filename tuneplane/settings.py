@@ -293,6 +293,10 @@ TUNEPLANE_ALLOCATION_RESERVE_AFTER = env_seconds("TUNEPLANE_ALLOCATION_RESERVE_A
 # Q3: a project's use of a shared Fleet, in card-seconds, halves every this long.
 TUNEPLANE_FAIR_SHARE_HALF_LIFE = env_seconds("TUNEPLANE_FAIR_SHARE_HALF_LIFE", 7 * 86400)
 TUNEPLANE_STOP_GRACE = env_seconds("TUNEPLANE_STOP_GRACE", 30)
+# Q5, Q6: a job is preempted only once it has run this long in its attempt, and its members
+# get this long (or the less the job asks for) between SIGTERM and SIGKILL.
+TUNEPLANE_PREEMPT_MIN_RUNTIME = env_seconds("TUNEPLANE_PREEMPT_MIN_RUNTIME", 600)
+TUNEPLANE_PREEMPT_GRACE = env_seconds("TUNEPLANE_PREEMPT_GRACE", 120)
 # A gang's members must all run within this of allocation (R3; torchrun's rendezvous join
 # timeout is the same). A gone node's members are given up this long after gone (R8).
 TUNEPLANE_GANG_DEADLINE = env_seconds("TUNEPLANE_GANG_DEADLINE", 600)

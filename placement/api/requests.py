@@ -116,6 +116,14 @@ class JobRequest(CardsRequest):
         help_text="Whether it may be preempted while within its project's guarantee (Q4); "
         "work on borrowed cards always may.",
     )
+    preemption_grace_seconds = serializers.IntegerField(
+        min_value=0,
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="Seconds between SIGTERM and SIGKILL when it is preempted (Q6), if less "
+        "than TUNEPLANE_PREEMPT_GRACE (120 s by default), which is also the most.",
+    )
 
     class Meta:
         ref_name = "JobRequest"

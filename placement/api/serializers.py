@@ -122,6 +122,13 @@ def waiting_while(record, waits: bool) -> dict | None:
     return record.waiting if waits else None
 
 
+class PreemptionSerializer(serializers.Serializer):
+    by = serializers.CharField(help_text="The preemptor: trainingjob-7, replica-3-0 …")
+    why = serializers.CharField()
+    at = serializers.DateTimeField()
+    deadline = serializers.DateTimeField(help_text="When its members get SIGKILL at the latest.")
+
+
 class JobSerializer(WorkloadSerializer):
     volumes = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     datasets = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
@@ -131,6 +138,12 @@ class JobSerializer(WorkloadSerializer):
     env = serializers.SerializerMethodField(help_text="The names; values are not shown again.")
     waiting = serializers.SerializerMethodField(help_text="Q8: why it waits; null once placed.")
     waiting_history = WaitChangeSerializer(many=True, read_only=True)
+    preemption = PreemptionSerializer(
+        allow_null=True,
+        read_only=True,
+        help_text="Q6: its last preemption — by whom, why, when, and the deadline its members "
+        "were given before SIGKILL; null if it was never preempted.",
+    )
 
     class Meta(WorkloadSerializer.Meta):
         model = TrainingJob
@@ -147,9 +160,11 @@ class JobSerializer(WorkloadSerializer):
             "max_attempts",
             "priority",
             "preemptible",
+            "preemption_grace_seconds",
             "gang_deadline_seconds",
             "state",
             "reason",
+            "preemption",
             "cancel_requested_at",
             "ended_at",
             "waiting",

@@ -16,7 +16,8 @@ events — with one writer for every kind, in a fixed number of statements whate
 of requests and nodes (``make bench``).
 
 On a Fleet with quotas the pass decides by them (Q1–Q3, placement.sharing) and brings each
-project's use forward (placement.services.ledger). Why each request it did not place waits
+project's use forward (placement.services.ledger); what it could not place may then preempt
+running work (Q4–Q7, placement.services.preempting). Why each request it did not place waits
 is written on its record by the same pass (Q8, placement.waits), only when it changed; like
 the use, it is the pass's reading, not a change anyone made, and is not audited.
 """
@@ -24,7 +25,6 @@ the use, it is the pass's reading, not a change anyone made, and is not audited.
 import logging
 from datetime import timedelta
 
-from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, OuterRef
@@ -52,6 +52,7 @@ from ..decide import NodeCapacity, Placement, decide
 from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS
 from ..models import Attempt, CardHold, Episode, Member, PlaygroundSession, Revision
 from .ledger import pass_book
+from .preempting import preempt
 from .starts import host
 from .waiting import (
     ALLOCATOR,
@@ -67,8 +68,6 @@ from .waiting import (
 )
 
 logger = logging.getLogger("tuneplane.allocator")
-
-ALLOCATE_TASK = "placement.allocate"
 
 
 def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
@@ -102,6 +101,7 @@ def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
         held = {card["index"] for cards, _, _ in in_use.get(node_id, []) for card in cards}
         free: dict[str, list[dict]] = {"": []}
         totals: dict[str, int] = {"": 0}
+        card_series: dict[int, str] = {}
         for device in inventory.get("devices", []):
             if device["uuid"] in unhealthy:  # out of new work until healthy again
                 continue
@@ -110,6 +110,7 @@ def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
             if series:
                 totals[series] = totals.get(series, 0) + 1
             if device["index"] in held:
+                card_series[device["index"]] = series or ""
                 continue
             free[""].append(device)
             if series:
@@ -130,6 +131,7 @@ def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
             has_container_runtime(inventory),
             inventory.get("cpu_budget"),
             inventory.get("memory_budget_bytes"),
+            card_series,
         )
     return capacities
 
@@ -162,10 +164,10 @@ def allocate(*, fleet_id: str) -> dict:
     with transaction.atomic():
         fleet = Fleet.objects.select_for_update().filter(pk=fleet_id).first()
         if fleet is None or fleet.kind != FleetKind.NODE or fleet.state != FleetState.ACTIVE:
-            return {"allocated": 0, "waiting": 0}
+            return {"allocated": 0, "waiting": 0, "preempted": 0}
         queue = waiting(fleet)
         if not queue:
-            return {"allocated": 0, "waiting": 0}
+            return {"allocated": 0, "waiting": 0, "preempted": 0}
         bound = now - timedelta(seconds=settings.TUNEPLANE_ALLOCATION_RESERVE_AFTER)
         items = {}
         for item in queue:
@@ -179,16 +181,23 @@ def allocate(*, fleet_id: str) -> dict:
         )
         decided = [(items[p.request], p) for p in placements]
         run_fields_load([item for item, _ in decided])
-        waits_record({r.key: item for r, item in items.items()}, waits, now)
         if decided:
             _write(fleet, decided, addresses, now)
+        preempted = preempt(fleet, items, waits, capacities, book, now) if book else 0
+        waits_record({r.key: item for r, item in items.items()}, waits, now)
     waiting_now = len(queue) - len(decided)
     ALLOCATOR_PASS.observe((timezone.now() - now).total_seconds())
     for item, _ in decided:
         ALLOCATION_WAIT.observe((now - item.owner.created_at).total_seconds())
-    if decided:
-        logger.info("fleet %s: %d allocated, %d waiting", fleet_id, len(decided), waiting_now)
-    return {"allocated": len(decided), "waiting": waiting_now}
+    if decided or preempted:
+        logger.info(
+            "fleet %s: %d allocated, %d waiting, %d preempted",
+            fleet_id,
+            len(decided),
+            waiting_now,
+            preempted,
+        )
+    return {"allocated": len(decided), "waiting": waiting_now, "preempted": preempted}
 
 
 def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, now) -> None:
@@ -349,12 +358,6 @@ def _attempt_view(attempt: Attempt) -> dict:
         "number": attempt.number,
         "state": attempt.state,
     }
-
-
-def allocate_on_commit(fleet_id: str) -> None:
-    """Something changed for a node Fleet (a job admitted, cards released): a pass soon, in
-    a worker. The beat's pass over every Fleet is the safety net."""
-    transaction.on_commit(lambda: current_app.tasks[ALLOCATE_TASK].delay(fleet_id))
 
 
 def allocate_all() -> dict:

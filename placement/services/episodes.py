@@ -29,8 +29,8 @@ from ..admission import Need, admit_named
 from ..choices import EPISODE_ENDED, EPISODE_LIFECYCLE, RUN_LIVE, EpisodeState, RunState
 from ..models import Environment, Episode, Member
 from ..runspec import checked_episode
-from .allocator import allocate_on_commit
 from .members import member_follow, members_clean, members_stop
+from .passes import allocate_on_commit
 
 EPISODES = Actor.system("episodes")
 

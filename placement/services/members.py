@@ -35,7 +35,7 @@ from tuneplane.lifecycle import move
 
 from ..choices import MEMBER_LIFECYCLE, RUN_LIVE, Cleanup, RunState
 from ..models import CardHold, Member
-from .allocator import allocate_on_commit
+from .passes import allocate_on_commit
 from .waiting import member_kind
 
 RUNS = Actor.system("runs")

@@ -19,8 +19,8 @@ from tuneplane.models import Project
 from ..choices import JobState
 from ..models import Quota, Usage
 from ..sharing import Book, QuotaRow
-from .allocator import allocate_on_commit
 from .ledger import fair_share_tau, holdings
+from .passes import allocate_on_commit
 from .waiting import JOB_MODELS
 
 

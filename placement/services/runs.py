@@ -22,8 +22,8 @@ from tuneplane.lifecycle import move
 from ..choices import ATTEMPT_LIFECYCLE, JOB_ENDED, JOB_LIFECYCLE, RUN_LIVE, JobState, RunState
 from ..handover import cluster_job_cancel_on_commit
 from ..models import Attempt, LifecycleJob, Member, TrainingJob
-from .allocator import allocate_on_commit
 from .members import RUNS, member_follow, members_clean, members_stop
+from .passes import allocate_on_commit
 
 # An attempt that ended for one of these is the machine's fault, not the job's: the job
 # gets another attempt while it has attempts left (R9). A non-zero exit or an OOM is not.
@@ -109,6 +109,9 @@ def attempt_state(job, attempt: Attempt, members: list[Member]) -> tuple[str, st
         return (RunState.LOST if given_up else RunState.FAILED), failed.reason or "exit"
     if members and all(m.state == RunState.SUCCEEDED for m in members):
         return RunState.SUCCEEDED, "exit"
+    if job.state == JobState.PREEMPTING and not live:
+        # Q6: stopped for a preemptor; neither a failure nor an attempt used.
+        return RunState.PREEMPTED, "preempted"
     if members and all(m.started_at is not None for m in members):
         # Every member started (a fast one may have finished already): it runs.
         return RunState.RUNNING, attempt.reason
@@ -124,20 +127,34 @@ def _job_settle(job, attempt: Attempt, now) -> None:
         return
     state, reason = job.state, job.reason
     if attempt.state == RunState.RUNNING:
-        state = JobState.RUNNING
+        if job.state != JobState.PREEMPTING:  # preempting: it runs until its members stop
+            state = JobState.RUNNING
     elif attempt.state == RunState.SUCCEEDED:
         state, reason = JobState.SUCCEEDED, ""
     elif attempt.state == RunState.CANCELLED or job.cancel_requested_at is not None:
         # Asked to stop: however the attempt ends, nothing runs again (R10).
         state, reason = JobState.CANCELLED, "cancelled"
+    elif attempt.state == RunState.PREEMPTED:
+        # Q6: queued again in its place (admission order), for the preemptor to go first.
+        state, reason = JobState.QUEUED, "preempted"
+        allocate_on_commit(job.fleet_id)
     elif attempt.state in (RunState.FAILED, RunState.LOST):
-        if attempt.reason in RETRIED and attempt.number < job.max_attempts:
+        if attempt.reason in RETRIED and attempts_used(job) < job.max_attempts:
             state, reason = JobState.QUEUED, f"retrying after {attempt.reason}"
             allocate_on_commit(job.fleet_id)
         else:
             state, reason = JobState.FAILED, attempt.reason
     if (state, reason) != (job.state, job.reason):
         job_move(job, state, reason=reason, now=now)
+
+
+def attempts_used(job) -> int:
+    """R9, Q6: the attempts that count against ``max_attempts`` — a preempted one never does."""
+    return (
+        Attempt.objects.filter(**{Attempt.job_field(job): job})
+        .exclude(state=RunState.PREEMPTED)
+        .count()
+    )
 
 
 def job_move(job, state: str, *, reason: str, now, actor: Actor = RUNS, **fields) -> None:

@@ -42,8 +42,8 @@ from ..choices import (
 from ..models import Deployment, Member, Revision
 from ..runspec import checked_serve, require_servable
 from ..selectors import replica_ready
-from .allocator import allocate_on_commit
 from .members import member_follow, members_clean, members_stop
+from .passes import allocate_on_commit
 
 SERVING = Actor.system("serving")
 

@@ -39,7 +39,7 @@ from ..runspec import (
     require_runnable,
     require_servable,
 )
-from .allocator import allocate_on_commit
+from .passes import allocate_on_commit
 from .playground import session_ends_at
 
 

@@ -11,7 +11,14 @@ from nodes.services import commands, control, cordons
 from placement import handover
 from placement.choices import JOB_LIFECYCLE
 from placement.models import Member, TrainingJob
-from placement.services import allocator, members, reconcile, reports, runs, submission
+from placement.services import (
+    allocator,
+    members,
+    reconcile,
+    reports,
+    runs,
+    submission,
+)
 from tests.conftest import H100_DEVICE_INVENTORY, SYSTEM
 from tuneplane.lifecycle import move
 
@@ -49,16 +56,6 @@ def allocate(w):
 def allocate_all(w):
     _queued(w)
     return allocator.allocate_all
-
-
-def allocate_on_commit(w):
-    job = _queued(w)
-
-    def call():
-        with tasks_run_at_once(), TestCase.captureOnCommitCallbacks(execute=True):
-            allocator.allocate_on_commit(job.fleet_id)
-
-    return call
 
 
 def member_running(w):
@@ -232,8 +229,6 @@ SCENARIOS = {
     ),
     "placement.services.allocator.allocate": Scenario(allocate, STARTED),
     "placement.services.allocator.allocate_all": Scenario(allocate_all, STARTED),
-    # It dispatches the pass through the broker: run at once here.
-    "placement.services.allocator.allocate_on_commit": Scenario(allocate_on_commit, STARTED),
     "placement.services.runs.attempt_member_reported": Scenario(member_running, RUNNING),
     # Through the one observer placement registers with nodes: the same moves.
     "placement.services.runs.attempt_member_reported/observed": Scenario(member_reported, RUNNING),

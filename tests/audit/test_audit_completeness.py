@@ -80,6 +80,7 @@ WRITING_MODULES = (
     "placement.services.playground",
     "placement.services.episodes",
     "placement.services.quotas",
+    "placement.services.preempting",
     "placement.handover",
     "tuneplane.lifecycle",
 )

@@ -105,7 +105,7 @@ def test_bench_allocation_1000_jobs_onto_1000_nodes(node_fleet, member, project,
     done, seconds, captured = _one_pass(
         node_fleet, member, [{"project": project, "cards": 1} for _ in range(JOBS)]
     )
-    assert done == {"allocated": JOBS, "waiting": 0}
+    assert done == {"allocated": JOBS, "waiting": 0, "preempted": 0}
     with capsys.disabled():
         print(
             f"\nallocation: {JOBS} one-card jobs onto {NODES} nodes x 8 cards in one pass: "

@@ -52,7 +52,7 @@ def states(*jobs) -> list[str]:
 
 def test_R1_a_job_gets_specific_cards_of_its_node_each_held_by_one_row(lab, member):
     first, second = job(member, "a", cards=3), job(member, "b", cards=5)
-    assert allocate(fleet_id=lab.id) == {"allocated": 2, "waiting": 0}
+    assert allocate(fleet_id=lab.id) == {"allocated": 2, "waiting": 0, "preempted": 0}
     cards = held(first) + held(second)
     devices = {(d["index"], d["uuid"]) for d in Node.objects.get().inventory["devices"]}
     assert {(c["index"], c["uuid"]) for c in cards} == devices  # all 8, each once
@@ -64,7 +64,7 @@ def test_R1_a_job_gets_specific_cards_of_its_node_each_held_by_one_row(lab, memb
 
 def test_R1_never_more_than_a_node_has(lab, member):
     jobs = [job(member, f"j{n}", cards=3) for n in range(3)]
-    assert allocate(fleet_id=lab.id) == {"allocated": 2, "waiting": 1}
+    assert allocate(fleet_id=lab.id) == {"allocated": 2, "waiting": 1, "preempted": 0}
     assert states(*jobs) == ["starting", "starting", "queued"]
     assert CardHold.objects.count() == 6
 

@@ -41,6 +41,6 @@ def test_R10_a_cancel_racing_an_allocation_pass_is_not_overwritten(
         locked.cancel_requested_at = locked.ended_at = timezone.now()
         locked.save()
     thread.join(30)
-    assert done["result"] == {"allocated": 0, "waiting": 0}
+    assert done["result"] == {"allocated": 0, "waiting": 0, "preempted": 0}
     assert TrainingJob.objects.get(pk=record.pk).state == "cancelled"
     assert not Attempt.objects.exists()

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from audit.services import Actor
+from fleets.models import Fleet
 from nodes.choices import COMMAND_LIFECYCLE
 from nodes.models import Node
 from nodes.services.commands import Reported, node_command_report, node_commands_reconcile
@@ -29,12 +30,14 @@ from placement.choices import (
     RUN_LIVE,
     RunState,
 )
-from placement.models import Member, TrainingJob
+from placement.models import Attempt, Member, TrainingJob
 from placement.services import episodes, playground, runs, serving, submission
 from placement.services.allocator import allocate
+from placement.services.quotas import QuotaSpec, quotas_replace
 from placement.services.reconcile import members_reconcile
 from tests.conftest import SERVE, SYSTEM
 from tuneplane.lifecycle import IllegalMove, move, recording
+from tuneplane.models import Membership, Project
 
 ALL = (*LIFECYCLES, COMMAND_LIFECYCLE)
 LATER = timedelta(days=1)
@@ -61,7 +64,8 @@ def test_a_records_ends_in_its_table_are_the_ends_the_code_reads():
     }
     assert ends["job"] == set(JOB_ENDED)
     assert ends["episode"] == set(EPISODE_ENDED)
-    assert ends["member"] == set(RunState.values) - set(RUN_LIVE)
+    # Only a member is abandoned with its node (D3); only an attempt is preempted (Q6).
+    assert ends["member"] == set(RunState.values) - set(RUN_LIVE) - {RunState.PREEMPTED}
     assert ends["attempt"] == set(RunState.values) - set(RUN_LIVE) - {RunState.ABANDONED}
     assert ends["node_command"] == {"succeeded", "failed"}
     for name in ("revision", "deployment", "playgroundsession"):
@@ -332,6 +336,48 @@ def episodes_cancelled(user):
         episodes.episode_cancel(actor=SYSTEM, episode=each)
 
 
+# --- Preemption (Q6) ---
+
+
+def preempting(user) -> tuple[TrainingJob, list[Member]]:
+    """A job of ml runs an hour on a borrowed card; cv, guaranteed the Fleet's 16 cards,
+    waits for all of them: the pass preempts the job."""
+    cv = Project.objects.create(slug="cv", name="Vision")
+    Membership.objects.create(project=cv, user=user)
+    fleet = Fleet.objects.get(pk="gpu-lab")
+    quotas_replace(actor=SYSTEM, fleet=fleet, specs=[QuotaSpec("cv", guaranteed=16)])
+    record, members = running(user)
+    Attempt.objects.filter(training_job=record).update(started_at=timezone.now() - LATER)
+    submission.training_job_submit(
+        actor=Actor.of_user(user), project="cv", name="owner", command=["true"], cards=8, nodes=2
+    )
+    allocate(fleet_id=fleet.pk)
+    record.refresh_from_db()
+    assert record.state == "preempting"
+    return record, members
+
+
+def preempted(user):
+    _, [one] = preempting(user)
+    report(one, "failed", -15, "stopped")
+
+
+def preempted_after_it_finished(user):
+    _, [one] = preempting(user)
+    report(one, "succeeded", 0, "exit")
+
+
+def preempted_after_it_failed(user):
+    _, [one] = preempting(user)
+    report(one, "failed", 1, "exit")
+
+
+def preempted_then_cancelled(user):
+    record, [one] = preempting(user)
+    cancel(record)
+    report(one, "failed", -15, "stopped")
+
+
 FLOWS = (
     succeeds,
     succeeds_at_once,
@@ -356,6 +402,10 @@ FLOWS = (
     episode_ends,
     episodes_time_out,
     episodes_cancelled,
+    preempted,
+    preempted_after_it_finished,
+    preempted_after_it_failed,
+    preempted_then_cancelled,
 )
 # Moves only a cluster Fleet's manager makes, read back by placement.handover: their flows
 # are tests/placement/test_cluster_jobs.py's (test_a_managers_states_move_the_job_by_its_table).

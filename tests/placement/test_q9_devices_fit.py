@@ -83,7 +83,7 @@ def test_Q9_what_admission_admits_the_allocator_places(
     assert placed.json()["admission"]["fits_on_nodes"] == 1
     shown = admin_api.get("/api/training-jobs").json()["results"][0]["admission"]
     assert shown["fits_on"] == [listed.id] and blind.id not in str(shown)
-    assert allocate(fleet_id=fleet.id) == {"allocated": 1, "waiting": 0}
+    assert allocate(fleet_id=fleet.id) == {"allocated": 1, "waiting": 0, "preempted": 0}
     job = TrainingJob.objects.get()
     assert job.state == "starting"
     assert list(Member.objects.values_list("node_id", flat=True)) == [listed.id]
@@ -113,4 +113,4 @@ def test_Q9_automatic_choice_never_picks_a_fleet_for_cards_it_lists_no_devices_f
         actor=Actor.of_user(member), project="ml", name="w", command=["true"], cards=8
     )
     assert job.fleet_id == "b-lab" and job.admission["fits_on"] == [listed.id]
-    assert allocate(fleet_id="b-lab") == {"allocated": 1, "waiting": 0}
+    assert allocate(fleet_id="b-lab") == {"allocated": 1, "waiting": 0, "preempted": 0}

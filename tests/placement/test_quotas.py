@@ -3,7 +3,6 @@ API as a whole and audited, read with what each holds, borrows and has queued, a
 by the allocator. The decision itself, without a database, is test_sharing.py's."""
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from audit.models import AuditEvent
 from audit.services import Actor
@@ -11,7 +10,7 @@ from placement.models import Member, TrainingJob, Usage
 from placement.services import submission
 from placement.services.allocator import allocate
 from tests.conftest import Api
-from tuneplane.models import Membership, Project
+from tuneplane.models import Project
 
 QUOTAS = "/api/fleets/gpu-lab/quotas"
 
@@ -20,15 +19,6 @@ QUOTAS = "/api/fleets/gpu-lab/quotas"
 def lab(node_fleet, gpu_node):
     gpu_node(node_fleet)
     return node_fleet
-
-
-@pytest.fixture
-def vision(db):
-    """A second project, with a member of its own."""
-    project = Project.objects.create(slug="cv", name="Vision")
-    user = get_user_model().objects.create_user("vic", password="vic-password-1")
-    Membership.objects.create(project=project, user=user)
-    return user
 
 
 def submit(user, project, name, cards=8, **fields) -> TrainingJob:

@@ -54,7 +54,7 @@ def test_R1_a_pinned_and_an_any_card_job_in_one_pass_get_two_different_cards(
     gpu_node(node_fleet, cards=2)
     pinned = submit(member, series="h100", cards=1)
     anywhere = submit(member, cards=1)
-    assert allocate(fleet_id=node_fleet.id) == {"allocated": 2, "waiting": 0}
+    assert allocate(fleet_id=node_fleet.id) == {"allocated": 2, "waiting": 0, "preempted": 0}
     [one], [other] = members_of(pinned), members_of(anywhere)
     assert one.cards != other.cards and CardHold.objects.count() == 2
 
@@ -92,7 +92,7 @@ def test_R5_two_jobs_of_300_gib_on_a_512_gib_node_do_not_both_start_across_passe
     first = submit(member, cards=1, memory_bytes=300 * GIB)
     assert allocate(fleet_id=node_fleet.id)["allocated"] == 1
     second = submit(member, cards=1, memory_bytes=300 * GIB)
-    assert allocate(fleet_id=node_fleet.id) == {"allocated": 0, "waiting": 1}
+    assert allocate(fleet_id=node_fleet.id) == {"allocated": 0, "waiting": 1, "preempted": 0}
     assert len(members_of(first)) == 1 and members_of(second) == []
 
 
@@ -237,6 +237,6 @@ def test_S6_a_single_node_quiet_for_env_gets_no_new_episode(node_fleet, gpu_node
         actor=Actor.of_user(member), project="ml", name="env", manifest={"fleet": node_fleet.id}
     )
     episodes.episode_start(actor=SYSTEM, environment=environment, command=["x"])
-    assert allocate(fleet_id=node_fleet.id) == {"allocated": 0, "waiting": 1}
+    assert allocate(fleet_id=node_fleet.id) == {"allocated": 0, "waiting": 1, "preempted": 0}
     Node.objects.filter(pk=quiet.pk).update(quiet_env=False)
     assert allocate(fleet_id=node_fleet.id)["allocated"] == 1

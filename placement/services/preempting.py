@@ -1,0 +1,247 @@
+"""Preemption on a node Fleet with quotas (Q4–Q7): what an allocator pass does for the
+requests it could not place, once it has decided.
+
+The pass hands over what still waits, why, and what its decision left free and booked.
+Preemption then works in three steps:
+
+1. Read what runs. Each running job of the Fleet becomes a ``Running``: its project, quota,
+   whether it borrows, priority, start, and its members' nodes, cards and budgets.
+2. Decide. ``placement.preemption.plan`` is pure: which waiting requests preemption makes
+   fit, and their victims.
+3. Write. Each victim's job moves ``running → preempting`` and records who preempted it,
+   why and its deadline. Its members get the agent's stop: SIGTERM, then SIGKILL after
+   ``TUNEPLANE_PREEMPT_GRACE``, or the less the job asks for. The preemptor records its
+   victims; each of those is one audit event (Q7).
+
+A request whose victims are still stopping waits with the reason ``preempting``, their
+deadlines as its numbers. It picks no more victims, and its cards count against its quota
+(so its project's next request does not reclaim the same guarantee twice). Once a victim's
+members have ended, runs ends its attempt ``preempted`` and queues the job again in its old
+place (placement.services.runs). Its cards go back when the node confirms the cleanup (R7),
+and that pass places the preemptor.
+
+A Fleet without quotas preempts nothing: first come, best effort, as before (Q1).
+
+``preemption_preview`` answers a dry run (Q7): whom a request would preempt now, writing
+nothing.
+"""
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from audit.services import audit_record
+from fleets.models import Fleet
+from nodes.choices import CommandKind
+from tuneplane.lifecycle import move
+
+from ..choices import JOB_LIFECYCLE, Cleanup, JobState, RunState
+from ..decide import NodeCapacity, Request
+from ..models import Member
+from ..preemption import Running, plan
+from ..sharing import Book
+from ..waits import Wait
+from .members import members_send
+from .runs import locked_run
+from .waiting import ALLOCATOR, JOB_MODELS, Waiting
+
+# A request's own reasons to wait that preemption does not answer: a retry's backoff, and
+# its project's limit (preempting frees cards, it never raises a limit).
+NOT_ANSWERED = ("backoff", "quota")
+
+
+def named(key: tuple) -> str:
+    """A request's key as its records and audit events name it: trainingjob-7, replica-3-0."""
+    kind, pk, rank = key
+    return f"replica-{pk}-{rank}" if kind == "replica" else f"{kind}-{pk}"
+
+
+def preempt(
+    fleet: Fleet,
+    items: dict[Request, Waiting],
+    waits: dict[tuple, Wait],
+    capacities: dict[str, NodeCapacity],
+    book: Book,
+    now: datetime,
+) -> int:
+    """Q5, Q6 after a pass's decision on ``fleet``: its victims stopped, each waiting
+    preemptor's reason to wait made ``preempting``. ``capacities`` and ``book`` are the
+    pass's, used up. Returns how many jobs it preempted."""
+    stopping = _stopping(fleet)
+    eligible = []
+    for request in items:
+        wait = waits.get(request.key)
+        if wait is None:
+            continue
+        victims = stopping.get(named(request.key))
+        if victims:
+            book.take(book.key(request.project, request.series), request.total_cards)
+            waits[request.key] = _preempting(wait, victims)
+        elif wait.reason not in NOT_ANSWERED:
+            eligible.append(request)
+    if not eligible:
+        return 0
+    running = running_jobs(fleet, capacities)
+    if not running:
+        return 0
+    preempted = 0
+    minimum = settings.TUNEPLANE_PREEMPT_MIN_RUNTIME
+    for waiter, victims in plan(eligible, running, capacities, book, now, minimum):
+        stopped = [
+            record
+            for victim in victims
+            if (record := _stop(victim, waiter, items[waiter], now)) is not None
+        ]
+        if not stopped:
+            continue
+        preempted += len(stopped)
+        owner = items[waiter].owner
+        audit_record(
+            actor=ALLOCATOR,
+            action=f"{owner._meta.model_name}.preempts",
+            target=owner,
+            before={"victims": []},
+            after={"preemptor": named(waiter.key), "victims": stopped},
+        )
+        waits[waiter.key] = _preempting(waits[waiter.key], stopped)
+    return preempted
+
+
+def _why(victim: Running, waiter: Request, item: Waiting) -> str:
+    project = item.owner.project.slug if hasattr(item.owner, "project") else waiter.project
+    if victim.project != waiter.project:
+        return (
+            f"project {project} waits for cards within its guarantee; this job ran on "
+            "borrowed cards (rule Q5)"
+        )
+    return (
+        f"a job of its project with priority {waiter.priority} waits; this one has "
+        f"priority {victim.priority} (rule Q5)"
+    )
+
+
+def _stop(victim: Running, waiter: Request, item: Waiting, now: datetime) -> dict | None:
+    """Q6: the victim's job ``running → preempting``, audited with its preemptor and why; its
+    members stopped with the grace. None when it is no longer running (it ended meanwhile)."""
+    job, attempt, members = locked_run(victim.attempt)
+    if job.state != JobState.RUNNING or attempt.state != RunState.RUNNING:
+        return None
+    grace = settings.TUNEPLANE_PREEMPT_GRACE
+    if job.preemption_grace_seconds is not None:
+        grace = min(grace, job.preemption_grace_seconds)
+    record = {
+        "by": named(waiter.key),
+        "why": _why(victim, waiter, item),
+        "at": now.isoformat(),
+        "deadline": (now + timedelta(seconds=grace)).isoformat(),
+    }
+    move(
+        job,
+        JOB_LIFECYCLE,
+        JobState.PREEMPTING,
+        actor=ALLOCATOR,
+        reason="preempted",
+        action=f"{job._meta.model_name}.preempting",
+        fields={"preemption": record},
+        after={"preemption": record, "attempt": attempt.number},
+    )
+    live = [member for member in members if member.state in (RunState.STARTING, RunState.RUNNING)]
+    members_send(CommandKind.STOP, live, now, grace_seconds=grace)
+    return {"job": f"{job._meta.model_name}-{job.pk}", "deadline": record["deadline"]}
+
+
+def _preempting(wait: Wait, victims: list[dict]) -> Wait:
+    """Q8: a preemptor waits for its victims to stop, their deadlines its numbers."""
+    last = max(victim["deadline"] for victim in victims)
+    return Wait(
+        "preempting",
+        f"preempting {len(victims)} job(s) for its cards: "
+        + ", ".join(victim["job"] for victim in victims)
+        + f"; stopped by {last} at the latest",
+        {"victims": victims},
+        wait.position_in_project,
+        wait.position_in_fleet,
+    )
+
+
+def _stopping(fleet: Fleet) -> dict[str, list[dict]]:
+    """The Fleet's jobs being preempted, by their preemptor: a query a job kind."""
+    stopping: dict[str, list[dict]] = {}
+    for model in JOB_MODELS:
+        for pk, preemption in model.objects.filter(
+            fleet=fleet, state=JobState.PREEMPTING
+        ).values_list("pk", "preemption"):
+            if preemption:
+                stopping.setdefault(preemption["by"], []).append(
+                    {"job": f"{model._meta.model_name}-{pk}", "deadline": preemption["deadline"]}
+                )
+    return stopping
+
+
+def running_jobs(fleet: Fleet, capacities: dict[str, NodeCapacity]) -> list[Running]:
+    """Q4, Q5: the Fleet's running jobs as preemption weighs them. Each member's cards carry
+    their series; a card that is unhealthy is not listed, as freeing it frees nothing. A
+    query a job kind and one for their members."""
+    jobs: dict[tuple[str, int], tuple] = {}
+    for model in JOB_MODELS:
+        for pk, project, priority, preemptible in model.objects.filter(
+            fleet=fleet, state=JobState.RUNNING
+        ).values_list("pk", "project_id", "priority", "preemptible"):
+            jobs[(model._meta.model_name, pk)] = (project, priority, preemptible)
+    if not jobs:
+        return []
+    members: dict[tuple[str, int], list] = {}
+    for row in (
+        Member.objects.filter(
+            attempt__fleet=fleet, attempt__state=RunState.RUNNING, cleanup=Cleanup.PENDING
+        )
+        .order_by("attempt_id", "rank")
+        .values_list(
+            "attempt__training_job_id",
+            "attempt__lifecycle_job_id",
+            "attempt_id",
+            "attempt__started_at",
+            "node_id",
+            "cards",
+            "cpus",
+            "memory_bytes",
+            "quota_series",
+            "borrowed",
+        )
+    ):
+        training, lifecycle, *rest = row
+        key = ("trainingjob", training) if training else ("lifecyclejob", lifecycle)
+        if key in jobs:
+            members.setdefault(key, []).append(rest)
+    running = []
+    for key, rows in members.items():
+        project, priority, preemptible = jobs[key]
+        attempt, started_at, *_, quota_series, borrowed = rows[0]
+        running.append(
+            Running(
+                key=key,
+                project=project,
+                quota=(project, quota_series),
+                borrowed=borrowed,
+                preemptible=preemptible,
+                priority=priority,
+                started_at=started_at,
+                members=tuple(
+                    (node_id, _with_series(capacities.get(node_id), cards))
+                    for _, _, node_id, cards, *_ in rows
+                ),
+                given=tuple((cpus, memory) for *_, cpus, memory, _, _ in rows),
+                attempt=attempt,
+            )
+        )
+    return running
+
+
+def _with_series(node: NodeCapacity | None, cards: list[dict]) -> tuple[dict, ...]:
+    if node is None:  # not placeable now: what it holds there frees nothing for this pass
+        return ()
+    return tuple(
+        {**card, "series": node.card_series[card["index"]]}
+        for card in cards
+        if card["index"] in node.card_series
+    )

@@ -45,7 +45,7 @@ def fleet_work_section(fleet) -> dict | None:
             model.objects.filter(fleet=fleet, state=state).count()
             for model in (TrainingJob, LifecycleJob)
         )
-        for state in (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
+        for state in (JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
     }
     return {"template": "admin/placement/fleet_work.html", "rows": rows, "counts": counts}
 

@@ -2,6 +2,7 @@
 the allocator's passes and how long jobs waited for cards, counted as they happen; and the
 queue, read from the database at each scrape of the web's /metrics."""
 
+import contextlib
 import contextvars
 import functools
 import time
@@ -34,6 +35,22 @@ ALLOCATION_WAIT = Histogram(
 ALLOCATOR_PASS = Histogram("tuneplane_allocator_pass_seconds", "One allocator pass over a Fleet.")
 
 _deciding = contextvars.ContextVar("tuneplane_admission_deciding", default=False)
+# A dry run (Q7) admits and allocates only to answer, then rolls back: it is not counted.
+_dry_run = contextvars.ContextVar("tuneplane_dry_run", default=False)
+
+
+@contextlib.contextmanager
+def not_counted():
+    """Admissions and allocator passes inside are a dry run's: not counted or timed."""
+    token = _dry_run.set(True)
+    try:
+        yield
+    finally:
+        _dry_run.reset(token)
+
+
+def counted() -> bool:
+    return not _dry_run.get()
 
 
 def measured_admission(admit):
@@ -41,7 +58,7 @@ def measured_admission(admit):
 
     @functools.wraps(admit)
     def measured(*args, **kwargs):
-        if _deciding.get():
+        if _deciding.get() or not counted():
             return admit(*args, **kwargs)
         token = _deciding.set(True)
         started = time.perf_counter()

@@ -13,12 +13,13 @@ project's queue and in the Fleet's.
   without devices (what the allocator cannot hold; Q9).
 - ``priority``: its cards went, this pass, to work of its own project ahead of it.
 - ``fair_share``: its cards went, this pass, to another project's borrowed work.
+- ``preempting``: running jobs are being stopped for it (Q5, Q6): their deadlines.
 """
 
 from dataclasses import dataclass, field
 from datetime import datetime
 
-# The closed set (Q8); ``preempting`` is for preemption's victims' waiters (Q5, not built).
+# The closed set (Q8). ``preempting``: its victims are stopping (placement.services.preempting).
 REASONS = (
     "quota",
     "capacity",

@@ -15,6 +15,7 @@ from tuneplane.api.throttles import LogsThrottle
 from tuneplane.errors import NotFound
 
 from ..choices import DeploymentState, JobState
+from ..metrics import not_counted
 from ..models import (
     Dataset,
     Deployment,
@@ -32,6 +33,7 @@ from ..selectors import (
     workloads_visible_to,
 )
 from ..services import runs, serving, storage, submission
+from ..services.allocator import allocate_preview
 from . import requests as bodies
 from . import serializers as answers
 from .schema import refusals
@@ -49,6 +51,10 @@ def _list_filters(request, states) -> dict:
         "states": [validate_choice("state", state, states) for state in asked],
         "project": request.query_params.get("project", ""),
     }
+
+
+# What a dry run also shows the allocator's next pass for (Q7): work it places on node Fleets.
+ALLOCATED = (TrainingJob, LifecycleJob, Deployment)
 
 
 class WorkloadListView(GenericAPIView):
@@ -88,14 +94,15 @@ class WorkloadListView(GenericAPIView):
         """Q7: what admission would decide and where it would queue, writing nothing: the
         submission runs, is shown, and is rolled back (its audit events and the tasks it
         would send with it)."""
-        with transaction.atomic():
+        with transaction.atomic(), not_counted():
             record = self.submit(Actor.of_user(request.user), data)
             shown = self.serializer_class(
                 self.get_queryset().get(pk=record.pk), context=seen_by(request)
             ).data
             queue = queue_position(record)
+            allocation = allocate_preview(record) if isinstance(record, ALLOCATED) else None
             transaction.set_rollback(True)
-        return {**shown, "id": None, "dry_run": True, "queue": queue}
+        return {**shown, "id": None, "dry_run": True, "queue": queue, "allocation": allocation}
 
 
 def _list_parameters(states) -> list[OpenApiParameter]:
@@ -130,7 +137,10 @@ def documented(noun: str, request, response, *, refused=(404, 422)):
             methods=["POST"],
             summary=f"Submit a {noun}: admitted to a Fleet, or refused",
             description="With `?dry_run=true`: 200 with what admission would decide and, for "
-            "a job, where it would queue (`queue`), writing nothing (Q7).",
+            "a job, where it would queue (`queue`); for a job or a deployment on a node Fleet, "
+            "what the allocator's next pass would do (`allocation`: whether it `starts` and on "
+            "which `nodes`, else why it would be `waiting` and which running jobs it "
+            "`preempts`), writing nothing (Q7).",
             parameters=[OpenApiParameter("dry_run", bool, description="Decide; write nothing.")],
             request=request,
             responses={201: response, 200: response, **refusals(400, 401, *refused)},

@@ -49,8 +49,16 @@ from ..choices import (
     RevisionState,
 )
 from ..decide import NodeCapacity, Placement, decide
-from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS
-from ..models import Attempt, CardHold, Episode, Member, PlaygroundSession, Revision
+from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS, counted
+from ..models import (
+    Attempt,
+    CardHold,
+    Deployment,
+    Episode,
+    Member,
+    PlaygroundSession,
+    Revision,
+)
 from .ledger import pass_book
 from .preempting import preempt
 from .starts import host
@@ -186,9 +194,10 @@ def allocate(*, fleet_id: str) -> dict:
         preempted = preempt(fleet, items, waits, capacities, book, now) if book else 0
         waits_record({r.key: item for r, item in items.items()}, waits, now)
     waiting_now = len(queue) - len(decided)
-    ALLOCATOR_PASS.observe((timezone.now() - now).total_seconds())
-    for item, _ in decided:
-        ALLOCATION_WAIT.observe((now - item.owner.created_at).total_seconds())
+    if counted():
+        ALLOCATOR_PASS.observe((timezone.now() - now).total_seconds())
+        for item, _ in decided:
+            ALLOCATION_WAIT.observe((now - item.owner.created_at).total_seconds())
     if decided or preempted:
         logger.info(
             "fleet %s: %d allocated, %d waiting, %d preempted",
@@ -198,6 +207,39 @@ def allocate(*, fleet_id: str) -> dict:
             preempted,
         )
     return {"allocated": len(decided), "waiting": waiting_now, "preempted": preempted}
+
+
+def allocate_preview(record) -> dict | None:
+    """Q7: what the Fleet's next pass would do with ``record``, a job or a deployment just
+    admitted in the caller's transaction (which the caller rolls back): the pass itself, run
+    in a savepoint rolled back at once. Whether it would start and on which nodes, or why it
+    would wait and which running jobs it would preempt. Writes nothing; None off a node
+    Fleet."""
+    if record.fleet.kind != FleetKind.NODE:
+        return None
+    with transaction.atomic():
+        allocate(fleet_id=record.fleet_id)
+        if isinstance(record, Deployment):
+            revision = record.revisions.order_by("-number").first()
+            members = Member.objects.filter(revision=revision)
+            waits = list(revision.waiting.values())
+        else:
+            record.refresh_from_db(fields=["waiting"])
+            members = Member.objects.filter(**{f"attempt__{Attempt.job_field(record)}": record})
+            waits = [record.waiting] if record.waiting else []
+        answer = {
+            "starts": members.exists(),
+            "nodes": sorted(set(members.values_list("node_id", flat=True))),
+            "waiting": waits[0] if waits else None,
+            "preempts": [
+                victim
+                for wait in waits
+                if wait["reason"] == "preempting"
+                for victim in wait["numbers"]["victims"]
+            ],
+        }
+        transaction.set_rollback(True)
+    return answer
 
 
 def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, now) -> None:

@@ -8,7 +8,7 @@ database, is test_preemption.py's."""
 from datetime import timedelta
 
 import pytest
-from django.test import override_settings
+from django.test import Client, override_settings
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -17,9 +17,11 @@ from nodes.choices import CommandKind
 from nodes.models import NodeCommand
 from placement.models import Attempt, CardHold, Member, TrainingJob
 from placement.services import runs
-from placement.services.allocator import allocate
+from placement.services.allocator import allocate, allocate_preview
+from tests.conftest import Api
 from tests.placement.test_quotas import QUOTAS, submit
 from tests.placement.test_running_rules import report, vanish
+from tests.tuneplane.test_metrics import scrape, value
 from tuneplane.errors import ValidationFailed
 from tuneplane.models import Project
 
@@ -225,9 +227,7 @@ def test_Q5_a_guarantee_is_reclaimed_once_not_again_while_its_victims_stop(
     assert fresh(later).waiting["reason"] != "preempting"
 
 
-def test_Q6_a_gang_is_queued_again_only_once_every_member_has_stopped(
-    two_nodes, member, vision
-):
+def test_Q6_a_gang_is_queued_again_only_once_every_member_has_stopped(two_nodes, member, vision):
     gang = submit(member, "ml", "gang", cards=8, nodes=2)
     allocate(fleet_id=two_nodes.id)
     members = running_for(gang, 3600)
@@ -238,3 +238,38 @@ def test_Q6_a_gang_is_queued_again_only_once_every_member_has_stopped(
     assert fresh(gang).state == "preempting"  # its other member still runs
     report(members[1], "failed", -15, "stopped")
     assert (fresh(gang).state, fresh(gang).reason) == ("queued", "preempted")
+
+
+def test_Q7_a_dry_run_answers_whom_it_would_preempt_writing_and_counting_nothing(
+    shared, member, vision
+):
+    def admitted() -> float:
+        figures = scrape(Client(REMOTE_ADDR="127.0.0.1"))
+        return value(figures, "tuneplane_admissions_total", outcome="admitted", reason="")
+
+    victim, members = borrowed_job_running(shared, member)
+    api = Api(vision)
+    events, commands, counted = AuditEvent.objects.count(), NodeCommand.objects.count(), admitted()
+    body = {"project": "cv", "name": "owner", "cards": 8, "command": ["true"]}
+    answer = api.post("/api/training-jobs?dry_run=true", body)
+    assert answer.status_code == 200, answer.content
+    allocation = answer.json()["allocation"]
+    assert allocation["starts"] is False and allocation["waiting"]["reason"] == "preempting"
+    assert [v["job"] for v in allocation["preempts"]] == [f"trainingjob-{victim.pk}"]
+    # Nothing written: the victim runs, no stop was sent, no event recorded, none counted.
+    assert fresh(victim).state == "running" and not stops(members)
+    assert (AuditEvent.objects.count(), NodeCommand.objects.count()) == (events, commands)
+    assert admitted() == counted
+    assert api.post("/api/training-jobs", body).status_code == 201
+    assert admitted() == counted + 1  # a real admission is counted
+
+
+def test_Q7_the_preview_rolls_back_the_pass_it_ran_whoever_calls_it(shared, member, vision):
+    victim, members = borrowed_job_running(shared, member)
+    owner = submit(vision, "cv", "owner", cards=8)
+    answer = allocate_preview(owner)
+    assert answer["preempts"] == [
+        {"job": f"trainingjob-{victim.pk}", "deadline": answer["preempts"][0]["deadline"]}
+    ]
+    assert fresh(victim).state == "running" and not stops(members)
+    assert fresh(owner).waiting is None  # not even its own reason to wait was kept

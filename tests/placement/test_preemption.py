@@ -1,5 +1,5 @@
 """Which running jobs a waiting request may preempt, without a database (placement.preemption;
-DESIGN §8 Q4, Q5). Not yet wired to the allocator: the stop and the requeue are next.
+DESIGN §8 Q4, Q5); the allocator's use of it, on the database, is test_preempting.py's.
 Properties: victims only ever free what the request then fits in, every victim may be
 preempted (borrowed, or preemptible) and has run its minimum, work within its guarantee is
 never taken for borrowed work, and no victim is chosen twice."""
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from placement.decide import best_fit
-from placement.preemption import Running, victims
+from placement.preemption import Running, plan, victims
 from placement.sharing import Book, QuotaRow
 from tests.placement.test_decide import fleet, node, request
 
@@ -156,3 +156,56 @@ def test_Q5_victims_free_what_the_request_fits_in_and_only_those_it_may_take(
         for node_id, held_cards in job.members:
             trial[node_id].free.setdefault("", []).extend(held_cards)
     assert best_fit(waiter, trial, set()) is not None  # it then fits: no preemption in vain
+
+
+WAITERS = st.lists(
+    st.tuples(st.sampled_from([A, B]), st.integers(1, 8), st.integers(0, 3)), max_size=4
+)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(JOBS, WAITERS)
+def test_Q5_a_pass_never_takes_a_victim_twice_nor_a_card_twice_and_each_preemptor_fits(
+    jobs, waiting
+):
+    """``plan`` over many waiters: no job is a victim twice, no two preemptors count on one
+    card, a project's preemptors together never reclaim past its guarantee, and each
+    preemptor fits on what its own victims free beside what was free."""
+    nodes = [f"n{i}" for i in range(len(jobs))]
+    run = [
+        running(i, owner, nodes[i], size, borrowed=lent, preemptible=willing, priority=p, ran=ran)
+        for i, (owner, size, lent, willing, p, ran) in enumerate(jobs)
+    ]
+    held = {}
+    for job in run:
+        held[job.quota] = held.get(job.quota, 0) + job.cards
+    rows = {(A, ""): QuotaRow(guaranteed=4), (B, ""): QuotaRow(guaranteed=8)}
+    book = Book(rows=rows, held=dict(held))
+    waiters = [
+        request(100 + n, cards=cards, project=owner, priority=priority)
+        for n, (owner, cards, priority) in enumerate(waiting)
+    ]
+    capacities = full(*nodes)
+    chosen = plan(waiters, run, capacities, book, NOW, MIN_RUNTIME)
+    taken = [job.key for _, victims_of in chosen for job in victims_of]
+    assert len(taken) == len(set(taken))  # no victim twice
+    # Every preemptor's cards, as the pass left them taken, are one card each: none twice.
+    uuids = [card["uuid"] for job in run for _, cards in job.members for card in cards]
+    assert len(uuids) == len(set(uuids))
+    freed = {job.key for _, victims_of in chosen for job in victims_of}
+    still_free = sum(len(node.free_of("")) for node in capacities.values())
+    needed = sum(waiter.total_cards for waiter, _ in chosen)
+    assert still_free + needed == sum(job.cards for job in run if job.key in freed)
+    reclaimed: dict = {}
+    for waiter, victims_of in chosen:
+        if any(job.project != waiter.project for job in victims_of):
+            reclaimed[waiter.project] = reclaimed.get(waiter.project, 0) + waiter.total_cards
+    for project, cards in reclaimed.items():  # Q3, Q5: within its guarantee, all told
+        assert held.get((project, ""), 0) + cards <= rows[(project, "")].guaranteed
+
+
+def test_Q5_two_requests_of_one_project_reclaim_its_guarantee_once_between_them():
+    jobs = [running(1, A, "n", 8), running(2, A, "m", 8)]
+    waiters = [request(8, cards=8, project=B), request(9, cards=8, project=B)]
+    chosen = plan(waiters, jobs, full("n", "m"), reclaim_book(held_a=16), NOW, MIN_RUNTIME)
+    assert [(waiter.key, len(taken)) for waiter, taken in chosen] == [(("job", 8), 1)]

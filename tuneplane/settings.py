@@ -30,8 +30,9 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), not {raw!r}")
 
 
-def env_seconds(name: str, default: int) -> int:
-    """A duration setting: whole seconds, e.g. ``TUNEPLANE_QUIET_SERVE=45``."""
+def env_seconds(name: str, default: int, minimum: int = 1) -> int:
+    """A duration setting: whole seconds, e.g. ``TUNEPLANE_QUIET_SERVE=45``; at least
+    ``minimum`` (0 where none at all means something: preempt without a minimum runtime)."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -39,8 +40,9 @@ def env_seconds(name: str, default: int) -> int:
         value = int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be whole seconds, not {raw!r}") from None
-    if value <= 0:
-        raise ImproperlyConfigured(f"{name} must be a positive number of seconds, not {value}")
+    if value < minimum:
+        at_least = "a positive number of" if minimum == 1 else f"at least {minimum}"
+        raise ImproperlyConfigured(f"{name} must be {at_least} seconds, not {value}")
     return value
 
 
@@ -295,7 +297,7 @@ TUNEPLANE_FAIR_SHARE_HALF_LIFE = env_seconds("TUNEPLANE_FAIR_SHARE_HALF_LIFE", 7
 TUNEPLANE_STOP_GRACE = env_seconds("TUNEPLANE_STOP_GRACE", 30)
 # Q5, Q6: a job is preempted only once it has run this long in its attempt, and its members
 # get this long (or the less the job asks for) between SIGTERM and SIGKILL.
-TUNEPLANE_PREEMPT_MIN_RUNTIME = env_seconds("TUNEPLANE_PREEMPT_MIN_RUNTIME", 600)
+TUNEPLANE_PREEMPT_MIN_RUNTIME = env_seconds("TUNEPLANE_PREEMPT_MIN_RUNTIME", 600, minimum=0)
 TUNEPLANE_PREEMPT_GRACE = env_seconds("TUNEPLANE_PREEMPT_GRACE", 120)
 # A gang's members must all run within this of allocation (R3; torchrun's rendezvous join
 # timeout is the same). A gone node's members are given up this long after gone (R8).

@@ -15,7 +15,7 @@ SHOW = (
     "'name': str(s.DATABASES['default']['NAME']), 'broker': s.CELERY_BROKER_URL, "
     "'ttl': s.TUNEPLANE_JOIN_TOKEN_TTL, 'fresh': s.TUNEPLANE_PLACEMENT_FRESHNESS, "
     "'train': s.TUNEPLANE_QUIET_TRAIN, 'serve': s.TUNEPLANE_QUIET_SERVE, "
-    "'env': s.TUNEPLANE_QUIET_ENV}))"
+    "'env': s.TUNEPLANE_QUIET_ENV, 'min_runtime': s.TUNEPLANE_PREEMPT_MIN_RUNTIME}))"
 )
 
 # Each test starts a Python process that loads the settings.
@@ -118,3 +118,11 @@ def test_a_key_another_process_wrote_first_is_read_not_refused(tmp_path, monkeyp
     monkeypatch.setattr(Path, "exists", lambda path: False)  # not there when it looked
     assert module._secret_key() == "written-by-the-web"
     assert [path.name for path in tmp_path.iterdir()] == ["secret_key"]  # none of its own left
+
+
+def test_Q5_a_minimum_runtime_of_none_at_all_is_a_setting_a_negative_one_is_not(tmp_path):
+    shown = json.loads(settings_under(tmp_path, TUNEPLANE_PREEMPT_MIN_RUNTIME="0").stdout)
+    assert shown["min_runtime"] == 0
+    refused = settings_under(tmp_path, TUNEPLANE_PREEMPT_MIN_RUNTIME="-1")
+    assert refused.returncode != 0 and "TUNEPLANE_PREEMPT_MIN_RUNTIME" in refused.stderr
+    assert "at least 0" in refused.stderr

@@ -5,13 +5,15 @@ Not timed tests: they print what they measure.
   allocations per second and queries per pass (flat: asserted by tests/placement).
 - Admitted to running with a connected agent on this machine: p50 and p99 from the API's
   answer to the job reading ``running``, through a real Celery worker, gateway and agent.
+- Preemption (Q5, Q6): from a preemptor's admission to its victim's preemption decided and
+  to the victim's member ended by SIGTERM, p50 over 20 runs, on the same real parts.
 """
 
 import os
 import statistics
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -21,9 +23,9 @@ from django.utils import timezone
 from nodes.choices import SchedulingState
 from nodes.models import ControlSession, Node
 from nodes.selectors import cards_summary
-from placement.models import CardHold, TrainingJob
+from placement.models import CardHold, Member, TrainingJob
 from placement.services.allocator import allocate
-from tests.conftest import H100_DEVICE_INVENTORY
+from tests.conftest import H100_DEVICE_INVENTORY, Api
 
 pytestmark = [pytest.mark.bench]
 
@@ -189,3 +191,66 @@ def test_bench_allocation_with_quotas_50_projects_5000_jobs(node_fleet, member, 
             f"{seconds:.2f} s, {done['allocated'] / seconds:.0f} placements/s, "
             f"{len(captured)} queries"
         )
+
+
+PREEMPTIONS = int(os.environ.get("BENCH_PREEMPTIONS", 20))
+# Its first attempt waits to be stopped and exits at once on SIGTERM.
+WAITS_FOR_SIGTERM = 'trap "exit 143" TERM; sleep 600 & wait'
+
+
+@pytest.mark.redis
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "running_node",
+    [{"TUNEPLANE_PREEMPT_MIN_RUNTIME": "0", "TUNEPLANE_PREEMPT_GRACE": "30"}],
+    indirect=True,
+)
+def test_bench_preempted_within_seconds_of_the_preemptors_admission(
+    running_node, admin_api, member_api, vision, capsys
+):
+    """Q5, Q6: from cv's job (within its guarantee) admitted — its ``created_at`` — to ml's
+    borrowed job on the whole node preempted (the pass's decision, its ``at``) and to its
+    member ended by SIGTERM (the agent sent it, the process exited 143, the node reported
+    it, the console recorded it): an upper bound on when SIGTERM was sent."""
+    vision_api = Api(vision)
+    quotas = {"quotas": [{"project": "cv", "guaranteed": 8}, {"project": "ml"}]}
+    assert admin_api.request("PUT", "/api/fleets/gpu-lab/quotas", quotas).status_code == 200
+    decided, ended = [], []
+    for n in range(PREEMPTIONS):
+        borrower = member_api.post(
+            "/api/training-jobs",
+            {"project": "ml", "name": f"b{n}", "cards": 8, "script": WAITS_FOR_SIGTERM},
+        ).json()["id"]
+        until(TrainingJob.objects.filter(pk=borrower, state="running"))
+        response = vision_api.post(
+            "/api/training-jobs",
+            {"project": "cv", "name": f"o{n}", "cards": 8, "command": ["true"]},
+        )
+        assert response.status_code == 201, response.content
+        owner = response.json()["id"]
+        member = Member.objects.filter(attempt__training_job_id=borrower)
+        until(member.filter(state="cancelled"))
+        admitted = TrainingJob.objects.get(pk=owner).created_at
+        preemption = TrainingJob.objects.get(pk=borrower).preemption
+        decided.append((datetime.fromisoformat(preemption["at"]) - admitted).total_seconds())
+        ended.append((member.get().ended_at - admitted).total_seconds())
+        assert member.get().exit_code == 143  # SIGTERM, not the SIGKILL after the grace
+        member_api.post(f"/api/training-jobs/{borrower}/cancel")
+        until(TrainingJob.objects.filter(pk=owner, state="succeeded"))
+        until(CardHold.objects.all(), present=False)  # every card back before the next run
+    with capsys.disabled():
+        for name, samples in (("decided", decided), ("SIGTERM'd and ended", ended)):
+            ordered = sorted(samples)
+            print(
+                f"\npreemptor admitted -> victim {name} ({PREEMPTIONS} runs, worker + gateway "
+                f"+ agent on this machine): p50 {statistics.median(ordered) * 1000:.0f} ms, "
+                f"max {ordered[-1] * 1000:.0f} ms"
+            )
+
+
+def until(rows, present: bool = True, timeout: float = 60) -> None:
+    """Polls until ``rows`` (a queryset) has a row, or none when not ``present``."""
+    deadline = time.perf_counter() + timeout
+    while rows.exists() != present:
+        assert time.perf_counter() < deadline, f"not within {timeout} s: {rows.query}"
+        time.sleep(0.005)

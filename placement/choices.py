@@ -4,13 +4,17 @@ moves those states allow, written once (``tuneplane.lifecycle``; ``move`` makes 
 A job (training or lifecycle; on a cluster Fleet its manager's state read back)::
 
     queued ──► starting ──► running ──► succeeded | failed | cancelled
-      │  ▲        │  ▲         │  │
-      │  └────────┴──┼─────────┘  │  retried after a lost attempt or a missed gang deadline
-      │  │           │            │  (R9); a cluster manager may put a running job back
-      │  │           │            ▼  in its queue
-      │  └──────── preempting ──► succeeded | failed | cancelled    (Q6: stopped for a
-      │                                        preemptor, then queued again in its place)
-      └──────────────┴──► running (a cluster manager's), succeeded | failed | cancelled
+     ▲ ▲          │            │  │
+     │ └──────────┴────────────┘  │   retried after a lost attempt or a missed gang
+     │                            │   deadline (R9); a cluster manager's requeue
+     │                            ▼
+     └───────────────────── preempting ──► succeeded | failed | cancelled
+                                           (Q6: stopped for a preemptor; queued again in
+                                           its place once its members have ended)
+
+    A cluster manager's own moves besides: queued ──► running | succeeded | failed, and
+    preempting ──► running (requeued, and read running before it was read queued).
+    Any state that has not ended may also end cancelled (R10).
 
 An attempt; a member (``unknown``: its node is gone, R8)::
 
@@ -116,8 +120,9 @@ JOB_LIFECYCLE = Lifecycle.of(
         JobState.STARTING: {JobState.QUEUED, JobState.RUNNING, *JOB_ENDED},
         JobState.RUNNING: {JobState.QUEUED, JobState.PREEMPTING, *JOB_ENDED},
         # Q6: its members stopped for a preemptor; queued again once they have ended, or
-        # ended if they ended first on their own or it was cancelled meanwhile.
-        JobState.PREEMPTING: {JobState.QUEUED, *JOB_ENDED},
+        # ended if they ended first on their own or it was cancelled meanwhile. A cluster
+        # manager that requeued it may be read running again without a read of it queued.
+        JobState.PREEMPTING: {JobState.QUEUED, JobState.RUNNING, *JOB_ENDED},
     },
 )
 

@@ -192,10 +192,24 @@ MANAGER_STATES = {
     **dict.fromkeys(("COMPLETED", "SUCCEEDED", "COMPLETE"), JobState.SUCCEEDED),
     **dict.fromkeys(("CANCELLED", "STOPPED"), JobState.CANCELLED),
     **dict.fromkeys(
-        ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"),
+        ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"),
         JobState.FAILED,
     ),
+    # Q6: the manager preempted it. Requeued (Slurm's PreemptMode=REQUEUE) it reads PENDING
+    # next, and is queued again; cancelled by the preemption, it stays preempting.
+    "PREEMPTED": JobState.PREEMPTING,
 }
+
+
+def followed(state: str, backend_state: str) -> str:
+    """A job's state once its manager says ``backend_state`` (in the manager's words): what
+    MANAGER_STATES maps it to, where the job's lifecycle allows that move; else unchanged
+    (a job that has ended, a word not mapped, or a read out of order — a job seen queued
+    and then already preempted keeps its state until the manager says more)."""
+    mapped = MANAGER_STATES.get(backend_state.upper())
+    if state in JOB_ENDED or mapped is None:
+        return state
+    return mapped if mapped == state or JOB_LIFECYCLE.allows(state, mapped) else state
 
 
 def _record_state(model, job_id: int, state: str) -> int:
@@ -206,13 +220,15 @@ def _record_state(model, job_id: int, state: str) -> int:
             return 0
         before = {"backend_state": job.backend_state, "state": job.state}
         job.backend_state = state
-        if job.state not in JOB_ENDED and state.upper() in MANAGER_STATES:
-            JOB_LIFECYCLE.check(job.state, MANAGER_STATES[state.upper()], target=job.pk)
-            job.state = MANAGER_STATES[state.upper()]
-            job.reason = state.lower() if job.state in (JobState.FAILED,) else job.reason
-            if job.state == JobState.CANCELLED:
+        moved = followed(job.state, state)
+        if moved != job.state:
+            JOB_LIFECYCLE.check(job.state, moved, target=job.pk)
+            job.state = moved
+            if moved in (JobState.FAILED, JobState.PREEMPTING):
+                job.reason = state.lower()
+            if moved == JobState.CANCELLED:
                 job.reason = "cancelled"
-            if job.state in JOB_ENDED:
+            if moved in JOB_ENDED:
                 job.ended_at = timezone.now()
         audit_record(
             actor=SYSTEM,

@@ -20,6 +20,8 @@ READS = {
     "placement.services.preempting.named",  # a key as its records name it
     "placement.services.preempting.running_jobs",  # reads the running jobs
     "placement.services.runs.attempts_used",  # counts a job's attempts
+    "placement.services.allocator.allocate_preview",  # a pass in a savepoint rolled back
+    "placement.handover.followed",  # a pure mapping of a manager's state
     "placement.services.quotas.fleet_quotas",  # reads the rows
     "placement.services.quotas.quota_rows",  # reads the rows and what each holds
 }

@@ -7,6 +7,7 @@ import pytest
 from django.test import TestCase
 
 from audit.models import AuditEvent
+from placement import handover
 from placement.handover import cluster_job_handover, cluster_jobs_track
 from placement.models import TrainingJob
 from tests.audit.scenarios import RAYJOB, tasks_run_at_once
@@ -123,3 +124,21 @@ def test_a_managers_states_move_the_job_by_its_table(world):
         ("job", "queued", "succeeded"),
         ("job", "queued", "failed"),
     } <= made
+
+
+@pytest.mark.parametrize(
+    ("state", "backend_state", "shown"),
+    [
+        ("running", "PREEMPTED", "preempting"),  # Q6: the manager preempted it; we show it
+        ("preempting", "PENDING", "queued"),  # requeued by the manager (PreemptMode=REQUEUE)
+        ("preempting", "RUNNING", "running"),  # requeued and running again, read late
+        ("queued", "PREEMPTED", "queued"),  # read out of order: kept until the manager says more
+        ("running", "COMPLETED", "succeeded"),
+        ("failed", "RUNNING", "failed"),  # an ended job moves no more
+        ("running", "SOMETHING_NEW", "running"),
+    ],
+)
+def test_Q6_a_cluster_managers_preemption_is_shown_and_a_requeue_followed(
+    state, backend_state, shown
+):
+    assert handover.followed(state, backend_state) == shown

@@ -414,6 +414,7 @@ BY_A_CLUSTER_MANAGER = {
     ("job", "queued", "succeeded"),
     ("job", "queued", "failed"),
     ("job", "running", "queued"),
+    ("job", "preempting", "running"),  # requeued by its manager and running again (Q6)
 }
 
 

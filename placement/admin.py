@@ -128,10 +128,25 @@ class JobAdmin(WorkloadAdmin):
     actions = ["cancel"]
 
     def get_exclude(self, request, obj=None):
-        return [*super().get_exclude(request, obj), "waiting", "waiting_history"]
+        return [*super().get_exclude(request, obj), "waiting", "waiting_history", "preemption"]
 
     def get_readonly_fields(self, request, obj=None):
-        return [*super().get_readonly_fields(request, obj), "waits_because", "waited"]
+        return [
+            *super().get_readonly_fields(request, obj),
+            "waits_because",
+            "waited",
+            "preempted",
+        ]
+
+    @admin.display(description="Last preempted (Q6)")
+    def preempted(self, job) -> str:
+        if not job.preemption:
+            return "—"
+        shown = job.preemption
+        return (
+            f"at {shown['at'][:19]} for {shown['by']}: {shown['why']}; SIGKILL by "
+            f"{shown['deadline'][:19]} at the latest"
+        )
 
     @admin.display(description="Waits because (Q8)")
     def waits_because(self, job) -> str:

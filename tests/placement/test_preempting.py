@@ -273,3 +273,16 @@ def test_Q7_the_preview_rolls_back_the_pass_it_ran_whoever_calls_it(shared, memb
     ]
     assert fresh(victim).state == "running" and not stops(members)
     assert fresh(owner).waiting is None  # not even its own reason to wait was kept
+
+
+def test_Q6_Q7_the_admin_shows_a_jobs_last_preemption_and_the_fleets_preempting_count(
+    shared, member, vision, client, admin_user
+):
+    victim, _ = borrowed_job_running(shared, member)
+    owner = submit(vision, "cv", "owner", cards=8)
+    allocate(fleet_id=shared.id)
+    client.force_login(admin_user)
+    page = client.get(f"/admin/placement/trainingjob/{victim.pk}/change/").content.decode()
+    assert f"for trainingjob-{owner.pk}: project cv waits for cards within its guarantee" in page
+    fleet = client.get(f"/admin/fleets/fleet/{shared.pk}/change/").content.decode()
+    assert "<strong>1</strong> preempting" in fleet

@@ -103,7 +103,7 @@ def unfit(
     series, needs = request.series, request.total_cards
     what = series or "cards"
     free = sum(len(node.free_of(series)) for node in capacities.values())
-    if free_at_start >= needs and placed_before:
+    if free_at_start >= needs > free and placed_before:
         own = [p for p in placed_before if p.request.project == request.project]
         if own:
             return Wait(

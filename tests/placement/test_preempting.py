@@ -286,3 +286,22 @@ def test_Q6_Q7_the_admin_shows_a_jobs_last_preemption_and_the_fleets_preempting_
     assert f"for trainingjob-{owner.pk}: project cv waits for cards within its guarantee" in page
     fleet = client.get(f"/admin/fleets/fleet/{shared.pk}/change/").content.decode()
     assert "<strong>1</strong> preempting" in fleet
+
+
+def test_Q7_a_deployments_dry_run_answers_where_its_replicas_would_start(lab, member, member_api):
+    from tests.conftest import SERVE
+
+    body = {"project": "ml", "name": "chat", "cards": 2, "replicas": 2, **SERVE}
+    answer = member_api.post("/api/deployments?dry_run=true", body)
+    assert answer.status_code == 200, answer.content
+    allocation = answer.json()["allocation"]
+    [node] = lab.nodes.values_list("id", flat=True)
+    assert (allocation["starts"], allocation["nodes"], allocation["preempts"]) == (
+        True,
+        [node],
+        [],
+    )
+    # Its second replica would wait: one node, and its port is taken there by the first (S1).
+    waiting = allocation["waiting"]
+    assert waiting["reason"] == "capacity" and "port" in waiting["message"]
+    assert not Member.objects.exists()

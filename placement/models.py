@@ -191,6 +191,8 @@ class Revision(ServeSpec, models.Model):
     replicas = models.PositiveSmallIntegerField(default=1)
     # Q8: why each replica without a member waits, by rank ("0", "1", …).
     waiting = models.JSONField(default=dict, blank=True)
+    # Q8: each change of a replica's reason to wait: [{"rank": …, "at": …, "reason": …}].
+    waiting_history = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["deployment_id", "number"]

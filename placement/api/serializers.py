@@ -116,6 +116,10 @@ class WaitChangeSerializer(serializers.Serializer):
     reason = serializers.ChoiceField(choices=WAIT_REASONS)
 
 
+class ReplicaWaitChangeSerializer(WaitChangeSerializer):
+    rank = serializers.IntegerField()
+
+
 def waiting_while(record, waits: bool) -> dict | None:
     """Q8: its reason to wait while it waits; null once it runs (or before the allocator's
     first pass over it)."""
@@ -257,6 +261,9 @@ class RevisionSerializer(serializers.ModelSerializer):
     waiting = serializers.SerializerMethodField(
         help_text="Q8: by replica rank, why each replica without a process waits."
     )
+    waiting_history = ReplicaWaitChangeSerializer(
+        many=True, read_only=True, help_text="Q8: each change of a replica's reason to wait."
+    )
 
     class Meta:
         model = Revision
@@ -279,6 +286,7 @@ class RevisionSerializer(serializers.ModelSerializer):
             "ended_at",
             "members",
             "waiting",
+            "waiting_history",
         ]
         read_only_fields = fields
 

@@ -359,9 +359,9 @@ WAIT_HISTORY = 50
 
 def waits_record(items: dict[tuple, Waiting], waits: dict, now) -> None:
     """Q8: why each request of the pass waits, on its owner — a job, a session or an
-    episode; a revision by replica rank — with since when (kept while the reason stays) and,
-    on a job, session or episode, each change of reason. Only what changed is written: a
-    statement a kind."""
+    episode; a revision by replica rank — with since when (kept while the reason stays) and
+    each change of reason (a revision's with its replica's rank). Only what changed is
+    written: a statement a kind."""
     changed: dict = {}
     for key, wait in waits.items():
         item = items.get(key)
@@ -369,10 +369,13 @@ def waits_record(items: dict[tuple, Waiting], waits: dict, now) -> None:
             continue
         record, owner = wait.as_record(), item.owner
         if isinstance(item, WaitingReplica):
-            rank = str(item.rank)
-            shown = _since(owner.waiting.get(rank), record, now)
-            if shown != owner.waiting.get(rank):
+            rank, before = str(item.rank), owner.waiting.get(str(item.rank))
+            shown = _since(before, record, now)
+            if shown != before:
                 owner.waiting = {**owner.waiting, rank: shown}
+                if not before or before["reason"] != record["reason"]:
+                    change = {"rank": item.rank, "at": shown["since"], "reason": record["reason"]}
+                    owner.waiting_history = [*owner.waiting_history, change][-WAIT_HISTORY:]
                 changed.setdefault(Revision, {})[owner.pk] = owner
             continue
         shown = _since(owner.waiting, record, now)
@@ -384,8 +387,7 @@ def waits_record(items: dict[tuple, Waiting], waits: dict, now) -> None:
         owner.waiting = shown
         changed.setdefault(type(owner), {})[owner.pk] = owner
     for model, owners in changed.items():
-        fields = ["waiting"] if model is Revision else ["waiting", "waiting_history"]
-        model.objects.bulk_update(list(owners.values()), fields)
+        model.objects.bulk_update(list(owners.values()), ["waiting", "waiting_history"])
 
 
 def _since(current: dict | None, record: dict, now) -> dict:

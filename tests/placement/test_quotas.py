@@ -293,3 +293,20 @@ def test_Q8_a_job_placed_no_longer_carries_its_reason_to_wait(lab, member, gpu_n
     placed = TrainingJob.objects.get(pk=second.pk)
     assert placed.state == "starting" and placed.waiting is None
     assert [c["reason"] for c in placed.waiting_history] == ["priority"]  # kept
+
+
+def test_Q8_each_change_of_a_replicas_reason_to_wait_is_kept_with_its_rank(lab, member, member_api):
+    from tests.conftest import SERVE
+
+    body = {"project": "ml", "name": "chat", "cards": 8, "replicas": 2, **SERVE}
+    created = member_api.post("/api/deployments", body)
+    assert created.status_code == 201, created.content
+    allocate(fleet_id=lab.id)  # replica 0 placed; 1 waits for the cards it took
+    allocate(fleet_id=lab.id)  # they are held now: capacity
+    allocate(fleet_id=lab.id)  # nothing changed: nothing kept
+    [revision] = member_api.get(f"/api/deployments/{created.json()['id']}").json()["revisions"]
+    assert revision["waiting"]["1"]["reason"] == "capacity"
+    assert [(c["rank"], c["reason"]) for c in revision["waiting_history"]] == [
+        (1, "priority"),
+        (1, "capacity"),
+    ]

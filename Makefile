@@ -20,10 +20,12 @@ XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
 .PHONY: run test quick test-sqlite lint bench install clean token
 
-$(STAMP): pyproject.toml
+# The console, and the `tuneplane` command line (cli/, a distribution of its own) beside it.
+$(STAMP): pyproject.toml cli/pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -e '.[test]'
+	$(PYTHON) -m pip install --quiet -e ./cli
 	touch $(STAMP)
 
 $(TOOLS_STAMP): tools/openapi-client.txt

@@ -1,4 +1,6 @@
-"""The agent's wheel and its dependencies, served by the console so machines need no index."""
+"""The agent's wheel and its dependencies, served by the console so machines need no index;
+and beside them the ``tuneplane`` command line's wheel (cli/), with its SHA-256, for the
+people who submit work (its dependencies come from their own index)."""
 
 import hashlib
 import re
@@ -10,6 +12,10 @@ from pathlib import Path
 from django.conf import settings
 
 AGENT_SOURCE = Path(__file__).resolve().parent / "agent"
+CLI_SOURCE = Path(__file__).resolve().parent.parent / "cli"
+CLI_DIST = "tuneplane_cli"
+# ``sha256sum -c`` reads it: the CLI wheel's digest and name.
+CLI_DIGEST_NAME = "tuneplane-cli.sha256"
 
 
 def downloads_dir() -> Path:
@@ -48,7 +54,7 @@ def lock_text() -> str:
     pinned: dict[tuple[str, str], list[str]] = {}
     for path in wheels():
         named = _WHEEL_NAME.match(path.name)
-        if named:
+        if named and named["dist"] != CLI_DIST:  # the CLI is no part of a node's install
             pinned.setdefault((named["dist"], named["version"]), []).append(_sha256(path))
     return "".join(
         f"{dist}=={version} " + " ".join(f"--hash=sha256:{d}" for d in sorted(digests)) + "\n"
@@ -60,8 +66,51 @@ def lock_sha256() -> str:
     return hashlib.sha256(lock_text().encode()).hexdigest()
 
 
+def sha256_of(path: Path) -> str:
+    return _sha256(path)
+
+
 def agent_wheel_present() -> bool:
     return any(path.name.startswith("tuneplane_node-") for path in wheels())
+
+
+def cli_wheel() -> Path | None:
+    """The newest CLI wheel served (by name: one version is built at a time)."""
+    found = [path for path in wheels() if path.name.startswith(f"{CLI_DIST}-")]
+    return found[-1] if found else None
+
+
+def cli_digest_text() -> str:
+    """``<sha256>  <wheel>`` for the CLI wheel served, as ``sha256sum`` writes it; "" if none."""
+    wheel = cli_wheel()
+    return f"{_sha256(wheel)}  {wheel.name}\n" if wheel else ""
+
+
+def build_cli_wheel() -> subprocess.CompletedProcess:
+    """``pip wheel`` the CLI alone into the downloads directory (no dependencies: a person's
+    machine installs those from its own index)."""
+    downloads_dir().mkdir(parents=True, exist_ok=True)
+    try:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-build-isolation",
+                "--no-deps",
+                "--wheel-dir",
+                str(downloads_dir()),
+                str(CLI_SOURCE),
+            ],
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        # setuptools builds in the source tree; leave it as it was.
+        shutil.rmtree(CLI_SOURCE / "build", ignore_errors=True)
 
 
 def build_agent_wheels() -> subprocess.CompletedProcess:

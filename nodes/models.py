@@ -374,15 +374,23 @@ class ClusterSnapshot(models.Model):
 
 
 class LogFetch(models.Model):
-    """A request for the tail of a member's output, in transit: the web writes it, the
-    gateway holding the node's stream asks the agent and writes the answer, the web reads it
-    and deletes the row. Logs stay on their node; nothing here outlives a fetch."""
+    """A request for a member's output (its tail, or from an offset on), in transit: the web
+    writes it, the gateway holding the node's stream asks the agent and writes the answer,
+    the web reads it and deletes the row. Logs stay on their node; nothing here outlives a
+    fetch."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
     member = models.CharField(max_length=64)  # the member's start command id
-    tail_bytes = models.PositiveIntegerField()
+    tail_bytes = models.PositiveIntegerField()  # the most bytes asked for
+    # Asked: read from this byte of the member's output on; null: its tail.
+    offset = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_index=True)
     answered_at = models.DateTimeField(null=True, blank=True)
     found = models.BooleanField(default=False)
     data = models.BinaryField(default=b"")
+    # Answered: where data starts and ends in the output (null from an agent older than
+    # offsets), and whether what was asked reached before the oldest byte the node keeps.
+    data_offset = models.PositiveBigIntegerField(null=True, blank=True)
+    next_offset = models.PositiveBigIntegerField(null=True, blank=True)
+    truncated = models.BooleanField(default=False)

@@ -160,8 +160,8 @@ class Executor:
         self.store.save(command)
         return command
 
-    def log_tail(self, member_id: str, tail_bytes: int) -> bytes | None:
-        return self.runner.log_tail(member_id, tail_bytes)
+    def log_read(self, member_id: str, limit: int, offset: int | None = None):
+        return self.runner.log_read(member_id, limit, offset)
 
     def forget_finished(self, told) -> None:
         """Finished commands the console has reconciled — (id, what it was told) — need not be

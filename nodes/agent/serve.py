@@ -279,14 +279,17 @@ class Agent:
 
     def _answer_log(self, request: pb.LogRequest, outgoing: queue.Queue) -> None:
         asked = min(max(request.tail_bytes, 0), LOG_TAIL_MAX)  # R15: never past the cap
-        data = self.executor.log_tail(request.member_id, asked)
-        outgoing.put(
-            pb.NodeMessage(
-                log_tail=pb.LogTail(
-                    request_id=request.request_id, found=data is not None, data=data or b""
-                )
+        offset = request.offset if request.HasField("offset") else None
+        read = self.executor.log_read(request.member_id, asked, offset)
+        answer = pb.LogTail(request_id=request.request_id, found=read is not None)
+        if read is not None:
+            answer.data, answer.offset, answer.next_offset = (
+                read.data,
+                read.offset,
+                read.next_offset,
             )
-        )
+            answer.truncated = read.truncated
+        outgoing.put(pb.NodeMessage(log_tail=answer))
 
     def _tell(self, command, outgoing: queue.Queue) -> None:
         self.reported[command.command_id] = command.reported()

@@ -95,10 +95,14 @@ def command_payload(message: pb.Command):
 LOG_TAIL_MAX = 512 * 1024
 
 
-def log_request(request_id: str, member_id: str, tail_bytes: int) -> pb.ControlMessage:
-    return pb.ControlMessage(
-        log_request=pb.LogRequest(request_id=request_id, member_id=member_id, tail_bytes=tail_bytes)
-    )
+def log_request(
+    request_id: str, member_id: str, tail_bytes: int, offset: int | None = None
+) -> pb.ControlMessage:
+    """The last ``tail_bytes`` of a member's output, or as many from ``offset`` on."""
+    request = pb.LogRequest(request_id=request_id, member_id=member_id, tail_bytes=tail_bytes)
+    if offset is not None:
+        request.offset = offset
+    return pb.ControlMessage(log_request=request)
 
 
 CARD_NUMBERS = (

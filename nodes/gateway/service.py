@@ -303,6 +303,9 @@ class NodeControlService(AsyncService):
                         request_id=tail.request_id,
                         found=tail.found,
                         data=tail.data,
+                        offset=tail.offset if tail.HasField("offset") else None,
+                        next_offset=tail.next_offset,
+                        truncated=tail.truncated,
                     )
                 else:
                     state = message.command_update.state

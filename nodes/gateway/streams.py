@@ -51,7 +51,9 @@ class Stream:
         key = f"log:{fetch.pk}"
         if key not in self.sent:
             self.sent.add(key)
-            self.outbox.put_nowait(wire.log_request(str(fetch.pk), fetch.member, fetch.tail_bytes))
+            self.outbox.put_nowait(
+                wire.log_request(str(fetch.pk), fetch.member, fetch.tail_bytes, fetch.offset)
+            )
 
     def close(self, reason: str) -> None:
         self.outbox.put_nowait(pb.ControlMessage(close=pb.Close(reason=reason)))

@@ -1,4 +1,6 @@
-"""The tail of a member's output, fetched from its node over the control stream.
+"""A member's output, fetched from its node over the control stream: its tail, or what was
+written from an offset on (how a client follows a log: it polls with the ``next_offset``
+of the answer before; no request waits for output to come).
 
 Logs stay on the node, kept there for its administrator for a retention; the console
 keeps none of it. A fetch is a row in transit: the web writes it and waits, the gateway
@@ -9,6 +11,7 @@ These are reads of the node, not changes: nothing here is audited.
 
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
@@ -27,6 +30,18 @@ POLL_SECONDS = 0.05
 STALE = timedelta(seconds=60)
 
 
+@dataclass(frozen=True)
+class LogRead:
+    data: bytes
+    # Where data starts in the member's output, and just past it (None for both from an
+    # agent older than offsets, which answers the tail and cannot say where it starts).
+    offset: int | None
+    next_offset: int | None
+    # What was asked reaches before the oldest byte the node keeps (cut at the member's log
+    # limit): data starts at that oldest byte.
+    truncated: bool
+
+
 def _connected(node: Node) -> bool:
     now = timezone.now()
     return ControlSession.objects.filter(
@@ -34,10 +49,18 @@ def _connected(node: Node) -> bool:
     ).exists()
 
 
-def log_tail_fetch(*, node: Node, member: str, tail_bytes: int, wait: float = WAIT_SECONDS):
-    """The last ``tail_bytes`` of a member's output, from its node now. Unavailable (503)
-    when the node is not connected or does not answer in time; NotFound when the node has
-    no log of that member (its retention removed it)."""
+def log_read(
+    *,
+    node: Node,
+    member: str,
+    tail_bytes: int,
+    offset: int | None = None,
+    wait: float = WAIT_SECONDS,
+) -> LogRead:
+    """Up to ``tail_bytes`` of a member's output from byte ``offset`` on, or its last
+    ``tail_bytes`` without one, from its node now. Unavailable (503) when the node is not
+    connected or does not answer in time, or cannot read from an offset (an agent older than
+    offsets); NotFound when the node has no log of that member (its retention removed it)."""
     if not _connected(node):
         raise Unavailable(
             f"Node '{node.id}' is not connected: a member's output stays on its node and is "
@@ -48,7 +71,11 @@ def log_tail_fetch(*, node: Node, member: str, tail_bytes: int, wait: float = WA
     LogFetch.objects.filter(created_at__lt=now - STALE).delete()
     with transaction.atomic():
         fetch = LogFetch.objects.create(
-            node=node, member=member, tail_bytes=min(tail_bytes, MAX_TAIL_BYTES), created_at=now
+            node=node,
+            member=member,
+            tail_bytes=min(tail_bytes, MAX_TAIL_BYTES),
+            offset=offset,
+            created_at=now,
         )
         bus.publish_on_commit(bus.COMMANDS, node.id)
     deadline = time.monotonic() + wait
@@ -56,17 +83,32 @@ def log_tail_fetch(*, node: Node, member: str, tail_bytes: int, wait: float = WA
         while time.monotonic() < deadline:
             answered = LogFetch.objects.filter(pk=fetch.pk, answered_at__isnull=False).first()
             if answered is not None:
-                if not answered.found:
-                    raise NotFound(
-                        f"Node '{node.id}' has no output of that member (kept for its "
-                        "retention, then removed by the node)."
-                    )
-                return bytes(answered.data)
+                return _answer(node, answered)
             time.sleep(POLL_SECONDS)
     finally:
         LogFetch.objects.filter(pk=fetch.pk).delete()
     raise Unavailable(
         f"Node '{node.id}' did not answer within {wait:.0f} s.", code="node_not_answering"
+    )
+
+
+def _answer(node: Node, answered: LogFetch) -> LogRead:
+    if not answered.found:
+        raise NotFound(
+            f"Node '{node.id}' has no output of that member (kept for its "
+            "retention, then removed by the node)."
+        )
+    if answered.offset is not None and answered.data_offset is None:
+        raise Unavailable(
+            f"Node '{node.id}' runs an agent too old to read a log from an offset; "
+            "ask for its tail (no offset), or upgrade the agent.",
+            code="agent_outdated",
+        )
+    return LogRead(
+        data=bytes(answered.data),
+        offset=answered.data_offset,
+        next_offset=answered.next_offset,
+        truncated=answered.truncated,
     )
 
 
@@ -89,8 +131,18 @@ def log_fetches_pending(
     return list(pending.defer("data"))
 
 
-def log_fetch_answer(*, node_id: str, request_id: str, found: bool, data: bytes) -> bool:
-    """A node's LogTail: stored on its own request only, cut to what was asked."""
+def log_fetch_answer(
+    *,
+    node_id: str,
+    request_id: str,
+    found: bool,
+    data: bytes,
+    offset: int | None = None,
+    next_offset: int = 0,
+    truncated: bool = False,
+) -> bool:
+    """A node's LogTail: stored on its own request only, cut to what was asked (a tail from
+    its end, a read from an offset from its start), its offsets moved to what is kept."""
     try:
         uuid.UUID(request_id)
     except ValueError:
@@ -98,7 +150,19 @@ def log_fetch_answer(*, node_id: str, request_id: str, found: bool, data: bytes)
     fetch = LogFetch.objects.filter(pk=request_id, node_id=node_id).defer("data").first()
     if fetch is None:
         return False
+    limit = fetch.tail_bytes
+    if fetch.offset is not None:
+        kept = bytes(data[:limit])
+    else:
+        kept = bytes(data[-limit:]) if limit else b""
+        if offset is not None:
+            offset += len(data) - len(kept)
     LogFetch.objects.filter(pk=fetch.pk, answered_at__isnull=True).update(
-        answered_at=timezone.now(), found=found, data=bytes(data[-fetch.tail_bytes :])
+        answered_at=timezone.now(),
+        found=found,
+        data=kept,
+        data_offset=offset,
+        next_offset=None if offset is None else offset + len(kept),
+        truncated=truncated,
     )
     return True

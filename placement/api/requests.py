@@ -272,10 +272,29 @@ class EpisodeRequest(StrictSerializer):
         ref_name = "EpisodeRequest"
 
 
-class TailQuery(StrictSerializer):
-    tail_bytes = serializers.IntegerField(
-        min_value=1, max_value=LOG_TAIL_MAX, required=False, default=65536
+def _tail_bytes():
+    return serializers.IntegerField(
+        min_value=1,
+        max_value=LOG_TAIL_MAX,
+        required=False,
+        default=65536,
+        help_text="The most bytes answered: the last ones, or from `offset` on.",
     )
+
+
+def _offset():
+    return serializers.IntegerField(
+        min_value=0,
+        required=False,
+        default=None,
+        help_text="Read what was written from this byte of the output on (an answer's "
+        "`next_offset`: how a log is followed); the tail when not given.",
+    )
+
+
+class TailQuery(StrictSerializer):
+    tail_bytes = _tail_bytes()
+    offset = _offset()
 
     class Meta:
         ref_name = "TailQuery"
@@ -304,9 +323,8 @@ class LogsQuery(StrictSerializer):
         min_value=1, required=False, default=None, help_text="The latest when not given."
     )
     rank = serializers.IntegerField(min_value=0, required=False, default=0)
-    tail_bytes = serializers.IntegerField(
-        min_value=1, max_value=LOG_TAIL_MAX, required=False, default=65536
-    )
+    tail_bytes = _tail_bytes()
+    offset = _offset()
 
     class Meta:
         ref_name = "LogsQuery"
@@ -317,9 +335,8 @@ class ReplicaLogsQuery(StrictSerializer):
         min_value=1, required=False, default=None, help_text="The newest when not given."
     )
     replica = serializers.IntegerField(min_value=0, required=False, default=0)
-    tail_bytes = serializers.IntegerField(
-        min_value=1, max_value=LOG_TAIL_MAX, required=False, default=65536
-    )
+    tail_bytes = _tail_bytes()
+    offset = _offset()
 
     class Meta:
         ref_name = "ReplicaLogsQuery"

@@ -446,12 +446,31 @@ class DatasetSerializer(StorageSerializer):
         model = Dataset
 
 
-class LogsSerializer(serializers.Serializer):
-    attempt = serializers.IntegerField()
-    rank = serializers.IntegerField()
+class OutputSerializer(serializers.Serializer):
+    """A member's output as every logs endpoint answers it."""
+
     node = serializers.CharField()
     tail_bytes = serializers.IntegerField()
+    offset = serializers.IntegerField(
+        allow_null=True,
+        help_text="Where `output` starts in the member's output, in bytes: the `offset` asked "
+        "for, the oldest byte kept when the log was cut past it (`truncated`), or the end when "
+        "asked past it. null from an agent older than offsets.",
+    )
+    next_offset = serializers.IntegerField(
+        allow_null=True,
+        help_text="Just past `output`: ask again with `offset` set to it to follow the log.",
+    )
+    truncated = serializers.BooleanField(
+        help_text="What was asked reaches before the oldest byte the node keeps: older output "
+        "was removed at the member's log limit."
+    )
     output = serializers.CharField(help_text="UTF-8; undecodable bytes replaced.")
+
+
+class LogsSerializer(OutputSerializer):
+    attempt = serializers.IntegerField()
+    rank = serializers.IntegerField()
 
 
 class QuotaSerializer(serializers.Serializer):

@@ -11,9 +11,10 @@ from tuneplane.api.schema import errors
 from tuneplane.api.throttles import LogsThrottle
 from tuneplane.errors import NotFound
 
-from ..models import Deployment, Environment, Episode, Member, PlaygroundSession
+from .. import logs
+from ..models import Deployment, Environment, Episode, PlaygroundSession
 from ..selectors import workloads_shown_to, workloads_visible_to
-from ..services import episodes, playground, serving
+from ..services import episodes, playground
 from . import requests as bodies
 from . import serializers as answers
 from .views import seen_by
@@ -121,11 +122,8 @@ class EpisodeCancelView(GenericAPIView):
         return Response(answers.EpisodeSerializer(_episode(request, environment_id, number)).data)
 
 
-class EpisodeLogsSerializer(serializers.Serializer):
+class EpisodeLogsSerializer(answers.OutputSerializer):
     number = serializers.IntegerField()
-    node = serializers.CharField()
-    tail_bytes = serializers.IntegerField()
-    output = serializers.CharField(help_text="UTF-8; undecodable bytes replaced.")
 
 
 class EpisodeLogsView(GenericAPIView):
@@ -133,7 +131,7 @@ class EpisodeLogsView(GenericAPIView):
     serializer_class = EpisodeLogsSerializer
 
     @extend_schema(
-        summary="The tail of an episode's output, fetched from its node now",
+        summary="An episode's output, its tail or from `offset` on, fetched from its node now",
         parameters=[bodies.TailQuery],
         responses={200: EpisodeLogsSerializer, **errors(400, 401, 404, 429, 503)},
     )
@@ -141,26 +139,23 @@ class EpisodeLogsView(GenericAPIView):
         episode = _episode(request, environment_id, number)
         incoming = bodies.TailQuery(data=request.query_params)
         incoming.is_valid(raise_exception=True)
-        tail_bytes = incoming.validated_data["tail_bytes"]
-        member, output = episodes.episode_output(episode=episode, tail_bytes=tail_bytes)
-        return Response(_logs(episode, member, tail_bytes, output))
+        query = incoming.validated_data
+        member = logs.episode_member(episode=episode)
+        read = logs.member_output(
+            member=member, tail_bytes=query["tail_bytes"], offset=query["offset"]
+        )
+        return Response(
+            {
+                "number": episode.number,
+                "node": member.node_id,
+                **logs.shown(read, query["tail_bytes"]),
+            }
+        )
 
 
-def _logs(episode: Episode, member: Member, tail_bytes: int, output: bytes) -> dict:
-    return {
-        "number": episode.number,
-        "node": member.node_id,
-        "tail_bytes": tail_bytes,
-        "output": output.decode("utf-8", errors="replace"),
-    }
-
-
-class ReplicaLogsSerializer(serializers.Serializer):
+class ReplicaLogsSerializer(answers.OutputSerializer):
     revision = serializers.IntegerField()
     replica = serializers.IntegerField()
-    node = serializers.CharField()
-    tail_bytes = serializers.IntegerField()
-    output = serializers.CharField(help_text="UTF-8; undecodable bytes replaced.")
 
 
 class DeploymentLogsView(GenericAPIView):
@@ -168,7 +163,7 @@ class DeploymentLogsView(GenericAPIView):
     serializer_class = ReplicaLogsSerializer
 
     @extend_schema(
-        summary="The tail of a replica's output, fetched from its node now",
+        summary="A replica's output, its tail or from `offset` on, fetched from its node now",
         parameters=[bodies.ReplicaLogsQuery],
         responses={200: ReplicaLogsSerializer, **errors(400, 401, 404, 429, 503)},
     )
@@ -179,13 +174,17 @@ class DeploymentLogsView(GenericAPIView):
         incoming = bodies.ReplicaLogsQuery(data=request.query_params)
         incoming.is_valid(raise_exception=True)
         query = incoming.validated_data
-        member, output = serving.replica_output(deployment=deployment, **query)
+        member = logs.replica_member(
+            deployment=deployment, revision=query["revision"], replica=query["replica"]
+        )
+        read = logs.member_output(
+            member=member, tail_bytes=query["tail_bytes"], offset=query["offset"]
+        )
         return Response(
             {
                 "revision": member.revision.number,
                 "replica": member.rank,
                 "node": member.node_id,
-                "tail_bytes": query["tail_bytes"],
-                "output": output.decode("utf-8", errors="replace"),
+                **logs.shown(read, query["tail_bytes"]),
             }
         )

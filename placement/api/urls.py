@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import quota_views, serving_views, views
+from . import history_views, quota_views, serving_views, views
 
 urlpatterns = [
     path(
@@ -88,4 +88,30 @@ urlpatterns = [
     ),
     path("volumes", views.VolumesView.as_view(), name="volumes"),
     path("datasets", views.DatasetsView.as_view(), name="datasets"),
+    # A record's history (issue 39): placement.api.history_views.
+    path(
+        "training-jobs/<int:job_id>/events",
+        history_views.TrainingJobEventsView.as_view(),
+        name="training-job-events",
+    ),
+    path(
+        "lifecycle-jobs/<int:job_id>/events",
+        history_views.LifecycleJobEventsView.as_view(),
+        name="lifecycle-job-events",
+    ),
+    path(
+        "deployments/<int:deployment_id>/events",
+        history_views.DeploymentEventsView.as_view(),
+        name="deployment-events",
+    ),
+    path(
+        "playground-sessions/<int:session_id>/events",
+        history_views.PlaygroundSessionEventsView.as_view(),
+        name="playground-session-events",
+    ),
+    path(
+        "environments/<int:environment_id>/episodes/<int:number>/events",
+        history_views.EpisodeEventsView.as_view(),
+        name="episode-events",
+    ),
 ]

@@ -14,6 +14,7 @@ from tuneplane.api.schema import errors
 from tuneplane.api.throttles import LogsThrottle
 from tuneplane.errors import NotFound
 
+from .. import logs
 from ..choices import DeploymentState, JobState
 from ..metrics import not_counted
 from ..models import (
@@ -241,7 +242,8 @@ class LifecycleJobCancelView(JobCancelView):
 
 
 class JobLogsView(JobView):
-    """The tail of one member's output, read from its node now: logs stay on the node."""
+    """One member's output, its tail or from an offset on, read from its node now: logs stay
+    on the node."""
 
     throttle_classes = [LogsThrottle]
 
@@ -250,21 +252,24 @@ class JobLogsView(JobView):
         incoming = bodies.LogsQuery(data=request.query_params)
         incoming.is_valid(raise_exception=True)
         query = incoming.validated_data
-        member, output = runs.member_output(job=job, **query)
+        member = logs.job_member(job=job, attempt=query["attempt"], rank=query["rank"])
+        read = logs.member_output(
+            member=member, tail_bytes=query["tail_bytes"], offset=query["offset"]
+        )
         return Response(
             {
                 "attempt": member.attempt.number,
                 "rank": member.rank,
                 "node": member.node_id,
-                "tail_bytes": query["tail_bytes"],
-                "output": output.decode("utf-8", errors="replace"),
+                **logs.shown(read, query["tail_bytes"]),
             }
         )
 
 
 def _logs_documented(noun, view):
     return extend_schema(
-        summary=f"The tail of a {noun} member's output, fetched from its node now",
+        summary=f"A {noun} member's output, its tail or from `offset` on, fetched from its "
+        "node now",
         parameters=[bodies.LogsQuery],
         responses={200: answers.LogsSerializer, **errors(400, 401, 404, 429, 503)},
     )(view)

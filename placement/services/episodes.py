@@ -21,8 +21,7 @@ from django.utils import timezone
 from audit.services import Actor, audit_record
 from fleets.choices import FleetCapability, FleetKind, FleetState
 from nodes.models import NodeCommand
-from nodes.services.logs import log_tail_fetch
-from tuneplane.errors import Conflict, NotFound
+from tuneplane.errors import Conflict
 from tuneplane.lifecycle import move
 
 from ..admission import Need, admit_named
@@ -186,11 +185,3 @@ def episodes_time_out(*, now=None) -> dict[str, int]:
             members_stop(members, now)
             timed_out += 1
     return {"timed_out": timed_out}
-
-
-def episode_output(*, episode: Episode, tail_bytes: int = 65536):
-    """The tail of an episode's output, from its node now (nodes.services.logs). A read."""
-    member = episode.members.select_related("node").order_by("-pk").first()
-    if member is None:
-        raise NotFound("The episode has not been placed on a node yet.", field="episode")
-    return member, log_tail_fetch(node=member.node, member=member.command_id, tail_bytes=tail_bytes)

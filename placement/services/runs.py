@@ -15,8 +15,7 @@ from django.utils import timezone
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
 from nodes.models import NodeCommand
-from nodes.services.logs import log_tail_fetch
-from tuneplane.errors import Conflict, NotFound
+from tuneplane.errors import Conflict
 from tuneplane.lifecycle import move
 
 from ..choices import ATTEMPT_LIFECYCLE, JOB_ENDED, JOB_LIFECYCLE, RUN_LIVE, JobState, RunState
@@ -230,20 +229,3 @@ def _cluster_cancel(actor: Actor, job, now):
         _cancel_requested(actor, job, now)
         cluster_job_cancel_on_commit(job)
     return job
-
-
-def member_output(*, job, attempt: int | None = None, rank: int = 0, tail_bytes: int = 65536):
-    """Which member a logs request means (the latest attempt unless one is named) and the
-    tail of its output, from its node now (nodes.services.logs). A read: not audited."""
-    members = Member.objects.select_related("attempt", "node").filter(
-        **{f"attempt__{Attempt.job_field(job)}": job}, rank=rank
-    )
-    if attempt is not None:
-        members = members.filter(attempt__number=attempt)
-    member = members.order_by("-attempt__number").first()
-    if member is None:
-        raise NotFound(
-            "No such member: the job has no attempt yet, or not that attempt or rank.",
-            field="attempt" if attempt is not None else "rank",
-        )
-    return member, log_tail_fetch(node=member.node, member=member.command_id, tail_bytes=tail_bytes)

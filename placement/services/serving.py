@@ -26,8 +26,7 @@ from audit.services import Actor, audit_record
 from fleets.choices import FleetCapability, FleetKind
 from nodes.models import NodeCommand
 from nodes.selectors import nodes_placeable
-from nodes.services.logs import log_tail_fetch
-from tuneplane.errors import Conflict, NotFound, ValidationFailed
+from tuneplane.errors import Conflict, ValidationFailed
 from tuneplane.lifecycle import move
 
 from ..admission import Need, admit_named
@@ -268,23 +267,6 @@ def stopped_deployments_release(*, actor: Actor, fleet) -> dict:
         deleted.append(deployment.pk)
         deployment.delete()
     return {"deployments_deleted": deleted} if deleted else {}
-
-
-def replica_output(*, deployment: Deployment, revision=None, replica: int = 0, tail_bytes=65536):
-    """Which replica a logs request means (of the newest revision unless one is named) and
-    the tail of its output, from its node now (nodes.services.logs). A read: not audited."""
-    members = Member.objects.select_related("node", "revision").filter(
-        revision__deployment=deployment, rank=replica
-    )
-    if revision is not None:
-        members = members.filter(revision__number=revision)
-    member = members.order_by("-revision__number").first()
-    if member is None:
-        raise NotFound(
-            "No such replica: not placed yet, or not that revision or replica.",
-            field="revision" if revision is not None else "replica",
-        )
-    return member, log_tail_fetch(node=member.node, member=member.command_id, tail_bytes=tail_bytes)
 
 
 def deployment_update(

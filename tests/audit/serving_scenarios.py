@@ -213,6 +213,4 @@ SCENARIOS = {
 READS = {
     "placement.services.serving.locked_deployment",  # row locks, in the one order
     "placement.services.playground.session_ends_at",  # a pure computation
-    "placement.services.episodes.episode_output",  # reads a log tail from its node
-    "placement.services.serving.replica_output",  # reads a log tail from its node
 }

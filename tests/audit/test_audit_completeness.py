@@ -97,7 +97,6 @@ READS = {
     "nodes.services.control.replica_gone_after",  # a pure computation
     "placement.services.submission.project_for",  # reads the project and the membership
     "placement.services.reconcile.backoff",  # a pure computation
-    "placement.services.runs.member_output",  # reads a log tail from its node
     "placement.services.runs.locked_run",  # row locks, in the one order
     "placement.services.runs.attempt_state",  # a pure decision
     "placement.services.members.reported_as",  # a pure mapping

@@ -119,11 +119,13 @@ def worker(tmp_path, redis_url, **settings):
 
 
 @pytest.fixture
-def running_node(require_redis, tmp_path, console_pki, node_fleet, mint):
-    """A node Fleet's node with a live agent, a gateway and a worker: where jobs run."""
+def running_node(request, require_redis, tmp_path, console_pki, node_fleet, mint):
+    """A node Fleet's node with a live agent, a gateway and a worker: where jobs run. The
+    worker's settings may be added to by an indirect parameter (a dict)."""
     node, env, directory = lay_out_a_joined_node(node_fleet, mint, tmp_path)
+    settings = {"TUNEPLANE_STOP_GRACE": "3", **getattr(request, "param", {})}
     with (
-        worker(tmp_path, require_redis, TUNEPLANE_STOP_GRACE="3"),
+        worker(tmp_path, require_redis, **settings),
         running_gateway(tmp_path, console_pki, REDIS_URL=require_redis, **FAST) as target,
     ):
         agent = serve(env, target, tmp_path, inventory=H100_DEVICE_INVENTORY)

@@ -1,5 +1,6 @@
 """install.sh end to end: from the console it came from into a temporary prefix."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ import zipfile
 import pytest
 
 from nodes.choices import SchedulingState
-from nodes.downloads import build_agent_wheels, lock_sha256, lock_text
+from nodes.downloads import build_agent_wheels, build_cli_wheel, lock_sha256, lock_text
 from nodes.models import Node
 from tests.conftest import H100_INVENTORY
 
@@ -27,6 +28,8 @@ def agent_wheels(tmp_path_factory):
     settings.TUNEPLANE_DOWNLOADS_DIR = tmp_path_factory.mktemp("downloads")
     result = build_agent_wheels()
     assert result.returncode == 0, result.stderr
+    cli = build_cli_wheel()  # beside the agent's, and no part of a node's install
+    assert cli.returncode == 0, cli.stderr
     return settings.TUNEPLANE_DOWNLOADS_DIR
 
 
@@ -131,6 +134,54 @@ def test_downloads_index_lists_the_agent_wheel(server):
     assert "tuneplane_node-" in page and "cryptography-" in page
     with pytest.raises(urllib.error.HTTPError):
         fetch(f"{server}/downloads/..%2Fsettings.py")
+
+
+def test_downloads_serve_the_cli_wheel_with_its_sha256_outside_the_agents_lock(
+    server, agent_wheels, tmp_path
+):
+    [wheel] = agent_wheels.glob("tuneplane_cli-*.whl")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert fetch(f"{server}/downloads/tuneplane-cli.sha256") == f"{digest}  {wheel.name}\n"
+    page = fetch(f"{server}/downloads/")
+    assert f'href="{wheel.name}#sha256={digest}"' in page
+    assert "tuneplane_cli" not in lock_text()  # a node installs the agent alone
+    with urllib.request.urlopen(f"{server}/downloads/{wheel.name}", timeout=10) as response:
+        assert hashlib.sha256(response.read()).hexdigest() == digest
+    # pip installs it by its URL, checking the digest; what it installed runs (its
+    # dependencies are this venv's here).
+    target = tmp_path / "installed"
+    installed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            target,
+            f"{server}/downloads/{wheel.name}#sha256={digest}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert installed.returncode == 0, installed.stderr
+    [entry_points] = target.glob("tuneplane_cli-*.dist-info/entry_points.txt")
+    assert "tuneplane = tuneplane_cli.main:main" in entry_points.read_text()
+    version = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import tuneplane_cli.main as m; print(m.__file__); m.main()",
+            "--version",
+        ],
+        env={**os.environ, "PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+    )
+    assert version.stdout.startswith(str(target)), version
+    assert "tuneplane, version 0.1.0" in version.stdout
 
 
 def test_issue17_item15_install_sh_refuses_a_wheel_changed_after_the_one_liner(

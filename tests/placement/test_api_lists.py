@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from audit.services import Actor
+from audit.services import Actor, audit_record
 from fleets.choices import FleetCapability
 from nodes.choices import CommandKind, SchedulingState
 from nodes.models import HardwareSeries, Node
@@ -336,3 +336,86 @@ def test_admin_deployment_list_shows_status_in_queries_flat_in_rows(
     for n in range(1, 4):
         submission.deployment_submit(actor=actor, project="ml", name=f"d{n}", fleet="lab", **SERVE)
     assert read(4) == one
+
+
+# -- a record's history (its audit events and its parts') -----------------------------
+
+
+class HistoryListContract(WorkloadListContract):
+    """A record's events: its own and its parts' (each event one row). The first call makes
+    the record, placed, with its parts; each next one records one event on the record or on
+    one of its parts, in turn, so both halves of the query are read with more rows."""
+
+    def make_record(self):
+        """The record, placed, and a part of it (a member) whose events it lists."""
+        raise NotImplementedError
+
+    def list_url(self):
+        return re.sub(r"\{\w+\}", str(self.record.pk), self.list_path)
+
+    def make_listed(self, n):
+        if n == 0:
+            self.record, self.part = self.make_record()
+        target = self.part if n % 2 else self.record
+        audit_record(actor=SYSTEM, action="history.noted", target=target, after={"n": n})
+
+
+class TestTrainingJobEvents(HistoryListContract):
+    list_path = "/api/training-jobs/{job_id}/events"
+
+    def make_record(self):
+        job = submission.training_job_submit(
+            actor=self.actor, project="ml", name="job", command=["true"]
+        )
+        allocate(fleet_id=self.fleet.id)
+        return job, Member.objects.get(attempt__training_job=job)
+
+
+class TestDeploymentEvents(HistoryListContract):
+    list_path = "/api/deployments/{deployment_id}/events"
+
+    def make_record(self):
+        deployment = submission.deployment_submit(
+            actor=self.actor, project="ml", name="serve", fleet="lab", **SERVE
+        )
+        allocate(fleet_id=self.fleet.id)
+        return deployment, Member.objects.get(revision__deployment=deployment)
+
+
+class TestPlaygroundSessionEvents(HistoryListContract):
+    list_path = "/api/playground-sessions/{session_id}/events"
+
+    def make_record(self):
+        session = submission.playground_session_submit(
+            actor=self.actor, project="ml", name="play", **SERVE
+        )
+        allocate(fleet_id=self.fleet.id)
+        return session, Member.objects.get(session=session)
+
+
+class TestEpisodeEvents(HistoryListContract):
+    list_path = "/api/environments/{environment_id}/episodes/{number}/events"
+
+    def list_url(self):
+        return self.list_path.format(
+            environment_id=self.record.environment_id, number=self.record.number
+        )
+
+    def make_record(self):
+        environment = submission.environment_submit(
+            actor=self.actor, project="ml", name="env", manifest={"fleet": "lab"}
+        )
+        episode = episodes.episode_start(actor=self.actor, environment=environment, command=["x"])
+        allocate(fleet_id=self.fleet.id)
+        return episode, Member.objects.get(episode=episode)
+
+
+class TestLifecycleJobEvents(HistoryListContract):
+    list_path = "/api/lifecycle-jobs/{job_id}/events"
+
+    def make_record(self):
+        job = submission.lifecycle_job_submit(
+            actor=self.actor, project="ml", name="eval", kind=LifecycleKind.EVAL, script="x"
+        )
+        allocate(fleet_id=self.fleet.id)
+        return job, Member.objects.get(attempt__lifecycle_job=job)

@@ -378,11 +378,10 @@ class Runner:
                 member.ready, member.detail = after
                 self.store.save(member)
 
-    def log_tail(self, member_id: str, tail_bytes: int) -> bytes | None:
+    def log_read(self, member_id: str, limit: int, offset: int | None = None) -> logs.Read | None:
         if not COMMAND_ID.fullmatch(member_id):
             return None
-        path = self.logs / f"{member_id}.log"
-        return logs.tail(path, tail_bytes) if path.exists() else None
+        return logs.read(self.logs / f"{member_id}.log", limit, offset)
 
     def expire_logs(self, retention_seconds: float, keep: set[str]) -> None:
         for path in logs.expired(self.logs, retention_seconds, keep):

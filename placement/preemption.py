@@ -19,7 +19,7 @@ with what its pass left waiting, and stops the victims it answers (Q6).
   longer there for the next, and its cards count against its quota from then on.
 """
 
-import copy
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -65,10 +65,17 @@ def plan(
     to keep the originals."""
     pool = list(running)
     chosen: list[tuple[Request, list[Running]]] = []
+    may = _Candidates(pool, now, min_runtime)
+    fitting: dict[tuple, dict[str, NodeCapacity]] = {}  # by shape, until capacity changes
     for waiter in sorted(waiting, key=lambda r: (-r.priority, r.order)):
-        taken = victims(waiter, pool, capacities, book, now, min_runtime)
+        if not may.preempt_for(waiter, book):
+            continue
+        if waiter.shape not in fitting:
+            fitting[waiter.shape] = _fitting(waiter, capacities)
+        taken = victims(waiter, pool, capacities, book, now, min_runtime, fitting[waiter.shape])
         if not taken:  # None: nothing it may take makes it fit; []: it fits already
             continue
+        fitting.clear()
         chosen.append((waiter, taken))
         pool = [job for job in pool if job not in taken]
         capacities.update(_freed(capacities, taken))
@@ -83,6 +90,30 @@ def plan(
     return chosen
 
 
+class _Candidates:
+    """What the running jobs offer, read once a pass, so that a request with no candidate
+    victim is passed over without a look at the nodes (a pass may leave thousands waiting):
+    each project's lowest priority among its jobs that may be preempted, and the projects
+    that run on borrowed cards. A request passed here may still find no set that fits."""
+
+    def __init__(self, running: list[Running], now: datetime, min_runtime: float):
+        self.lowest: dict[int, int] = {}
+        self.lending: dict[int, int] = {}  # project → its borrowed jobs old enough
+        for job in running:
+            if (now - job.started_at).total_seconds() < min_runtime or not job.may_be_preempted:
+                continue
+            self.lowest[job.project] = min(job.priority, self.lowest.get(job.project, job.priority))
+            if job.borrowed:
+                self.lending[job.project] = self.lending.get(job.project, 0) + 1
+
+    def preempt_for(self, waiter: Request, book: Book) -> bool:
+        if waiter.priority > self.lowest.get(waiter.project, waiter.priority):
+            return True
+        others = len(self.lending) - (waiter.project in self.lending)
+        key = book.key(waiter.project, waiter.series)
+        return others > 0 and book.within_guarantee(key, waiter.total_cards)
+
+
 def victims(
     waiter: Request,
     running: list[Running],
@@ -90,10 +121,14 @@ def victims(
     book: Book,
     now: datetime,
     min_runtime: float,
+    fitting: dict[str, NodeCapacity] | None = None,
 ) -> list[Running] | None:
     """Q5: the running jobs to preempt so that ``waiter`` fits, fewest and cheapest; None when
-    no set of the jobs it may preempt makes it fit."""
-    if _fits(waiter, capacities, []):
+    no set of the jobs it may preempt makes it fit. ``fitting``: the nodes it fits on now,
+    when the caller has them (``_fitting``)."""
+    if fitting is None:
+        fitting = _fitting(waiter, capacities)
+    if _fits(waiter, capacities, [], fitting):
         return []
     key = book.key(waiter.project, waiter.series)
     reclaiming = book.within_guarantee(key, waiter.total_cards)
@@ -111,13 +146,13 @@ def victims(
     chosen: list[Running] = []
     for job in candidates:
         chosen.append(job)
-        if _fits(waiter, capacities, chosen) and _within_limit(waiter, key, book, chosen):
+        if _fits(waiter, capacities, chosen, fitting) and _within_limit(waiter, key, book, chosen):
             break
     else:
         return None
     for job in list(reversed(chosen[:-1])):  # the fewest: drop any the request fits without
         fewer = [other for other in chosen if other is not job]
-        if _fits(waiter, capacities, fewer) and _within_limit(waiter, key, book, fewer):
+        if _fits(waiter, capacities, fewer, fitting) and _within_limit(waiter, key, book, fewer):
             chosen = fewer
     return chosen
 
@@ -132,9 +167,7 @@ def _within_limit(waiter: Request, key: Key, book: Book, freed: list[Running]) -
 def _freed(capacities: dict[str, NodeCapacity], freed: list[Running]) -> dict:
     """The nodes the victims run on, copied, with their cards, CPUs and memory free."""
     touched = {node_id for job in freed for node_id, _ in job.members}
-    trial = {
-        node_id: copy.deepcopy(capacities[node_id]) for node_id in touched if node_id in capacities
-    }
+    trial = {node_id: _copied(capacities[node_id]) for node_id in touched if node_id in capacities}
     for job in freed:
         for rank, (node_id, cards) in enumerate(job.members):
             node = trial.get(node_id)
@@ -153,10 +186,31 @@ def _freed(capacities: dict[str, NodeCapacity], freed: list[Running]) -> dict:
     return trial
 
 
-def _fits(waiter: Request, capacities: dict[str, NodeCapacity], freed: list[Running]) -> bool:
+def _copied(node: NodeCapacity) -> NodeCapacity:
+    """A node to try victims on: what taking and freeing change is its own."""
+    return dataclasses.replace(
+        node,
+        free={series: list(devices) for series, devices in node.free.items()},
+        ports=set(node.ports),
+    )
+
+
+def _fitting(waiter: Request, capacities: dict[str, NodeCapacity]) -> dict[str, NodeCapacity]:
+    return {node_id: node for node_id, node in capacities.items() if node.fits(waiter)}
+
+
+def _fits(
+    waiter: Request,
+    capacities: dict[str, NodeCapacity],
+    freed: list[Running],
+    fitting: dict[str, NodeCapacity],
+) -> bool:
     """Whether the whole request, a gang with its rendezvous port included, fits once the
-    ``freed`` jobs' members are gone."""
-    chosen = best_fit(waiter, {**capacities, **_freed(capacities, freed)}, set())
+    ``freed`` jobs' members are gone: on the nodes they free, and on those it ``fitting``
+    already (a node no victim runs on fits it or not whatever is preempted)."""
+    trial = _freed(capacities, freed)
+    nodes = {node_id: node for node_id, node in fitting.items() if node_id not in trial}
+    chosen = best_fit(waiter, {**nodes, **trial}, set())
     if chosen is None:
         return False
     return waiter.nodes == 1 or free_rendezvous_port(chosen[0]) is not None

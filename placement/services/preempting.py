@@ -30,19 +30,17 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from audit.services import audit_record
+from audit.services import audit_record_each
 from fleets.models import Fleet
 from nodes.choices import CommandKind
-from tuneplane.lifecycle import move
 
-from ..choices import JOB_LIFECYCLE, Cleanup, JobState, RunState
+from ..choices import JOB_LIFECYCLE, RUN_LIVE, Cleanup, JobState, RunState
 from ..decide import NodeCapacity, Request
-from ..models import Member
+from ..models import Attempt, Member
 from ..preemption import Running, plan
 from ..sharing import Book
 from ..waits import Wait
 from .members import members_send
-from .runs import locked_run
 from .waiting import ALLOCATOR, JOB_MODELS, Waiting
 
 # A request's own reasons to wait that preemption does not answer: a retry's backoff, and
@@ -84,27 +82,12 @@ def preempt(
     running = running_jobs(fleet, capacities)
     if not running:
         return 0
-    preempted = 0
     minimum = settings.TUNEPLANE_PREEMPT_MIN_RUNTIME
-    for waiter, victims in plan(eligible, running, capacities, book, now, minimum):
-        stopped = [
-            record
-            for victim in victims
-            if (record := _stop(victim, waiter, items[waiter], now)) is not None
-        ]
-        if not stopped:
-            continue
-        preempted += len(stopped)
-        owner = items[waiter].owner
-        audit_record(
-            actor=ALLOCATOR,
-            action=f"{owner._meta.model_name}.preempts",
-            target=owner,
-            before={"victims": []},
-            after={"preemptor": named(waiter.key), "victims": stopped},
-        )
-        waits[waiter.key] = _preempting(waits[waiter.key], stopped)
-    return preempted
+    stopped = _stop(plan(eligible, running, capacities, book, now, minimum), items, now)
+    for key, shown in stopped.items():
+        waits[key] = _preempting(waits[key], shown)
+    _preemptors_record(stopped, items)
+    return sum(len(shown) for shown in stopped.values())
 
 
 def _why(victim: Running, waiter: Request, item: Waiting) -> str:
@@ -120,34 +103,94 @@ def _why(victim: Running, waiter: Request, item: Waiting) -> str:
     )
 
 
-def _stop(victim: Running, waiter: Request, item: Waiting, now: datetime) -> dict | None:
-    """Q6: the victim's job ``running → preempting``, audited with its preemptor and why; its
-    members stopped with the grace. None when it is no longer running (it ended meanwhile)."""
-    job, attempt, members = locked_run(victim.attempt)
-    if job.state != JobState.RUNNING or attempt.state != RunState.RUNNING:
-        return None
-    grace = settings.TUNEPLANE_PREEMPT_GRACE
-    if job.preemption_grace_seconds is not None:
-        grace = min(grace, job.preemption_grace_seconds)
-    record = {
-        "by": named(waiter.key),
-        "why": _why(victim, waiter, item),
-        "at": now.isoformat(),
-        "deadline": (now + timedelta(seconds=grace)).isoformat(),
+def _stop(planned, items: dict[Request, Waiting], now: datetime) -> dict[tuple, list[dict]]:
+    """Q6 for every victim of the pass at once, in a fixed number of statements: its job
+    ``running → preempting`` (its lifecycle checked), with who preempted it, why and its
+    deadline, one audit event each; its live members stopped with the preemption grace. Rows
+    are locked in the one order runs' writers take (jobs, then attempts, then members); a
+    victim that ended meanwhile is left out. Returns each preemptor's victims as shown."""
+    victims = {victim.attempt: (waiter, victim) for waiter, chosen in planned for victim in chosen}
+    if not victims:
+        return {}
+    jobs = {}
+    for model in JOB_MODELS:
+        kind = model._meta.model_name
+        ids = [victim.key[1] for _, victim in victims.values() if victim.key[0] == kind]
+        for job in model.objects.select_for_update().filter(pk__in=ids).order_by("pk"):
+            jobs[(kind, job.pk)] = job
+    attempts = {
+        attempt.pk: attempt
+        for attempt in Attempt.objects.select_for_update().filter(pk__in=victims).order_by("pk")
     }
-    move(
-        job,
-        JOB_LIFECYCLE,
-        JobState.PREEMPTING,
-        actor=ALLOCATOR,
-        reason="preempted",
-        action=f"{job._meta.model_name}.preempting",
-        fields={"preemption": record},
-        after={"preemption": record, "attempt": attempt.number},
-    )
-    live = [member for member in members if member.state in (RunState.STARTING, RunState.RUNNING)]
-    members_send(CommandKind.STOP, live, now, grace_seconds=grace)
-    return {"job": f"{job._meta.model_name}-{job.pk}", "deadline": record["deadline"]}
+    members: dict[int, list[Member]] = {}
+    for member in Member.objects.select_for_update().filter(attempt_id__in=victims).order_by("pk"):
+        members.setdefault(member.attempt_id, []).append(member)
+    stopped: dict[tuple, list[dict]] = {}
+    moved: dict[type, list] = {}
+    by_grace: dict[int, list[Member]] = {}
+    for attempt_id, (waiter, victim) in victims.items():
+        job, attempt = jobs.get(victim.key), attempts.get(attempt_id)
+        if job is None or attempt is None or attempt.state != RunState.RUNNING:
+            continue
+        if job.state != JobState.RUNNING:
+            continue
+        JOB_LIFECYCLE.check(job.state, JobState.PREEMPTING, target=job.pk)
+        grace = settings.TUNEPLANE_PREEMPT_GRACE
+        if job.preemption_grace_seconds is not None:
+            grace = min(grace, job.preemption_grace_seconds)
+        job.preemption = {
+            "by": named(waiter.key),
+            "why": _why(victim, waiter, items[waiter]),
+            "at": now.isoformat(),
+            "deadline": (now + timedelta(seconds=grace)).isoformat(),
+        }
+        job.state, job.reason = JobState.PREEMPTING, "preempted"
+        moved.setdefault(type(job), []).append((job, attempt.number))
+        live = [m for m in members.get(attempt_id, []) if m.state in RUN_LIVE]
+        by_grace.setdefault(grace, []).extend(live)
+        shown = {"job": f"{job._meta.model_name}-{job.pk}", "deadline": job.preemption["deadline"]}
+        stopped.setdefault(waiter.key, []).append(shown)
+    for model, done in moved.items():
+        model.objects.bulk_update([job for job, _ in done], ["state", "reason", "preemption"])
+        audit_record_each(
+            actor=ALLOCATOR,
+            target_type=model._meta.label_lower,
+            events=[
+                (
+                    f"{model._meta.model_name}.preempting",
+                    job.pk,
+                    {"state": JobState.RUNNING},
+                    {
+                        "state": job.state,
+                        "reason": job.reason,
+                        "preemption": job.preemption,
+                        "attempt": number,
+                    },
+                )
+                for job, number in done
+            ],
+        )
+    for grace, live in by_grace.items():
+        members_send(CommandKind.STOP, live, now, grace_seconds=grace)
+    return stopped
+
+
+def _preemptors_record(stopped: dict[tuple, list[dict]], items: dict[Request, Waiting]) -> None:
+    """Q7: one audit event on each preemptor naming its victims: a statement a kind."""
+    owners = {request.key: item.owner for request, item in items.items()}
+    by_type: dict[str, list] = {}
+    for key, victims in stopped.items():
+        owner = owners[key]
+        by_type.setdefault(owner._meta.label_lower, []).append(
+            (
+                f"{owner._meta.model_name}.preempts",
+                owner.pk,
+                {"victims": []},
+                {"preemptor": named(key), "victims": victims},
+            )
+        )
+    for target_type, events in by_type.items():
+        audit_record_each(actor=ALLOCATOR, target_type=target_type, events=events)
 
 
 def _preempting(wait: Wait, victims: list[dict]) -> Wait:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from nodes.choices import SchedulingState
 from nodes.models import ControlSession, Node
 from nodes.selectors import cards_summary
-from placement.models import CardHold, Member, TrainingJob
+from placement.models import Attempt, CardHold, Member, TrainingJob
 from placement.services.allocator import allocate
 from tests.conftest import H100_DEVICE_INVENTORY, Api
 
@@ -177,8 +177,6 @@ def test_bench_allocation_with_quotas_50_projects_5000_jobs(node_fleet, member, 
     ]
     done, seconds, captured = _one_pass(node_fleet, member, queue)
     assert done["allocated"] > 0
-    from placement.models import Member
-
     held: dict[int, int] = {}
     for project_id, cards in Member.objects.values_list("project_id", "cards"):
         held[project_id] = held.get(project_id, 0) + len(cards)
@@ -189,6 +187,28 @@ def test_bench_allocation_with_quotas_50_projects_5000_jobs(node_fleet, member, 
             f"\nallocation with quotas: {QUOTA_JOBS} jobs of {QUOTA_PROJECTS} projects onto "
             f"{NODES} nodes x 8 cards in one pass: {done['allocated']} placed in "
             f"{seconds:.2f} s, {done['allocated'] / seconds:.0f} placements/s, "
+            f"{len(captured)} queries"
+        )
+    # Q5 at scale: what was placed has run an hour, and ten projects new to the Fleet, each
+    # guaranteed 64 cards, queue 50 jobs each: the next pass weighs every running job as a
+    # victim for what waits within its guarantee, and stops the borrowed work it takes.
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    TrainingJob.objects.filter(state="starting").update(state="running")
+    Attempt.objects.update(state="running", started_at=an_hour_ago)
+    Member.objects.update(state="running", started_at=an_hour_ago)
+    newcomers = Project.objects.bulk_create(
+        [Project(slug=f"new{n:02d}", name=f"New {n}") for n in range(10)]
+    )
+    Quota.objects.bulk_create(
+        [Quota(fleet=node_fleet, project=p, guaranteed=64, limit=64) for p in newcomers]
+    )
+    more = [{"project": newcomers[n % 10], "cards": sizes.choice((1, 2, 4, 8))} for n in range(500)]
+    done, seconds, captured = _one_pass(node_fleet, member, more)
+    with capsys.disabled():
+        print(
+            f"the next pass, {done['allocated'] + done['waiting']} queued and "
+            f"{Attempt.objects.filter(state='running').count()} running an hour: "
+            f"{done['preempted']} preempted, {done['allocated']} placed, in {seconds:.2f} s, "
             f"{len(captured)} queries"
         )
 

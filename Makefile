@@ -18,7 +18,7 @@ WORKERS ?= 3
 # agent's wheels), each handed out first and whole to one worker.
 XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-.PHONY: run test quick test-sqlite lint bench install clean token
+.PHONY: run test quick test-sqlite lint docs docs-build bench install clean token
 
 # The console, and the `tuneplane` command line (cli/, a distribution of its own) beside it.
 $(STAMP): pyproject.toml cli/pyproject.toml
@@ -52,7 +52,7 @@ run: $(STAMP)
 ## processes (tests/conftest.py says which): under a minute; with WORKERS=0 about half a minute,
 ## as these tests are all computing, and each worker first builds its own test database.
 ## REDIS_URL's database number is the first xdist worker's; the next ones count down from it.
-test: lint $(TOOLS_STAMP)
+test: lint docs-build $(TOOLS_STAMP)
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/tuneplane} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/15} \
 	$(PYTHON) -m pytest $(XDIST) $(PYTEST_ARGS)
@@ -74,6 +74,19 @@ quick: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+## The documentation site (mkdocs.yml, docs/): built with --strict, so a broken link, a page
+## missing from the nav or a reference generator failing (docs/_hooks/reference.py: settings,
+## the agent's and the CLI's options, the API from `manage.py spectacular`, the control
+## protocol, DESIGN.md's rules) fails `make test`. Into var/site; a few seconds. Not --quiet:
+## with it MkDocs 1.6 no longer counts the warnings that --strict fails on.
+docs-build: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site
+
+## The site served with live reload at http://127.0.0.1:$(DOCS_PORT) (8008: beside `make run`'s 8000).
+DOCS_PORT ?= 8008
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 ## The suite again on the embedded defaults (SQLite, filesystem broker): what can come out
 ## differently there, after `make test` ran everything on PostgreSQL. That is every test that

@@ -2,7 +2,8 @@
 requests it could not place, once it has decided.
 
 The pass hands over what still waits, why, and what its decision left free and booked.
-Preemption then works in three steps:
+Preemption then works in three steps, in a fixed number of statements however many jobs
+run, wait or are preempted:
 
 1. Read what runs. Each running job of the Fleet becomes a ``Running``: its project, quota,
    whether it borrows, priority, start, and its members' nodes, cards and budgets.
@@ -22,8 +23,8 @@ and that pass places the preemptor.
 
 A Fleet without quotas preempts nothing: first come, best effort, as before (Q1).
 
-``preemption_preview`` answers a dry run (Q7): whom a request would preempt now, writing
-nothing.
+A dry run (Q7) runs the whole pass, this included, in a savepoint it rolls back
+(placement.services.allocator.allocate_preview): whom a request would preempt now.
 """
 
 from datetime import datetime, timedelta

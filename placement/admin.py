@@ -1,6 +1,9 @@
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import Prefetch
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from audit.services import Actor
@@ -8,6 +11,8 @@ from fleets.admin import register_fleet_inline
 from tuneplane.admin import ReadOnlyAdmin
 from tuneplane.errors import ApplicationError
 
+from . import logs
+from .choices import JOB_ENDED
 from .models import (
     Attempt,
     Dataset,
@@ -61,6 +66,11 @@ class WorkloadAdmin(ReadOnlyAdmin):
     @admin.display(description="Env (names; values are never shown)")
     def env_names(self, record) -> str:
         return ", ".join(sorted(record.env or {})) or "—"
+
+
+# A job's page shows the tail of its output, read from its node, refreshed while it runs.
+OUTPUT_TAIL = 16384
+OUTPUT_REFRESH_SECONDS = 5
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -136,7 +146,45 @@ class JobAdmin(WorkloadAdmin):
             "waits_because",
             "waited",
             "preempted",
+            "output_tail",
         ]
+
+    def get_urls(self):
+        output = path(
+            "<int:job_id>/output/",
+            self.admin_site.admin_view(self.output),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_output",
+        )
+        return [output, *super().get_urls()]
+
+    def output(self, request, job_id: int):
+        """The tail of the latest attempt's rank 0 output, read from its node now, in a page
+        that refreshes itself (the job's page shows it in a frame): a node that is not
+        connected, or a job not placed yet, is said, not an error page."""
+        job = get_object_or_404(self.model, pk=job_id)
+        shown, said = "", ""
+        try:
+            member = logs.job_member(job=job)
+            read = logs.member_output(member=member, tail_bytes=OUTPUT_TAIL)
+            shown = logs.shown(read, OUTPUT_TAIL)["output"]
+        except ApplicationError as error:
+            said = error.message
+        context = {
+            "title": f"Output of {job}",
+            "output": shown,
+            "said": said,
+            "refresh": OUTPUT_REFRESH_SECONDS if job.state not in JOB_ENDED else None,
+        }
+        return TemplateResponse(request, "admin/placement/output.html", context)
+
+    @admin.display(description="Output (the tail, refreshed)")
+    def output_tail(self, job) -> str:
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_output", args=[job.pk])
+        return format_html(
+            '<iframe src="{}" title="output" style="width:100%;height:18em;border:1px solid '
+            'var(--hairline-color)"></iframe>',
+            url,
+        )
 
     @admin.display(description="Last preempted (Q6)")
     def preempted(self, job) -> str:

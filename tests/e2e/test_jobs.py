@@ -178,18 +178,25 @@ def test_R15_the_largest_log_tail_never_ends_the_nodes_stream(running_node, memb
 
 
 def test_logs_are_read_from_the_node_over_its_stream_and_a_503_when_it_is_not_connected(
-    running_node, member_api
+    running_node, member_api, client, admin_user
 ):
     node, _, _, _, agent = running_node
-    job = submit(member_api, script="for i in 1 2 3; do echo line-$i; done; echo oops >&2")
+    job = submit(member_api, script="for i in 1 2 3; do echo line-$i; done; echo '<b>oops</b>' >&2")
     wait_until(lambda: state_is(member_api, job["id"], "succeeded"), what="success")
     response = member_api.get(f"/api/training-jobs/{job['id']}/logs")
     assert response.status_code == 200, response.content
     body = response.json()
-    assert body["output"] == "line-1\nline-2\nline-3\noops\n"
+    assert body["output"] == "line-1\nline-2\nline-3\n<b>oops</b>\n"
+    # The admin's job page frames the same tail, escaped; it no longer refreshes once ended.
+    client.force_login(admin_user)
+    page = client.get(f"/admin/placement/trainingjob/{job['id']}/change/").content.decode()
+    assert f"/admin/placement/trainingjob/{job['id']}/output/" in page
+    framed = client.get(f"/admin/placement/trainingjob/{job['id']}/output/").content.decode()
+    assert "line-1\nline-2\nline-3\n&lt;b&gt;oops&lt;/b&gt;" in framed
+    assert 'http-equiv="refresh"' not in framed
     assert (body["attempt"], body["rank"], body["node"]) == (1, 0, node.id)
     tail = member_api.get(f"/api/training-jobs/{job['id']}/logs?tail_bytes=5").json()
-    assert tail["output"] == "oops\n"
+    assert tail["output"] == "</b>\n"
     assert member_api.get(f"/api/training-jobs/{job['id']}/logs?rank=1").status_code == 404
     assert member_api.get(f"/api/training-jobs/{job['id']}/logs?tail_bytes=0").status_code == 400
     agent.send_signal(signal.SIGTERM)
@@ -200,3 +207,5 @@ def test_logs_are_read_from_the_node_over_its_stream_and_a_503_when_it_is_not_co
     )
     gone = member_api.get(f"/api/training-jobs/{job['id']}/logs")
     assert gone.status_code == 503 and gone.json()["error"]["code"] == "node_not_connected"
+    framed = client.get(f"/admin/placement/trainingjob/{job['id']}/output/")
+    assert framed.status_code == 200 and "is not connected" in framed.content.decode()

@@ -93,3 +93,12 @@ def test_the_admin_shows_env_names_never_their_values(staff, lab, member, kind):
     text = page.content.decode()
     assert page.status_code == 200
     assert "SECRET_TOKEN" in text and "s3cr3t-value" not in text
+
+
+def test_a_jobs_page_frames_its_output_and_says_why_there_is_none_yet(staff, lab, member):
+    queued = job(member)
+    page = staff.get(f"/admin/placement/trainingjob/{queued.pk}/change/").content.decode()
+    assert f'src="/admin/placement/trainingjob/{queued.pk}/output/"' in page
+    framed = staff.get(f"/admin/placement/trainingjob/{queued.pk}/output/").content.decode()
+    assert "the job has no attempt yet" in framed and 'http-equiv="refresh"' in framed
+    assert staff.get("/admin/placement/trainingjob/99999/output/").status_code == 404

@@ -69,7 +69,8 @@ def settled(node, member_id, timeout=30):
 
 
 def log(node, member_id) -> str:
-    return (node.log_tail(member_id, 65536) or b"").decode()
+    read = node.log_read(member_id, 65536)
+    return (read.data if read else b"").decode()
 
 
 def running_in_docker(member_id) -> bool:

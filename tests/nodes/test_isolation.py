@@ -30,6 +30,12 @@ DEVICES = [{"index": i, "uuid": f"GPU-{i}"} for i in range(4)]
 SECRET = "s3cr3t-of-project-a"
 
 
+def output_of(executor, member_id: str) -> bytes:
+    """What the member has written so far, as the console would read it (b"" before any)."""
+    read = executor.log_read(member_id, 1 << 16)
+    return read.data if read else b""
+
+
 @pytest.fixture
 def node(request):
     """An agent whose members run confined, its state dir where any uid may pass (as
@@ -120,7 +126,7 @@ def test_R11_R12_R13_a_member_reaches_nothing_of_another_member_or_of_the_node(n
     assert "uid 61001" in b.confinement and "pids 40" in b.confinement
     assert "devices: its cards only" in b.confinement
     ended = settled(executor, "m-b", timeout=30)
-    output = executor.log_tail("m-b", 1 << 16).decode()
+    output = output_of(executor, "m-b").decode()
     assert ended.exit_code == 0, output
     assert SECRET not in output
     for attempt in (
@@ -216,10 +222,10 @@ def test_R12_R13_on_cgroup_v2_an_ebpf_program_allows_only_its_cards(node, cgroup
     cgroup = cgroup_v2 / "tuneplane" / executor.cgroup("m-b")
     assert cgroup.is_dir()
     until = time.monotonic() + 10
-    while "make-device:" not in executor.log_tail("m-b", 1 << 16).decode():
-        assert time.monotonic() < until, executor.log_tail("m-b", 1 << 16)
+    while "make-device:" not in output_of(executor, "m-b").decode():
+        assert time.monotonic() < until, output_of(executor, "m-b")
         time.sleep(0.05)
-    output = executor.log_tail("m-b", 1 << 16).decode()
+    output = output_of(executor, "m-b").decode()
 
     def said(name):
         return output.split(f"{name}:")[1].split("\n")[0]

@@ -117,7 +117,7 @@ def test_R7_cleanup_kills_what_is_left_removes_the_scratch_and_keeps_the_log(exe
     ended = cleaned_up(executor, "m-left")
     assert ended.cleaned and not scratch.exists()
     assert not cgroups.cgroup_pids(executor.cgroup("m-left"))  # the escaped grandchild too
-    assert executor.log_tail("m-left", 100).startswith(b"hello\n")
+    assert executor.log_read("m-left", 100).data.startswith(b"hello\n")
     # A cleanup of a member whose state file is lost still cleans by its id.
     stray = executor.accept("c-clean-lost", "cleanup", {"member": "m-lost-file"})
     assert stray.state == "succeeded"

@@ -198,6 +198,16 @@ def nodes_placeable(fleet_ids, now=None) -> QuerySet[Node]:
     """Nodes that may take new work now (L1, D1): a live control-session lease, inventory
     observed within TUNEPLANE_PLACEMENT_FRESHNESS, schedulable and not cordoned. A shown
     state alone is not enough. Whether the Fleet is active is the caller's gate."""
+    return _nodes_live(fleet_ids, now).exclude(pk__in=NodeCordon.objects.values("node_id"))
+
+
+def nodes_placeable_but_for_cordons(fleet_ids, now=None) -> QuerySet[Node]:
+    """Nodes that would take new work now but for a cordon (D1, L6): what a refusal names
+    when they are why nothing fits."""
+    return _nodes_live(fleet_ids, now).filter(pk__in=NodeCordon.objects.values("node_id"))
+
+
+def _nodes_live(fleet_ids, now=None) -> QuerySet[Node]:
     now = now or timezone.now()
     fresh = now - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
     return Node.objects.filter(
@@ -205,7 +215,7 @@ def nodes_placeable(fleet_ids, now=None) -> QuerySet[Node]:
         scheduling_state=SchedulingState.SCHEDULABLE,
         lease_expires_at__gt=now,
         inventory_observed_at__gte=fresh,
-    ).exclude(pk__in=NodeCordon.objects.values("node_id"))
+    )
 
 
 def cluster_machines_placeable(fleet_ids, now=None) -> dict[str, list[dict]]:

@@ -26,6 +26,7 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     IntegerField,
+    Prefetch,
     Q,
     Value,
     When,
@@ -36,11 +37,14 @@ from django.utils import timezone
 
 from fleets.choices import FleetKind, FleetState
 from fleets.selectors import fleet_get_open_to, fleets_open_to
+from nodes.choices import CordonSource
+from nodes.models import NodeCordon
 from nodes.selectors import (
     card_series,
     cards_summary,
     cluster_machines_placeable,
     nodes_placeable,
+    nodes_placeable_but_for_cordons,
     with_container_runtime,
 )
 from tuneplane.errors import PlacementRefused
@@ -51,6 +55,8 @@ from .models import Quota
 from .sharing import Book, QuotaRow
 
 GATES = ["visibility", "capability", "state", "inventory_fit"]
+# Cordoned nodes a refusal names; past this many it says how many more.
+CORDONED_NAMED = 5
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,60 @@ class Holdings:
             f" {said[0].upper()}{said[1:]}: the agent's inventory must list each card's index "
             'and uuid ("devices", as tuneplane-node reports them from nvidia-smi), or its node '
             "counts toward no fit (rule Q9)."
+        )
+
+    def cordoned(self, fits: dict[str, FleetFit]) -> str:
+        """Why nothing fits, when cordons are why: the nodes of these Fleets that would hold
+        the need but for a cordon, each with its cordons' sources and reasons, where they
+        would have made it fit (D1; a storage cordon is lifted by the node itself, L6); else
+        nothing. Only Fleets the project can see are ever among ``self.fleets`` (F8). Two
+        queries, on the refusal's path only."""
+        node_fleets = [f.id for f in self.fleets if f.kind == FleetKind.NODE]
+        if not node_fleets:
+            return ""
+        nodes = nodes_placeable_but_for_cordons(node_fleets, self.now)
+        if self.need.container:
+            nodes = with_container_runtime(nodes)
+        held = Case(When(DEVICES_LISTED, then=_cards_counted(self.need)), default=Value(0))
+        would_fit = list(
+            nodes.annotate(held=held)
+            .filter(held__gte=self.need.cards)
+            .order_by("fleet_id", "id")
+            .only("id", "fleet_id")
+            .prefetch_related(
+                Prefetch(
+                    "cordons",
+                    queryset=NodeCordon.objects.order_by("created_at", "source"),
+                    to_attr="blocking",
+                )
+            )
+        )
+        per_fleet: dict[str, int] = {}
+        for node in would_fit:
+            per_fleet[node.fleet_id] = per_fleet.get(node.fleet_id, 0) + 1
+        named = [
+            node
+            for node in would_fit
+            if fits[node.fleet_id].fitting_count + per_fleet[node.fleet_id] >= self.need.nodes
+        ]
+        if not named:
+            return ""
+        listed = ", ".join(
+            f"{node.id} ({'; '.join(f'{c.source}: {c.reason}' for c in node.blocking)})"
+            for node in named[:CORDONED_NAMED]
+        )
+        more = f" and {len(named) - CORDONED_NAMED} more" if len(named) > CORDONED_NAMED else ""
+        sources = {cordon.source for node in named for cordon in node.blocking}
+        storage = (
+            " A storage cordon lifts by itself when the node sees its Fleet's storage root "
+            "again (rule L6)."
+            if CordonSource.STORAGE in sources
+            else ""
+        )
+        nodes_fit = "node that would fit is" if len(named) == 1 else "nodes that would fit are"
+        return (
+            f" {len(named)} {nodes_fit} cordoned: {listed}{more}. "
+            f"A cordoned node takes no new work (rule D1).{storage}"
         )
 
     def fitting_nodes(self, fleet_id: str, limit: int = 8) -> list[str]:
@@ -320,7 +380,9 @@ def admit_named(project, fleet_id: str, need: Need, now=None) -> Admitted:
             _without_runtime(
                 need,
                 f"Fleet '{fleet.id}' has no placeable nodes for "
-                f"{need.describe()}; {_best_offer(fits, need)}." + holdings.without_devices(fits),
+                f"{need.describe()}; {_best_offer(fits, need)}."
+                + holdings.without_devices(fits)
+                + holdings.cordoned(fits),
             ),
             best_offer=_best_offer(fits, need),
         )
@@ -366,7 +428,8 @@ def admit_automatically(project, need: Need, now=None) -> Admitted:
             _without_runtime(
                 need,
                 f"No Fleet you can see fits {need.describe()} now; {offer}."
-                + holdings.without_devices(fits),
+                + holdings.without_devices(fits)
+                + holdings.cordoned(fits),
             ),
             best_offer=offer,
         )

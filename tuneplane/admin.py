@@ -86,12 +86,11 @@ class ProjectAdmin(StaffAdmin):
             )
         else:
             project = services.project_create(
-                actor=actor, slug=form.cleaned_data["slug"], name=form.cleaned_data["name"]
+                actor=actor,
+                slug=form.cleaned_data["slug"],
+                name=form.cleaned_data["name"],
+                max_priority=form.cleaned_data.get("max_priority") or 0,
             )
-            if form.cleaned_data.get("max_priority"):
-                project = services.project_update(
-                    actor=actor, project=project, max_priority=form.cleaned_data["max_priority"]
-                )
             obj.pk, obj.created_at = project.pk, project.created_at  # for the inline rows
 
     def save_formset(self, request, form, formset, change):

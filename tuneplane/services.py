@@ -1,12 +1,13 @@
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
 from audit.services import Actor, audit_record
 
-from .errors import Conflict
+from .errors import Conflict, ValidationFailed
 from .models import ApiToken, Membership, Project, new_secret
 
 
@@ -44,16 +45,34 @@ def api_token_revoke(*, actor: Actor, token: ApiToken) -> ApiToken:
     return token
 
 
-def project_create(*, actor: Actor, slug: str, name: str) -> Project:
+def _clean(project: Project) -> None:
+    """The model's own checks (slug shape, name length), as an error naming the field."""
+    try:
+        project.full_clean(validate_unique=False)
+    except ValidationError as error:
+        field, messages = next(iter(error.message_dict.items()))
+        raise ValidationFailed(f"{field}: {' '.join(messages)}", field=field) from None
+
+
+def project_create(*, actor: Actor, slug: str, name: str, max_priority: int = 0) -> Project:
+    already = Conflict(
+        f"A project with slug '{slug[:80]}' already exists.", code="already_exists", field="slug"
+    )
     with transaction.atomic():
-        project = Project(slug=slug, name=name)
-        project.full_clean()
-        project.save()
+        project = Project(slug=slug, name=name, max_priority=max_priority)
+        _clean(project)
+        if Project.objects.filter(slug=slug).exists():
+            raise already
+        try:
+            with transaction.atomic():
+                project.save(force_insert=True)
+        except IntegrityError:
+            raise already from None
         audit_record(
             actor=actor,
             action="project.created",
             target=project,
-            after={"slug": slug, "name": name},
+            after={"slug": slug, "name": name, "max_priority": max_priority},
         )
     return project
 
@@ -75,7 +94,7 @@ def project_update(
             before = {field: getattr(project, field) for field in changed}
             for field, value in changed.items():
                 setattr(project, field, value)
-            project.full_clean()
+            _clean(project)
             project.save(update_fields=list(changed))
             audit_record(
                 actor=actor,

@@ -19,6 +19,7 @@ api = [
     path("", include("audit.api.urls")),
     path("", include("nodes.api.urls")),
     path("", include("placement.api.urls")),
+    path("", include("tuneplane.api.urls")),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     path("docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]

@@ -30,6 +30,7 @@ from placement.services.allocator import allocate
 from tests.api_contract import ListContract, list_paths
 from tests.conftest import H100_DEVICE_INVENTORY, SERVE, SYSTEM, make_csr
 from tests.fleets import test_api as fleet_api_tests  # its TestFleetContract lists Fleets
+from tests.tuneplane import test_projects_api  # noqa: F401  its TestProjectList lists projects
 
 EVERY_CAPABILITY = list(FleetCapability)
 RUN = {"argv": ["sleep", "600"]}

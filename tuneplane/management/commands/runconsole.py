@@ -4,6 +4,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,15 +17,79 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 ADMIN_USERNAME = "admin"
+ADMIN_PASSWORD_FILE = "admin-password"
 DEFAULT_GATEWAY_METRICS = "127.0.0.1:9464"
+DEFAULT_PORT = 8000
 STOP_GRACE_SECONDS = 10
+# A wildcard bind listens everywhere; agents on this machine reach it on loopback.
+WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+
+
+def split_bind(bind: str, *, option: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8000`` for IPv6) as its host and port, or an error naming
+    ``option``."""
+    host, _, port = bind.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise CommandError(f"{option}: {bind!r} is not HOST:PORT with a port from 1 to 65535.")
+    return host.strip("[]"), int(port)
+
+
+def port_in_use(bind: str, *, option: str) -> bool:
+    """Whether something already listens where ``bind`` would: checked by binding there,
+    not by asking over HTTP (a probe answered by another server reads as ours)."""
+    host, port = split_bind(bind, option=option)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As the servers themselves bind: a port left in TIME_WAIT is free, a listener is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host or "0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+def public_url(bind: str) -> str:
+    """The URL agents and the install one-liner are given for a web bound at ``bind``."""
+    host, port = split_bind(bind, option="--bind")
+    host = "127.0.0.1" if host in WILDCARD_HOSTS else host
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def admin_password_path() -> Path:
+    return Path(settings.VAR_DIR) / ADMIN_PASSWORD_FILE
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only, from the first byte: made 0600
+    when new, set back to 0600 when it was not."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        os.fchmod(file.fileno(), 0o600)
+        file.write(text)
+
+
+def default_port() -> int:
+    value = os.environ.get("PORT", str(DEFAULT_PORT))
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise CommandError(f"PORT: {value!r} is not a port number from 1 to 65535.")
+    return int(value)
 
 
 class Command(BaseCommand):
     help = "Migrate, make the first admin login, then run web, gateway, worker and beat."
 
     def add_arguments(self, parser):
-        parser.add_argument("--bind", default="127.0.0.1:8000", help="HOST:PORT for the web.")
+        parser.add_argument(
+            "--port",
+            type=int,
+            help=f"The web's port on 127.0.0.1 (default: $PORT, else {DEFAULT_PORT}). The URL "
+            "agents and install.sh are given (TUNEPLANE_PUBLIC_URL) follows it unless set.",
+        )
+        parser.add_argument(
+            "--bind", help="HOST:PORT for the web, instead of --port (default 127.0.0.1:PORT)."
+        )
         parser.add_argument(
             "--gateway-bind",
             default=settings.TUNEPLANE_GATEWAY_BIND,
@@ -36,7 +101,13 @@ class Command(BaseCommand):
             help="HOST:PORT for the gateway's Prometheus metrics (TUNEPLANE_GATEWAY_METRICS_BIND).",
         )
 
-    def handle(self, *args, bind, gateway_bind, gateway_metrics_bind, **options):
+    def handle(self, *args, port, bind, gateway_bind, gateway_metrics_bind, **options):
+        if bind is None:
+            bind = f"127.0.0.1:{default_port() if port is None else port}"
+        elif port is not None:
+            raise CommandError("--port and --bind: give one (--bind carries its own port).")
+        self._refuse_taken_ports(bind, gateway_bind, gateway_metrics_bind)
+        self._point_agents_here(bind, gateway_bind)
         call_command("migrate", interactive=False, verbosity=0)
         call_command("pki", "init")
         self._ensure_agent_wheels()
@@ -65,7 +136,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         self._announce(bind, gateway_bind, children)
         self.stdout.write(
-            f"  metrics  {f'http://{bind}'}/metrics (web, worker, beat), "
+            f"  metrics  {public_url(bind)}/metrics (web, worker, beat), "
             f"http://{gateway_metrics_bind}/metrics (gateway)\n"
         )
         exit_code = 0
@@ -78,6 +149,52 @@ class Command(BaseCommand):
             time.sleep(0.5)
         self._stop(children)
         sys.exit(exit_code)
+
+    def _refuse_taken_ports(self, bind: str, gateway_bind: str, metrics_bind: str) -> None:
+        """Start nothing when the web's or the gateway's port is taken: the web would fail
+        behind a health probe that another server answers, the gateway with a traceback.
+        The gateway's metrics are no gate (it serves without them): a warning."""
+        next_port = split_bind(bind, option="--bind")[1] + 1
+        for option, where, what, what_to_do in (
+            (
+                "--bind",
+                bind,
+                "the web (admin, API, install.sh)",
+                f"start on another port: `make run PORT={next_port}` "
+                f"(manage.py runconsole --port {next_port})",
+            ),
+            (
+                "--gateway-bind",
+                gateway_bind,
+                "the gRPC gateway",
+                "move the gateway: TUNEPLANE_GATEWAY_BIND=127.0.0.1:N (manage.py runconsole "
+                "--gateway-bind 127.0.0.1:N); agents are given it",
+            ),
+        ):
+            if port_in_use(where, option=option):
+                port = split_bind(where, option=option)[1]
+                raise CommandError(
+                    f"Port {port} is already in use, so {what} cannot listen on {where}. "
+                    f"Stop what holds it (`ss -ltnp 'sport = :{port}'` names it), or "
+                    f"{what_to_do}."
+                )
+        if port_in_use(metrics_bind, option="--gateway-metrics-bind"):
+            self.stderr.write(
+                f"Port {split_bind(metrics_bind, option='--gateway-metrics-bind')[1]} is "
+                f"already in use: the gateway's metrics will not be served on {metrics_bind} "
+                "(set TUNEPLANE_GATEWAY_METRICS_BIND=127.0.0.1:N to move them)."
+            )
+
+    def _point_agents_here(self, bind: str, gateway_bind: str) -> None:
+        """The web, worker and beat read their settings from this environment: what agents
+        and the install one-liner are told follows where the web and gateway listen, unless
+        an operator said otherwise."""
+        os.environ.setdefault("TUNEPLANE_PUBLIC_URL", public_url(bind))
+        host, port = split_bind(gateway_bind, option="--gateway-bind")
+        host = "127.0.0.1" if host in WILDCARD_HOSTS else host
+        os.environ.setdefault(
+            "TUNEPLANE_GATEWAY_TARGET", f"{f'[{host}]' if ':' in host else host}:{port}"
+        )
 
     def _share_metrics(self) -> None:
         """The web, the worker's children and beat count into one directory the web's
@@ -100,22 +217,26 @@ class Command(BaseCommand):
 
     def _ensure_admin(self) -> None:
         users = get_user_model().objects
+        kept = admin_password_path()
         if users.filter(is_superuser=True).exists():
+            where = f" (its first password, if unchanged: {kept})" if kept.exists() else ""
             self.stdout.write(
-                f"Admin login: the existing superuser (reset a password with "
-                f"`.venv/bin/python manage.py changepassword {ADMIN_USERNAME}`)."
+                f"Admin login: the existing superuser{where}; reset a password with "
+                f"`.venv/bin/python manage.py changepassword {ADMIN_USERNAME}`."
             )
             return
         password = secrets.token_urlsafe(12)
         users.create_superuser(ADMIN_USERNAME, "", password)
+        write_private(kept, password + "\n")
         self.stdout.write(
             self.style.SUCCESS(
-                f"Admin login, shown this once: username {ADMIN_USERNAME}  password {password}"
+                f"Admin login, shown this once: username {ADMIN_USERNAME}  password {password}  "
+                f"(also kept in {kept}, mode 0600)"
             )
         )
 
     def _announce(self, bind: str, gateway_bind: str, children: dict) -> None:
-        base = f"http://{bind}"
+        base = public_url(bind)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and children["web"].poll() is None:
             try:
@@ -123,6 +244,8 @@ class Command(BaseCommand):
                     break
             except OSError:
                 time.sleep(0.3)
+        if any(child.poll() is not None for child in children.values()):
+            return  # the loop in handle() says which exited, and stops the rest
         self.stdout.write(
             f"\nTuneplane console is up (database: {settings.DATABASES['default']['ENGINE']}, "
             f"broker: {settings.CELERY_BROKER_URL.split('@')[-1]})\n"
@@ -131,6 +254,9 @@ class Command(BaseCommand):
             f"  API docs {base}/api/docs\n"
             f"  health   {base}/healthz\n"
             f"  gateway  {gateway_bind} (gRPC, mutual TLS)\n"
+            f"  agents   are given {os.environ['TUNEPLANE_PUBLIC_URL']} and "
+            f"{os.environ['TUNEPLANE_GATEWAY_TARGET']} (TUNEPLANE_PUBLIC_URL, "
+            "TUNEPLANE_GATEWAY_TARGET)\n"
             f"  token    make token USER={ADMIN_USERNAME}  (an API token, printed once)\n"
             "Ctrl-C stops web, gateway, worker and beat.\n"
         )

@@ -22,6 +22,8 @@ POLL_SECONDS = 0.5
 # How much of a member's output one logs request asks for while following.
 CHUNK = 65536
 ENDED = {"succeeded", "failed", "lost", "cancelled", "abandoned", "timed_out"}
+# A member (an episode) its node has not started yet: no output to read.
+WAITING = {"queued", "starting"}
 # How long a follower waits for a member's node that does not answer before it gives up.
 UNANSWERED = 60.0
 
@@ -324,15 +326,16 @@ def _members(record: dict, kind: Kind, attempt) -> tuple[int | None, list]:
 
 
 def _await_member(api: Client, kind: Kind, record_id, attempt, rank, interval) -> dict:
-    """Waits until the member to follow has a process (it may be queued still); its attempt."""
+    """Waits until the member to follow has been started by its node (it may be queued, or
+    placed and not started yet: its node has no output of it until then); its attempt."""
     while True:
         record = api.get(kind.one(record_id))
         if kind.logs == "episode":
-            if record["state"] not in ("queued",):
+            if record["state"] not in WAITING:
                 return {"attempt": None}
         else:
             number, members = _members(record, kind, attempt)
-            if any(member["rank"] == (rank or 0) for member in members):
+            if any(m["rank"] == (rank or 0) and m["state"] not in WAITING for m in members):
                 return {"attempt": number}
         if record.get("state") in ENDED or record.get("state") == "stopped":
             raise ApiError(

@@ -317,6 +317,7 @@ XDIST_GROUPS = {
     "tests/nodes/test_install_sh.py": "agent-wheels",
     "tests/e2e/test_make_run.py": "agent-wheels",
     "tests/e2e/test_postgres_restart.py": "agent-wheels",
+    "tests/e2e/test_tour.py": "agent-wheels",  # pip installs the agent from nodes/agent
 }
 # What gives a test a database (pytest-django's fixtures, and a fresh one for a subprocess).
 # A test with none of them and no django_db mark is marked nodb: it is the same on any

@@ -89,32 +89,15 @@ def cli_digest_text() -> str:
 def build_cli_wheel() -> subprocess.CompletedProcess:
     """``pip wheel`` the CLI alone into the downloads directory (no dependencies: a person's
     machine installs those from its own index)."""
-    downloads_dir().mkdir(parents=True, exist_ok=True)
-    try:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-build-isolation",
-                "--no-deps",
-                "--wheel-dir",
-                str(downloads_dir()),
-                str(CLI_SOURCE),
-            ],
-            capture_output=True,
-            text=True,
-        )
-    finally:
-        # setuptools builds in the source tree; leave it as it was.
-        shutil.rmtree(CLI_SOURCE / "build", ignore_errors=True)
+    return _pip_wheel(CLI_SOURCE, "--no-deps")  # its egg-info is the dev venv's editable install
 
 
 def build_agent_wheels() -> subprocess.CompletedProcess:
     """``pip wheel`` the agent and everything it installs into the downloads directory."""
+    return _pip_wheel(AGENT_SOURCE, leftover="tuneplane_node.egg-info")
+
+
+def _pip_wheel(source: Path, *options: str, leftover: str = "") -> subprocess.CompletedProcess:
     downloads_dir().mkdir(parents=True, exist_ok=True)
     try:
         return subprocess.run(
@@ -126,14 +109,16 @@ def build_agent_wheels() -> subprocess.CompletedProcess:
                 "--quiet",
                 "--disable-pip-version-check",
                 "--no-build-isolation",
+                *options,
                 "--wheel-dir",
                 str(downloads_dir()),
-                str(AGENT_SOURCE),
+                str(source),
             ],
             capture_output=True,
             text=True,
         )
     finally:
         # setuptools builds in the source tree; leave it as it was.
-        shutil.rmtree(AGENT_SOURCE / "build", ignore_errors=True)
-        shutil.rmtree(AGENT_SOURCE / "tuneplane_node.egg-info", ignore_errors=True)
+        shutil.rmtree(source / "build", ignore_errors=True)
+        if leftover:
+            shutil.rmtree(source / leftover, ignore_errors=True)

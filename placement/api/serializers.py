@@ -126,6 +126,11 @@ def waiting_while(record, waits: bool) -> dict | None:
     return record.waiting if waits else None
 
 
+class PreemptionVictimSerializer(serializers.Serializer):
+    job = serializers.CharField(help_text="trainingjob-3, lifecyclejob-5 …")
+    deadline = serializers.DateTimeField(help_text="When its members get SIGKILL at the latest.")
+
+
 class PreemptionSerializer(serializers.Serializer):
     by = serializers.CharField(help_text="The preemptor: trainingjob-7, replica-3-0 …")
     why = serializers.CharField()
@@ -492,3 +497,50 @@ class QuotaSerializer(serializers.Serializer):
 
 class QuotasSerializer(serializers.Serializer):
     quotas = QuotaSerializer(many=True)
+
+
+class QueuePositionSerializer(serializers.Serializer):
+    position_in_project = serializers.IntegerField()
+    position_in_fleet = serializers.IntegerField()
+
+
+class AllocationPreviewSerializer(serializers.Serializer):
+    """Q7: what the allocator's next pass would do with it (a dry run's)."""
+
+    starts = serializers.BooleanField()
+    nodes = serializers.ListField(child=serializers.CharField())
+    waiting = WaitingSerializer(allow_null=True)
+    preempts = PreemptionVictimSerializer(many=True)
+
+
+_DRY_RUNS: dict = {}
+
+
+def dry_run_of(answer):
+    """A dry run's answer (Q7): ``answer``'s record as admission would make it, its ``id``
+    null (nothing was made), and what the dry run adds: ``queue`` and ``allocation``."""
+    if answer not in _DRY_RUNS:
+
+        class Meta(answer.Meta):
+            fields = [*answer.Meta.fields, "dry_run", "queue", "allocation"]
+            read_only_fields = fields
+            ref_name = None
+
+        _DRY_RUNS[answer] = type(
+            f"DryRun{answer.__name__.removesuffix('Serializer')}Serializer",
+            (answer,),
+            {
+                "__module__": __name__,
+                "Meta": Meta,
+                "id": serializers.IntegerField(allow_null=True, help_text="null: nothing made."),
+                "dry_run": serializers.BooleanField(),
+                "queue": QueuePositionSerializer(
+                    allow_null=True, help_text="Where a job would queue; null for the rest."
+                ),
+                "allocation": AllocationPreviewSerializer(
+                    allow_null=True,
+                    help_text="A job's or a deployment's on a node Fleet; null for the rest.",
+                ),
+            },
+        )
+    return _DRY_RUNS[answer]

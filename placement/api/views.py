@@ -144,7 +144,11 @@ def documented(noun: str, request, response, *, refused=(404, 422)):
             "`preempts`), writing nothing (Q7).",
             parameters=[OpenApiParameter("dry_run", bool, description="Decide; write nothing.")],
             request=request,
-            responses={201: response, 200: response, **refusals(400, 401, *refused)},
+            responses={
+                201: response,
+                200: answers.dry_run_of(response),
+                **refusals(400, 401, *refused),
+            },
         )
         return listed(submitted(view))
 

@@ -25,7 +25,10 @@ from tests.agent_members import cleaned_up, settled
 pytestmark = pytest.mark.e2e
 
 UIDS = (61000, 61099)
-REUSE_UIDS = (61200, 61299)  # its own range: the two tests may run side by side
+# Each test that starts members has a range of its own: they may run side by side, in
+# different pytest-xdist workers, and a uid in use is never handed out again.
+REUSE_UIDS = (61200, 61299)
+V2_UIDS = (61400, 61499)
 DEVICES = [{"index": i, "uuid": f"GPU-{i}"} for i in range(4)]
 SECRET = "s3cr3t-of-project-a"
 
@@ -213,6 +216,7 @@ sleep 60
 """
 
 
+@pytest.mark.parametrize("node", [V2_UIDS], indirect=True)
 def test_R12_R13_on_cgroup_v2_an_ebpf_program_allows_only_its_cards(node, cgroup_v2):
     executor, directory, devices = node
     script = V2_ATTEMPTS.format(dev=devices, root=cgroup_v2)

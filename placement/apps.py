@@ -19,7 +19,7 @@ class PlacementConfig(AppConfig):
         )
         from .deletion import live_deployments_blocking_deletion, workload_records_blocking_deletion
         from .fleet_page import fleet_quota_section, fleet_work_section
-        from .metrics import QueueCollector
+        from .metrics import QueueCollector, WaitingCollector
         from .quota_metrics import QuotaCollector
         from .services.reports import command_observed
         from .services.serving import stopped_deployments_release
@@ -32,4 +32,5 @@ class PlacementConfig(AppConfig):
         register_fleet_page_section(fleet_work_section)
         register_fleet_page_section(fleet_quota_section)
         register_scrape_collector(QueueCollector())
+        register_scrape_collector(WaitingCollector())
         register_scrape_collector(QuotaCollector())

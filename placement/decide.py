@@ -89,7 +89,8 @@ class NodeCapacity:
     runtime: bool = False  # a container runtime
     budget_cpus: float | None = None  # its whole budgets, as its inventory reports them
     budget_memory: int | None = None
-    # Its healthy cards held now, by index: their series ("" none); what preemption frees.
+    # Its healthy cards, free or held, by index: their series ("" none): what a held card is
+    # counted by, and what preemption frees.
     card_series: dict[int, str] = field(default_factory=dict)
 
     def free_of(self, series: str) -> list[dict]:

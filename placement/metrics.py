@@ -1,6 +1,7 @@
 """Placement's figures for Prometheus: admissions and refusals by reason with their latency,
-the allocator's passes and how long jobs waited for cards, counted as they happen; and the
-queue, read from the database at each scrape of the web's /metrics."""
+the allocator's passes and how long jobs waited for cards, counted as they happen; and, read
+from the database at each scrape of the web's /metrics, the queue, what waits by its reason
+to wait (Q8), and each Fleet's cards by hardware series, held and free."""
 
 import contextlib
 import contextvars
@@ -11,10 +12,20 @@ from django.db.models import Count
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from nodes.choices import SchedulingState
+from nodes.models import Node
 from tuneplane.errors import NotFound, PlacementRefused
 
-from .choices import JobState
-from .models import LifecycleJob, TrainingJob
+from .choices import DeploymentState, EpisodeState, JobState, RevisionState
+from .models import (
+    CardHold,
+    Episode,
+    LifecycleJob,
+    Member,
+    PlaygroundSession,
+    Revision,
+    TrainingJob,
+)
 
 ADMISSIONS = Counter(
     "tuneplane_admissions",
@@ -97,3 +108,77 @@ class QueueCollector:
         for fleet_id, count in sorted(counts.items()):
             queued.add_metric([fleet_id], count)
         yield queued
+
+
+class WaitingCollector:
+    """Q8 across a Fleet: what waits, by kind and by the reason its last pass gave (what no
+    pass has looked at yet is left out); and R1's cards by hardware series, held and free.
+    A query a kind, and two for the cards."""
+
+    def collect(self):
+        waiting = GaugeMetricFamily(
+            "tuneplane_waiting",
+            "Work waiting for cards on node Fleets, by kind and reason to wait (Q8).",
+            labels=["fleet", "kind", "reason"],
+        )
+        counts: dict[tuple[str, str, str], int] = {}
+
+        def count(fleet_id, kind, reason, n=1):
+            if reason:
+                key = (fleet_id, kind, reason)
+                counts[key] = counts.get(key, 0) + n
+
+        for kind, rows in (
+            ("job", TrainingJob.objects.filter(state=JobState.QUEUED)),
+            ("job", LifecycleJob.objects.filter(state=JobState.QUEUED)),
+            ("session", _sessions_waiting()),
+            ("episode", Episode.objects.filter(state=EpisodeState.QUEUED)),
+        ):
+            fleet = "environment__fleet_id" if kind == "episode" else "fleet_id"
+            for row in rows.values(fleet, "waiting__reason").annotate(n=Count("id")):
+                count(row[fleet], kind, row["waiting__reason"], row["n"])
+        for fleet_id, by_rank in Revision.objects.filter(
+            state=RevisionState.LIVE, deployment__state=DeploymentState.LIVE
+        ).values_list("deployment__fleet_id", "waiting"):
+            for wait in (by_rank or {}).values():
+                count(fleet_id, "replica", wait.get("reason"))
+        for labels, n in sorted(counts.items()):
+            waiting.add_metric(list(labels), n)
+        yield waiting
+        yield _cards_by_series()
+
+
+def _sessions_waiting():
+    """Live sessions without a member: a session waits only until its process is placed."""
+    return PlaygroundSession.objects.filter(state=DeploymentState.LIVE).exclude(
+        pk__in=Member.objects.filter(session__isnull=False).values("session_id")
+    )
+
+
+def _cards_by_series():
+    """Each Fleet's healthy cards of each mapped series on its machines, held (from allocation
+    until cleanup, R7) and free."""
+    cards = GaugeMetricFamily(
+        "tuneplane_gpu_cards_series",
+        "Healthy cards of a Fleet's machines by hardware series: held by members, and free.",
+        labels=["fleet", "series", "state"],
+    )
+    totals: dict[tuple[str, str], int] = {}
+    for fleet_id, per_series in (
+        Node.objects.filter(fleet__isnull=False)
+        .exclude(scheduling_state=SchedulingState.REMOVED)
+        .values_list("fleet_id", "series_cards")
+    ):
+        for series, n in (per_series or {}).items():
+            totals[(fleet_id, series)] = totals.get((fleet_id, series), 0) + n
+    held = {
+        (row["node__fleet_id"], row["series"]): row["n"]
+        for row in CardHold.objects.exclude(series="")
+        .values("node__fleet_id", "series")
+        .annotate(n=Count("id"))
+    }
+    for (fleet_id, series), total in sorted(totals.items()):
+        taken = held.get((fleet_id, series), 0)
+        cards.add_metric([fleet_id, series, "held"], taken)
+        cards.add_metric([fleet_id, series, "free"], max(total - taken, 0))
+    return cards

@@ -395,6 +395,9 @@ class CardHold(models.Model):
     index = models.PositiveIntegerField()
     uuid = models.CharField(max_length=200)
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="holds")
+    # The card's hardware series as the pass that gave it read it ("" not mapped): what the
+    # cards held by series are counted by (tuneplane_gpu_cards_series).
+    series = models.SlugField(max_length=63, blank=True, default="")
 
     class Meta:
         constraints = [

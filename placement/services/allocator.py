@@ -117,8 +117,8 @@ def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
             totals[""] += 1
             if series:
                 totals[series] = totals.get(series, 0) + 1
+            card_series[device["index"]] = series or ""
             if device["index"] in held:
-                card_series[device["index"]] = series or ""
                 continue
             free[""].append(device)
             if series:
@@ -181,7 +181,6 @@ def allocate(*, fleet_id: str) -> dict:
         for item in queue:
             items[item.request(bound)] = item
         capacities = _capacities(fleet, now)
-        addresses = {node_id: node.address for node_id, node in capacities.items()}
         book = pass_book(fleet, now)
         waits: dict = {}
         placements = decide(
@@ -190,7 +189,7 @@ def allocate(*, fleet_id: str) -> dict:
         decided = [(items[p.request], p) for p in placements]
         run_fields_load([item for item, _ in decided])
         if decided:
-            _write(fleet, decided, addresses, now)
+            _write(fleet, decided, capacities, now)
         preempted = preempt(fleet, items, waits, capacities, book, now) if book else 0
         waits_record({r.key: item for r, item in items.items()}, waits, now)
     waiting_now = len(queue) - len(decided)
@@ -242,10 +241,11 @@ def allocate_preview(record) -> dict | None:
     return answer
 
 
-def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, now) -> None:
-    """Attempts (a job's), start commands, members, held cards and the owners' moves for
-    every kind at once: a fixed number of statements for the whole pass, each change audited
-    (A1)."""
+def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], capacities, now) -> None:
+    """Attempts (a job's), start commands, members, held cards (with their series) and the
+    owners' moves for every kind at once: a fixed number of statements for the whole pass,
+    each change audited (A1)."""
+    addresses = {node_id: node.address for node_id, node in capacities.items()}
     attempts = _attempts(fleet, [item for item, _ in decided], now)
     commands, placed = [], []  # placed: (item, attempt, rank, node, cards) a member each
     for item, placement in decided:
@@ -281,7 +281,13 @@ def _write(fleet: Fleet, decided: list[tuple[Waiting, Placement]], addresses, no
     )
     CardHold.objects.bulk_create(
         [
-            CardHold(node_id=member.node_id, index=card["index"], uuid=card["uuid"], member=member)
+            CardHold(
+                node_id=member.node_id,
+                index=card["index"],
+                uuid=card["uuid"],
+                member=member,
+                series=capacities[member.node_id].card_series.get(card["index"], ""),
+            )
             for member in members
             for card in member.cards
         ]

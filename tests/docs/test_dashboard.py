@@ -33,6 +33,8 @@ REQUIRED = {
     "tuneplane_gateway_heartbeat_ack_seconds_bucket",  # ack latency
     "tuneplane_admissions_total",  # admissions and refusals by reason
     "tuneplane_allocator_queue_length",  # queue length
+    "tuneplane_waiting",  # waiting reasons (Q8)
+    "tuneplane_gpu_cards_series",  # cards held and free by series
     "tuneplane_quota_in_use",
     "tuneplane_quota_borrowed",
     "tuneplane_quota_queued",

@@ -28,6 +28,7 @@ METRICS_PAGE = ROOT / "docs" / "operator" / "metrics.md"
 METRIC = re.compile(r"\btuneplane_[a-z0-9_]+\b")
 # What the issue asks the dashboard to show, by the series that show it.
 REQUIRED = {
+    "tuneplane_fleets",  # Fleet counts by state
     "tuneplane_nodes",  # node counts by Fleet and state
     "tuneplane_gateway_open_streams",  # streams per gateway replica
     "tuneplane_gateway_heartbeat_ack_seconds_bucket",  # ack latency

@@ -55,6 +55,7 @@ def test_the_fleet_and_admissions_as_prometheus_reads_them(
     node = gpu_node(node_fleet)
     web = Client(REMOTE_ADDR="127.0.0.1")
     before = scrape(web)
+    assert value(before, "tuneplane_fleets", kind="node", state="active") == 1
     assert value(before, "tuneplane_nodes", fleet="gpu-lab", state="schedulable") == 1
     assert value(before, "tuneplane_nodes_connected", fleet="gpu-lab") == 1
     assert value(before, "tuneplane_gpu_cards_placeable", fleet="gpu-lab") == 8

@@ -5,6 +5,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
+from django.views.decorators.clickjacking import xframe_options_sameorigin
 
 from audit.services import Actor
 from fleets.admin import register_fleet_inline
@@ -152,7 +153,8 @@ class JobAdmin(WorkloadAdmin):
     def get_urls(self):
         output = path(
             "<int:job_id>/output/",
-            self.admin_site.admin_view(self.output),
+            # Framed by the job's own page: same origin only (the site's default is DENY).
+            xframe_options_sameorigin(self.admin_site.admin_view(self.output)),
             name=f"{self.opts.app_label}_{self.opts.model_name}_output",
         )
         return [output, *super().get_urls()]

@@ -99,6 +99,8 @@ def test_a_jobs_page_frames_its_output_and_says_why_there_is_none_yet(staff, lab
     queued = job(member)
     page = staff.get(f"/admin/placement/trainingjob/{queued.pk}/change/").content.decode()
     assert f'src="/admin/placement/trainingjob/{queued.pk}/output/"' in page
-    framed = staff.get(f"/admin/placement/trainingjob/{queued.pk}/output/").content.decode()
+    response = staff.get(f"/admin/placement/trainingjob/{queued.pk}/output/")
+    assert response["X-Frame-Options"] == "SAMEORIGIN"  # its own page frames it; the site DENYs
+    framed = response.content.decode()
     assert "the job has no attempt yet" in framed and 'http-equiv="refresh"' in framed
     assert staff.get("/admin/placement/trainingjob/99999/output/").status_code == 404

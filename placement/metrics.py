@@ -21,11 +21,11 @@ from .models import (
     CardHold,
     Episode,
     LifecycleJob,
-    Member,
     PlaygroundSession,
     Revision,
     TrainingJob,
 )
+from .services.waiting import SESSION_WAITS
 
 ADMISSIONS = Counter(
     "tuneplane_admissions",
@@ -131,7 +131,7 @@ class WaitingCollector:
         for kind, rows in (
             ("job", TrainingJob.objects.filter(state=JobState.QUEUED)),
             ("job", LifecycleJob.objects.filter(state=JobState.QUEUED)),
-            ("session", _sessions_waiting()),
+            ("session", PlaygroundSession.objects.filter(SESSION_WAITS)),
             ("episode", Episode.objects.filter(state=EpisodeState.QUEUED)),
         ):
             fleet = "environment__fleet_id" if kind == "episode" else "fleet_id"
@@ -146,13 +146,6 @@ class WaitingCollector:
             waiting.add_metric(list(labels), n)
         yield waiting
         yield _cards_by_series()
-
-
-def _sessions_waiting():
-    """Live sessions without a member: a session waits only until its process is placed."""
-    return PlaygroundSession.objects.filter(state=DeploymentState.LIVE).exclude(
-        pk__in=Member.objects.filter(session__isnull=False).values("session_id")
-    )
 
 
 def _cards_by_series():

@@ -98,20 +98,20 @@ class _Candidates:
 
     def __init__(self, running: list[Running], now: datetime, min_runtime: float):
         self.lowest: dict[int, int] = {}
-        self.lending: dict[int, int] = {}  # project → its borrowed jobs old enough
+        self.lending: set[int] = set()  # projects running borrowed jobs old enough
         for job in running:
             if (now - job.started_at).total_seconds() < min_runtime or not job.may_be_preempted:
                 continue
             self.lowest[job.project] = min(job.priority, self.lowest.get(job.project, job.priority))
             if job.borrowed:
-                self.lending[job.project] = self.lending.get(job.project, 0) + 1
+                self.lending.add(job.project)
 
     def preempt_for(self, waiter: Request, book: Book) -> bool:
         if waiter.priority > self.lowest.get(waiter.project, waiter.priority):
             return True
-        others = len(self.lending) - (waiter.project in self.lending)
+        others = self.lending - {waiter.project}
         key = book.key(waiter.project, waiter.series)
-        return others > 0 and book.within_guarantee(key, waiter.total_cards)
+        return bool(others) and book.within_guarantee(key, waiter.total_cards)
 
 
 def victims(

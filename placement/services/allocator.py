@@ -65,6 +65,7 @@ from .starts import host
 from .waiting import (
     ALLOCATOR,
     JOB_MODELS,
+    SESSION_WAITS,
     Waiting,
     WaitingEpisode,
     WaitingJob,
@@ -427,9 +428,7 @@ def allocate_all() -> dict:
             ).values_list("fleet_id", flat=True)
         )
     fleet_ids.update(
-        PlaygroundSession.objects.filter(
-            state=DeploymentState.LIVE, port__isnull=False, members__isnull=True
-        ).values_list("fleet_id", flat=True),
+        PlaygroundSession.objects.filter(SESSION_WAITS).values_list("fleet_id", flat=True),
         Episode.objects.filter(state=EpisodeState.QUEUED).values_list(
             "environment__fleet_id", flat=True
         ),

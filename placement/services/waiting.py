@@ -12,7 +12,7 @@ and then stops what it placed.
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import prefetch_related_objects
+from django.db.models import Q, prefetch_related_objects
 
 from audit.services import Actor
 from fleets.models import Fleet
@@ -300,11 +300,14 @@ def _backed_off(ended: list | None) -> datetime | None:
     return max(ended) + replica_backoff(len(ended)) if ended else None
 
 
+# A playground session waits for cards while it is live and has no process (S4): the one
+# definition the pass, the beat's safety net and the metrics read.
+SESSION_WAITS = Q(state=DeploymentState.LIVE, port__isnull=False, members__isnull=True)
+
+
 def _sessions(fleet: Fleet) -> list[WaitingSession]:
     sessions = (
-        PlaygroundSession.objects.filter(
-            fleet=fleet, state=DeploymentState.LIVE, port__isnull=False, members__isnull=True
-        )
+        PlaygroundSession.objects.filter(SESSION_WAITS, fleet=fleet)
         .select_for_update(of=("self",))
         .select_related("fleet")
         .order_by("pk")

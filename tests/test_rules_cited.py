@@ -18,7 +18,15 @@ DESIGN = ROOT.parent / "shared" / "DESIGN.md"
 END_TO_END = {"e2e", "browser", "slurm", "slurm24", "bench"}
 RULE = re.compile(r"(?<![A-Za-z0-9])([FJLDPARSQ]\d{1,2})(?![0-9])")
 # Rules no in-process test holds, and why.
-NOT_IN_PROCESS: dict[str, str] = {}
+NOT_IN_PROCESS: dict[str, str] = {
+    "R17": "not built yet (issue 46)",
+    "R18": "not built yet (issue 46)",
+    "R19": "not built yet (issue 46)",
+    "R20": "not built yet (issue 46)",
+    "R21": "not built yet (issue 46)",
+    "R22": "not built yet (issue 46)",
+    "R23": "not built yet (issue 46)",
+}
 
 
 def rules_of_design() -> list[str]:

@@ -14,10 +14,15 @@ project's queue and in the Fleet's.
 - ``priority``: its cards went, this pass, to work of its own project ahead of it.
 - ``fair_share``: its cards went, this pass, to another project's borrowed work.
 - ``preempting``: running jobs are being stopped for it (Q5, Q6): their deadlines.
+- ``fleet_closed``: its Fleet is no longer open to its project, no longer promises what it
+  needs, or is not active (R22): admission's gates, asked again by the pass that would place
+  it. It names which gate, never who the Fleet is open to now.
 """
 
 from dataclasses import dataclass, field
 from datetime import datetime
+
+from fleets.choices import FleetState
 
 # The closed set (Q8). ``preempting``: its victims are stopping (placement.services.preempting).
 REASONS = (
@@ -31,6 +36,7 @@ REASONS = (
     "preempting",
     "no_devices",
     "node_unreachable",
+    "fleet_closed",
 )
 
 
@@ -58,6 +64,32 @@ def backoff(not_before: datetime) -> Wait:
         f"retried after a backoff: not placed before {not_before.isoformat()}",
         {"not_before": not_before.isoformat()},
     )
+
+
+def fleet_closed(*, open_to_project: bool, capability: str, promised: bool, state: str):
+    """R22: why the pass places nothing of a request on its Fleet, or None when every gate of
+    admission still holds for it. Asked in admission's order (visibility, capability, state);
+    a Fleet closed to the project says only that — nothing of what it promises now, its state
+    or whose it became."""
+    if not open_to_project:
+        return Wait(
+            "fleet_closed",
+            "its Fleet is no longer open to its project: nothing of it is placed there (rule R22)",
+            {"gate": "visibility"},
+        )
+    if not promised:
+        return Wait(
+            "fleet_closed",
+            f"its Fleet no longer promises {capability}: nothing of it is placed there (rule R22)",
+            {"gate": "capability", "capability": capability},
+        )
+    if state != FleetState.ACTIVE:
+        return Wait(
+            "fleet_closed",
+            f"its Fleet is {state}: it takes no new work until it is active again (rule R22)",
+            {"gate": "state", "state": state},
+        )
+    return None
 
 
 def over_limit(held: int, limit: int, needs: int, series: str) -> Wait:

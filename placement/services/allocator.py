@@ -20,6 +20,11 @@ project's use forward (placement.services.ledger); what it could not place may t
 running work (Q4–Q7, placement.services.preempting). Why each request it did not place waits
 is written on its record by the same pass (Q8, placement.waits), only when it changed; like
 the use, it is the pass's reading, not a change anyone made, and is not audited.
+
+Admission's gates are asked again of everything the pass would place (R22): an item whose
+Fleet is no longer open to its project (F8's one selector), no longer promises its
+capability, or is not active, is left out of the decision and waits ``fleet_closed``. What
+already runs there is left running (D1).
 """
 
 import logging
@@ -31,14 +36,16 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from audit.services import audit_record_each
-from fleets.choices import FleetKind, FleetState
+from fleets.choices import FleetKind
 from fleets.models import Fleet
+from fleets.selectors import projects_fleet_open_to
 from nodes.choices import CommandKind, SchedulingState
 from nodes.inventory import has_container_runtime
 from nodes.models import CardAlias, Node, NodeCordon
 from nodes.selectors import nodes_placeable
 from nodes.services.commands import node_commands_create_many
 
+from .. import waits as why
 from ..choices import (
     EPISODE_LIFECYCLE,
     JOB_LIFECYCLE,
@@ -48,7 +55,7 @@ from ..choices import (
     JobState,
     RevisionState,
 )
-from ..decide import NodeCapacity, Placement, decide
+from ..decide import NodeCapacity, Placement, Request, decide
 from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS, counted
 from ..models import (
     Attempt,
@@ -59,6 +66,7 @@ from ..models import (
     PlaygroundSession,
     Revision,
 )
+from ..waits import Wait
 from .ledger import pass_book
 from .preempting import preempt
 from .starts import host
@@ -167,12 +175,29 @@ def _unavailable(fleet: Fleet, capacities: dict[str, NodeCapacity]) -> dict[str,
     return {reason: cards for reason, cards in found.items() if cards}
 
 
+def _closed(fleet: Fleet, items: dict[Request, Waiting]) -> dict[tuple, Wait]:
+    """R22: why each request whose Fleet a gate of admission now shuts waits
+    (``fleet_closed``): one query for the projects the Fleet is still open to."""
+    open_to = projects_fleet_open_to(fleet.pk, {item.project_id for item in items.values()})
+    closed = {}
+    for request, item in items.items():
+        wait = why.fleet_closed(
+            open_to_project=item.project_id in open_to,
+            capability=item.capability,
+            promised=item.capability in fleet.capabilities,
+            state=fleet.state,
+        )
+        if wait is not None:
+            closed[request.key] = wait
+    return closed
+
+
 def allocate(*, fleet_id: str) -> dict:
     """One pass over a node Fleet's queue, in one transaction. Returns what it did."""
     now = timezone.now()
     with transaction.atomic():
         fleet = Fleet.objects.select_for_update().filter(pk=fleet_id).first()
-        if fleet is None or fleet.kind != FleetKind.NODE or fleet.state != FleetState.ACTIVE:
+        if fleet is None or fleet.kind != FleetKind.NODE:
             return {"allocated": 0, "waiting": 0, "preempted": 0}
         queue = waiting(fleet)
         if not queue:
@@ -181,17 +206,21 @@ def allocate(*, fleet_id: str) -> dict:
         items = {}
         for item in queue:
             items[item.request(bound)] = item
-        capacities = _capacities(fleet, now)
-        book = pass_book(fleet, now)
-        waits: dict = {}
-        placements = decide(
-            list(items), capacities, now, book, waits, _unavailable(fleet, capacities)
-        )
-        decided = [(items[p.request], p) for p in placements]
-        run_fields_load([item for item, _ in decided])
-        if decided:
-            _write(fleet, decided, capacities, now)
-        preempted = preempt(fleet, items, waits, capacities, book, now) if book else 0
+        waits: dict = _closed(fleet, items)
+        placeable = {r: item for r, item in items.items() if r.key not in waits}
+        decided, preempted = [], 0
+        if placeable:
+            capacities = _capacities(fleet, now)
+            book = pass_book(fleet, now)
+            placements = decide(
+                list(placeable), capacities, now, book, waits, _unavailable(fleet, capacities)
+            )
+            decided = [(items[p.request], p) for p in placements]
+            run_fields_load([item for item, _ in decided])
+            if decided:
+                _write(fleet, decided, capacities, now)
+            preempted = preempt(fleet, placeable, waits, capacities, book, now) if book else 0
+        waits = why.positioned(waits, list(items))
         waits_record({r.key: item for r, item in items.items()}, waits, now)
     waiting_now = len(queue) - len(decided)
     if counted():
@@ -411,21 +440,21 @@ def _attempt_view(attempt: Attempt) -> dict:
 
 def allocate_all() -> dict:
     """The beat's safety net: a pass for every node Fleet with queued jobs or replicas of
-    live revisions to place."""
+    live revisions to place — active or not, so that work on a Fleet drained or disabled
+    says it waits ``fleet_closed`` (R22)."""
     fleet_ids = set(
         Revision.objects.filter(
             state=RevisionState.LIVE,
             port__isnull=False,
             deployment__state=DeploymentState.LIVE,
             deployment__fleet__kind=FleetKind.NODE,
-            deployment__fleet__state=FleetState.ACTIVE,
         ).values_list("deployment__fleet_id", flat=True)
     )
     for model in JOB_MODELS:
         fleet_ids.update(
-            model.objects.filter(
-                state=JobState.QUEUED, fleet__kind=FleetKind.NODE, fleet__state=FleetState.ACTIVE
-            ).values_list("fleet_id", flat=True)
+            model.objects.filter(state=JobState.QUEUED, fleet__kind=FleetKind.NODE).values_list(
+                "fleet_id", flat=True
+            )
         )
     fleet_ids.update(
         PlaygroundSession.objects.filter(SESSION_WAITS).values_list("fleet_id", flat=True),

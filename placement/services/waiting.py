@@ -15,10 +15,12 @@ from datetime import datetime, timedelta
 from django.db.models import Q, prefetch_related_objects
 
 from audit.services import Actor
+from fleets.choices import FleetCapability
 from fleets.models import Fleet
 from nodes.agent.member.policy import restart_delay
 
 from ..choices import (
+    LIFECYCLE_CAPABILITY,
     RUN_LIVE,
     DeploymentState,
     EpisodeState,
@@ -50,6 +52,7 @@ class Waiting:
     owner: object
     rank: int = 0
     kind = ""  # names it in its requests' keys: trainingjob, replica, session, episode
+    capability = ""  # what its Fleet must still promise for it to be placed (F3, R22)
 
     def request(self, reserve_before: datetime) -> Request:
         raise NotImplementedError
@@ -97,6 +100,12 @@ class WaitingJob(Waiting):
     def kind(self) -> str:
         return self.owner._meta.model_name
 
+    @property
+    def capability(self) -> str:
+        if isinstance(self.owner, LifecycleJob):
+            return LIFECYCLE_CAPABILITY[self.owner.kind]
+        return FleetCapability.TRAIN
+
     def request(self, reserve_before: datetime) -> Request:
         job = self.owner
         return self._request(
@@ -128,6 +137,7 @@ class WaitingReplica(Waiting):
     its backoff when its last members ended on their own."""
 
     kind = "replica"
+    capability = FleetCapability.SERVE
     not_before: datetime | None = None
 
     def request(self, reserve_before: datetime) -> Request:
@@ -160,6 +170,7 @@ class WaitingSession(Waiting):
     """A live playground session without its process (S4)."""
 
     kind = "session"
+    capability = FleetCapability.SERVE
 
     def request(self, reserve_before: datetime) -> Request:
         session = self.owner
@@ -182,6 +193,7 @@ class WaitingEpisode(Waiting):
     """A queued episode: on a node answering for env now (S5, S6), any card."""
 
     kind = "episode"
+    capability = FleetCapability.ENV
 
     def request(self, reserve_before: datetime) -> Request:
         return self._request(reserve_before, cards=self.owner.cards, quiet="quiet_env")

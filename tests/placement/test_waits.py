@@ -24,6 +24,7 @@ REASONS = {
     "preempting",
     "no_devices",
     "node_unreachable",
+    "fleet_closed",
 }
 
 

@@ -55,7 +55,7 @@ CACHE_DIR = "network"
 # agents; the plugins and nft lock for themselves.
 LOCK = "/run/lock/tuneplane-network.lock"
 TIMEOUT = 30
-MEMBER_ID = re.compile(r"[A-Za-z0-9_.-]+")
+NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class NetworkError(RuntimeError):
@@ -89,12 +89,12 @@ class Names:
 
 
 def names(member_id: str, scope: str) -> Names:
-    if not MEMBER_ID.fullmatch(member_id):
-        raise ValueError(f"member id {member_id!r} is not [A-Za-z0-9_.-]+")
+    for what, text in (("member id", member_id), ("scope", scope)):
+        if not NAME.fullmatch(text):
+            raise ValueError(f"{what} {text!r} is not [A-Za-z0-9_.-]+")
     digest = hashlib.sha256(f"{scope}\0{member_id}".encode()).hexdigest()[:12]
-    scope_part = re.sub(r"[^A-Za-z0-9_.-]", "_", scope)
     return Names(
-        container_id=f"tuneplane.{scope_part}.{member_id}",
+        container_id=f"tuneplane.{scope}.{member_id}",
         netns=f"tp-{digest}",
         chain=f"member_{digest}",
     )
@@ -176,7 +176,6 @@ add rule inet {TABLE} forward iifname @member_ifs drop
 add rule inet {TABLE} forward oifname @member_ifs ct state established,related accept
 add rule inet {TABLE} forward oifname @member_ifs ct status dnat accept
 add rule inet {TABLE} forward oifname @member_ifs drop
-add rule inet {TABLE} forward ip daddr {subnet} drop
 add rule inet {TABLE} postrouting ip saddr {subnet} ip daddr != {subnet} masquerade
 """
 
@@ -185,7 +184,7 @@ def nft_member(
     chain: str, host_if: str, address: str, deny: Sequence[ipaddress.IPv4Network]
 ) -> str:
     """A member's chain, entered from ``forward`` for packets from its veth: its own address
-    only, IPv4 only; mapped ports (DNAT, on this node or hairpinned back to a member) are
+    only; mapped ports (DNAT, on this node or hairpinned back to a member) are
     allowed; link-local, the deny list and other members are not; the rest leaves through
     the masquerade."""
     address = str(ipaddress.IPv4Address(address))
@@ -194,12 +193,10 @@ def nft_member(
     denied = ", ".join(str(network) for network in deny)
     rules = [
         f"ip saddr != {address} drop",
-        "meta nfproto != ipv4 drop",
         "ct status dnat accept",
         f"ip daddr {LINK_LOCAL} drop",
         *([f"ip daddr {{ {denied} }} drop"] if denied else []),
         f"ip daddr {SUBNET} drop",
-        "oifname @member_ifs drop",
         "accept",
     ]
     return (
@@ -244,7 +241,8 @@ def reachable_address(address: str, attached: Attached) -> str:
 
 
 def unavailable() -> str:
-    """ "" when members can have networks of their own here, else why not."""
+    """Why members cannot have networks of their own here (not root, a tool missing), or
+    "" when they can."""
     if os.geteuid() != 0:
         return "the agent is not root: members' networks need root"
     missing = [
@@ -302,19 +300,19 @@ def _machine_lock():
         yield
 
 
-def _cache_path(state_dir: Path, member_id: str) -> Path:
-    return Path(state_dir) / CACHE_DIR / f"{member_id}.json"
+def _cache_path(state_dir: Path, member_id: str, scope: str) -> Path:
+    return Path(state_dir) / CACHE_DIR / f"{names(member_id, scope).container_id}.json"
 
 
-def _read_cache(state_dir: Path, member_id: str) -> dict | None:
+def _read_cache(state_dir: Path, member_id: str, scope: str) -> dict | None:
     try:
-        return json.loads(_cache_path(state_dir, member_id).read_text())
+        return json.loads(_cache_path(state_dir, member_id, scope).read_text())
     except (OSError, ValueError):
         return None
 
 
-def _write_cache(state_dir: Path, member_id: str, record: dict) -> None:
-    path = _cache_path(state_dir, member_id)
+def _write_cache(state_dir: Path, member_id: str, scope: str, record: dict) -> None:
+    path = _cache_path(state_dir, member_id, scope)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -354,10 +352,9 @@ def attach(
     name = names(member_id, scope)
     deny = deny_networks(deny_cidrs)
     configs = plugin_configs(ports)
-    cached = _read_cache(state_dir, member_id)
+    cached = _read_cache(state_dir, member_id, scope)
     if (
         cached
-        and cached.get("container_id") == name.container_id
         and sorted(cached.get("ports", [])) == sorted(set(ports))
         and os.path.exists(name.netns_path)
     ):
@@ -368,6 +365,7 @@ def attach(
         _write_cache(
             state_dir,
             member_id,
+            scope,
             {
                 "container_id": name.container_id,
                 "netns": name.netns,
@@ -437,9 +435,7 @@ def detach(member_id: str, *, scope: str, state_dir: Path) -> None:
     address back to the pool, its port mappings), the namespace and the agent's file.
     Idempotent; with the file gone it works from the derived names and host-local's store."""
     name = names(member_id, scope)
-    cached = _read_cache(state_dir, member_id)
-    if cached and cached.get("container_id") != name.container_id:
-        cached = None
+    cached = _read_cache(state_dir, member_id, scope)
     result = cached["result"] if cached else None
     if result is None:
         address = _stored_address(name.container_id)
@@ -469,4 +465,4 @@ def detach(member_id: str, *, scope: str, state_dir: Path) -> None:
     if errors:
         raise NetworkError("; ".join(errors))
     with contextlib.suppress(FileNotFoundError):
-        _cache_path(state_dir, member_id).unlink()
+        _cache_path(state_dir, member_id, scope).unlink()

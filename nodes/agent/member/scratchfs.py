@@ -205,8 +205,12 @@ def remove(mountpoint: Path, image: Path) -> bool:
         # A device still held (a lazily unmounted filesystem in use) is only set to let go
         # once its last user does, which mount's own loop devices are already.
         _run([_tool(LOSETUP), "--detach", device], "losetup", check=False)
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.unlink(image)
+    except FileNotFoundError:
+        pass
+    except OSError as error:  # said below, with whatever else is left
+        logger.warning("scratch image %s not removed: %s", image, error)
     if not mounted(mountpoint):
         _remove_dir(mountpoint)
     left = [

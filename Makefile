@@ -40,12 +40,12 @@ install: $(STAMP) $(TOOLS_STAMP)
 ## USER from the command line only: the shell's own $$USER (root, say) is no console login.
 TOKEN_USER = $(if $(filter command line,$(origin USER)),$(USER),admin)
 token: $(STAMP)
-	@TUNEPLANE_DEBUG=$${TUNEPLANE_DEBUG:-1} $(PYTHON) manage.py create_api_token "$(TOKEN_USER)"
+	@TUNEPLANE_DEBUG=$${TUNEPLANE_DEBUG:-0} $(PYTHON) manage.py create_api_token "$(TOKEN_USER)"
 
 ## The whole console on embedded defaults (SQLite, filesystem broker) unless
 ## DATABASE_URL / REDIS_URL say otherwise.
 run: $(STAMP)
-	TUNEPLANE_DEBUG=$${TUNEPLANE_DEBUG:-1} $(PYTHON) manage.py runconsole
+	TUNEPLANE_DEBUG=$${TUNEPLANE_DEBUG:-0} $(PYTHON) manage.py runconsole
 
 ## Every test, on PostgreSQL and Redis (local ones unless DATABASE_URL / REDIS_URL are set).
 ## The quick loop: make test PYTEST_ARGS='-m "not e2e"' leaves out every test that starts real

@@ -1,6 +1,6 @@
 """The console's certificate authority: it signs node CSRs and the gateway's certificate.
 
-Lives in ``TUNEPLANE_PKI_DIR``: ``ca.key`` (0600) and ``ca.pem``. The console
+Lives in ``TUNEPLANE_PKI_DIR`` (0700): ``ca.key`` and ``ca.pem`` (0600). The console
 keeps a node certificate's serial, fingerprint and expiry; it never sees a
 node's private key — the node makes it and sends only a CSR (J3).
 """
@@ -91,7 +91,8 @@ def ca_init(directory: Path | None = None) -> bool:
         ),
         0o600,
     )
-    _write(directory / "ca.pem", cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    # Its certificate too is the console's user's alone (R23): the console hands it out itself.
+    _write(directory / "ca.pem", cert.public_bytes(serialization.Encoding.PEM), 0o600)
     _load.cache_clear()
     return True
 
@@ -224,5 +225,5 @@ def issue_server_certificate(hosts: list[str], directory: Path | None = None) ->
         ),
         0o600,
     )
-    _write(directory / "gateway.pem", cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(directory / "gateway.pem", cert.public_bytes(serialization.Encoding.PEM), 0o600)
     return directory / "gateway.pem"

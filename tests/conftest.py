@@ -288,7 +288,7 @@ SERVE = {"command": ["python3", "-m", "http.server"], "port": 8000, "readiness_p
 # Folders whose every test starts real processes (gateways, agents, Celery, a browser, Slurm,
 # a live server fuzzed from outside): marked e2e, so `-m "not e2e"` is the quick loop. Tests
 # elsewhere that start a process carry the mark themselves.
-E2E_FOLDERS = {"e2e", "browser", "slurm", "slurm24", "bench"}
+E2E_FOLDERS = {"e2e", "browser", "slurm", "slurm24", "bench", "attacks"}
 # ... and single tests in modules that do not import pytest (their imports are left alone).
 E2E_TESTS = {
     "tests/nodes/test_control.py::test_generated_protobuf_modules_are_up_to_date",
@@ -360,6 +360,14 @@ def pytest_configure(config):
     get_hashers.cache_clear()
     get_hashers_by_algorithm.cache_clear()
 
+    # The tests' scrapes of /metrics (a test Client, a gateway's or a console's port) come
+    # from loopback: the suite configures loopback as its scraper, as an operator configures
+    # Prometheus (R23). This process's settings, and the processes tests start.
+    from tuneplane.client_address import parse_trusted_proxies
+
+    os.environ.setdefault("TUNEPLANE_METRICS_ALLOW", "127.0.0.1,::1")
+    settings.TUNEPLANE_METRICS_ALLOW = parse_trusted_proxies(os.environ["TUNEPLANE_METRICS_ALLOW"])
+
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker and redis_url():
         url = _worker_redis_url(redis_url(), worker)
@@ -394,6 +402,8 @@ def pytest_collection_modifyitems(config, items):
         folder = os.path.relpath(item.path, tests).split(os.sep)[0]
         if folder in E2E_FOLDERS or item.nodeid in E2E_TESTS:
             item.add_marker(pytest.mark.e2e)
+        if folder == "attacks":
+            item.add_marker(pytest.mark.attack)
         if item.nodeid in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
         if not item.get_closest_marker("django_db") and not DB_FIXTURES.intersection(

@@ -11,7 +11,9 @@ port, and keeps out of the directory (manage.py unsets it for grpcserve).
 import hmac
 import ipaddress
 import os
+import threading
 import time
+from wsgiref.simple_server import make_server
 
 from django.conf import settings
 from django.http import HttpResponse
@@ -22,9 +24,10 @@ from prometheus_client import (
     Counter,
     Histogram,
     generate_latest,
+    make_wsgi_app,
     multiprocess,
-    start_http_server,
 )
+from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family, _SilentHandler
 
 from .client_address import client_address
 
@@ -73,32 +76,67 @@ class _Default:
         yield from REGISTRY.collect()
 
 
-def _allowed(request) -> bool:
-    """A bearer token when TUNEPLANE_METRICS_TOKEN is set; otherwise the client's address
-    must be in TUNEPLANE_METRICS_ALLOW (loopback by default)."""
-    token = settings.TUNEPLANE_METRICS_TOKEN
-    if token:
-        given = request.META.get("HTTP_AUTHORIZATION", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+def scraper_allowed(authorization: str, address: str, *, token: str, allow) -> bool:
+    """R23: metrics answer configured scrapers only — a request bearing ``token`` (when one
+    is set), or one from an address in ``allow`` (networks). With neither configured, none:
+    no process is trusted for being on this machine, as a tenant's member may be."""
+    if token and hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
+        return True
     try:
-        address = ipaddress.ip_address(client_address(request))
+        client = ipaddress.ip_address(address)
     except ValueError:
         return False
-    return any(address in network for network in settings.TUNEPLANE_METRICS_ALLOW)
+    return any(client in network for network in allow)
+
+
+def _configured_scraper(authorization: str, address: str) -> bool:
+    return scraper_allowed(
+        authorization,
+        address,
+        token=settings.TUNEPLANE_METRICS_TOKEN,
+        allow=settings.TUNEPLANE_METRICS_ALLOW,
+    )
+
+
+NOT_PUBLIC = "metrics are not public\n"
 
 
 def metrics_view(request):
-    if not _allowed(request):
-        return HttpResponse("metrics are not public\n", status=403, content_type="text/plain")
+    """The web's /metrics: the client's address as TUNEPLANE_TRUSTED_PROXIES tells it."""
+    if not _configured_scraper(request.META.get("HTTP_AUTHORIZATION", ""), client_address(request)):
+        return HttpResponse(NOT_PUBLIC, status=403, content_type="text/plain")
     return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)
 
 
-def serve_metrics_on(bind: str, registry=None) -> None:
-    """Plain HTTP on ``bind`` (HOST:PORT), in a thread: a gateway's or a worker's metrics."""
+def scrapers_only(app):
+    """A WSGI app answered for configured scrapers only (R23), as the web's /metrics is: the
+    peer's own address, as no proxy stands before a gateway's or a worker's metrics port."""
+
+    def guarded(environ, start_response):
+        if not _configured_scraper(
+            environ.get("HTTP_AUTHORIZATION", ""), environ.get("REMOTE_ADDR", "")
+        ):
+            start_response("403 Forbidden", [("Content-Type", "text/plain")])
+            return [NOT_PUBLIC.encode()]
+        return app(environ, start_response)
+
+    return guarded
+
+
+def serve_metrics_on(bind: str, registry=None):
+    """Plain HTTP on ``bind`` (HOST:PORT), in a thread: a gateway's or a worker's metrics,
+    for configured scrapers only (prometheus-client's own server, behind scrapers_only).
+    Returns the server."""
     host, _, port = bind.rpartition(":")
-    start_http_server(
-        int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry or REGISTRY
-    )
+
+    class Server(ThreadingWSGIServer):
+        pass
+
+    Server.address_family, addr = _get_best_family(host.strip("[]") or "127.0.0.1", int(port))
+    app = scrapers_only(make_wsgi_app(registry or REGISTRY))
+    server = make_server(addr, int(port), app, Server, handler_class=_SilentHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def task_started(task_id=None, task=None, **_) -> None:

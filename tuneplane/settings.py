@@ -56,7 +56,7 @@ def _secret_key() -> str:
     # reads the first's.
     path = VAR_DIR / "secret_key"
     if not path.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # the console's own (R23)
         mine = VAR_DIR / f".secret_key.{os.getpid()}"
         fd = os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
@@ -256,8 +256,9 @@ else:
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
-    for _folder in ("queue", "control"):
-        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+    # Tasks' arguments are the console's own (R23): made 0700.
+    for _folder in (VAR_DIR, _broker_dir, _broker_dir / "queue", _broker_dir / "control"):
+        _folder.mkdir(mode=0o700, parents=True, exist_ok=True)
 CELERY_TASK_IGNORE_RESULT = True
 
 # Throttles (the join endpoint's) count in a cache every replica shares.
@@ -335,14 +336,15 @@ TUNEPLANE_GATEWAY_BIND = os.environ.get("TUNEPLANE_GATEWAY_BIND", "127.0.0.1:844
 TUNEPLANE_TELEMETRY_INTERVAL = env_seconds("TUNEPLANE_TELEMETRY_INTERVAL", 15)
 TUNEPLANE_TELEMETRY_FLUSH_INTERVAL = env_seconds("TUNEPLANE_TELEMETRY_FLUSH_INTERVAL", 2)
 TUNEPLANE_GPU_HEALTH_QUIET = env_seconds("TUNEPLANE_GPU_HEALTH_QUIET", 300)
-# Prometheus. The web's /metrics answers a bearer token when one is set, and otherwise only
-# clients from these addresses (as TUNEPLANE_TRUSTED_PROXIES tells them); a gateway serves
-# its own on TUNEPLANE_GATEWAY_METRICS_BIND (grpcserve --metrics-bind), a worker on
-# TUNEPLANE_WORKER_METRICS_BIND; empty: none.
+# Prometheus (R23: configured scrapers only). The web's /metrics, a gateway's (on
+# TUNEPLANE_GATEWAY_METRICS_BIND, grpcserve --metrics-bind) and a worker's (on
+# TUNEPLANE_WORKER_METRICS_BIND; empty: none) answer a request bearing this token
+# (`Authorization: Bearer <token>`), or one from an address in TUNEPLANE_METRICS_ALLOW (the
+# web's as TUNEPLANE_TRUSTED_PROXIES tells it); with neither set, nobody: being on the
+# console's machine, or on its loopback, is no credential. `make run` makes a token of its own
+# in `$TUNEPLANE_VAR_DIR/metrics-token` when none is set.
 TUNEPLANE_METRICS_TOKEN = os.environ.get("TUNEPLANE_METRICS_TOKEN", "")
-TUNEPLANE_METRICS_ALLOW = parse_trusted_proxies(
-    os.environ.get("TUNEPLANE_METRICS_ALLOW", "127.0.0.1,::1")
-)
+TUNEPLANE_METRICS_ALLOW = parse_trusted_proxies(os.environ.get("TUNEPLANE_METRICS_ALLOW", ""))
 TUNEPLANE_GATEWAY_METRICS_BIND = os.environ.get("TUNEPLANE_GATEWAY_METRICS_BIND", "")
 TUNEPLANE_WORKER_METRICS_BIND = os.environ.get("TUNEPLANE_WORKER_METRICS_BIND", "")
 # Joins per client address, in DRF's rate syntax.

@@ -44,8 +44,8 @@ NOTES = {
     "(`downloads/`).",
     "TUNEPLANE_SECRET_KEY": "Django's secret key; otherwise a random one kept in "
     "`$TUNEPLANE_VAR_DIR/secret_key`.",
-    "TUNEPLANE_DEBUG": "Django's debug mode. `make run` and `make token` set it to 1 unless "
-    "it is set.",
+    "TUNEPLANE_DEBUG": "Django's debug mode, off unless set, under `make run` too: its error "
+    "pages show settings, never for a production console (R23).",
     "TUNEPLANE_ALLOWED_HOSTS": "Comma-separated host names the web answers for.",
     "TUNEPLANE_DB_CONN_MAX_AGE": "Seconds a database connection is kept between requests "
     "(0: one per request).",
@@ -79,8 +79,8 @@ NOTES = {
     "samples, in one statement.",
     "TUNEPLANE_GPU_HEALTH_QUIET": "A card judged unhealthy is healthy again after this long "
     "with no new fault.",
-    "TUNEPLANE_METRICS_ALLOW": "Addresses or CIDRs the web's `/metrics` answers when no "
-    "`TUNEPLANE_METRICS_TOKEN` is set.",
+    "TUNEPLANE_METRICS_ALLOW": "Addresses or CIDRs (comma-separated) whose scrapes the web's, "
+    "a gateway's and a worker's `/metrics` answer without the token; empty: none (R23).",
     "TUNEPLANE_GATEWAY_METRICS_BIND": "HOST:PORT a gateway serves its metrics on, plain HTTP "
     "(`grpcserve --metrics-bind`); empty: none.",
     "TUNEPLANE_WORKER_METRICS_BIND": "HOST:PORT a Celery worker serves its metrics on; "

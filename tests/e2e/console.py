@@ -34,7 +34,7 @@ def console_env(var_dir: Path, **extra) -> dict:
         **os.environ,
         "DATABASE_URL": database_url(),
         "TUNEPLANE_VAR_DIR": str(var_dir),
-        "TUNEPLANE_DEBUG": "1",
+        "TUNEPLANE_DEBUG": "0",  # as `make run` (R23)
         "PYTHONUNBUFFERED": "1",
         **extra,
     }

@@ -5,9 +5,11 @@ creates a Fleet, on a first start or any restart (F6)."""
 import json
 import re
 import socket
+import stat
 import subprocess
 import urllib.request
 import uuid
+from pathlib import Path
 
 from .console import ROOT, Console, console_env, free_port, processes_with_env
 
@@ -39,9 +41,31 @@ def fleet_count(base, token) -> int:
     return json.loads(body)["count"]
 
 
+def made_private(var: Path, base: str) -> None:
+    """R23, as `make run` leaves it: not in debug mode, yet the admin's static files served;
+    an error page that shows no settings; var/ 0600 files in 0700 dirs; /metrics answering
+    only the token it made (no allow-list set: loopback is no scraper)."""
+    with urllib.request.urlopen(f"{base}/static/admin/css/base.css", timeout=10) as css:
+        assert css.status == 200
+    assert call("GET", f"{base}/no-such-page", "")[0] == 404
+    status, body = call("GET", f"{base}/api/training-jobs/1/logs?offset=9223372036854775808", "")
+    assert status == 401 and b"DATABASE" not in body and b"SECRET" not in body
+    modes = {
+        path: stat.S_IMODE(path.lstat().st_mode)
+        for path in [var, *var.rglob("*")]
+        if not path.is_symlink()
+    }
+    loose = {p: oct(m) for p, m in modes.items() if m != (0o700 if p.is_dir() else 0o600)}
+    assert not loose, loose
+    assert call("GET", f"{base}/metrics", "")[0] == 403
+    token = (var / "metrics-token").read_text().strip()
+    assert call("GET", f"{base}/metrics", token)[0] == 200
+
+
 def test_F6_console_starts_serves_and_stops_and_never_makes_a_fleet(tmp_path, empty_database):
     marker = f"tuneplane-e2e-{uuid.uuid4().hex}"
     env = console_env(tmp_path, DATABASE_URL=empty_database, TUNEPLANE_E2E_MARKER=marker)
+    env.pop("TUNEPLANE_METRICS_ALLOW", None)  # `make run` as a newcomer starts it
     port = free_port()
     base = f"http://127.0.0.1:{port}"
 
@@ -67,6 +91,7 @@ def test_F6_console_starts_serves_and_stops_and_never_makes_a_fleet(tmp_path, em
         assert call("DELETE", f"{base}/api/fleets/gpu-lab", token)[0] == 204
         with urllib.request.urlopen(f"{base}/admin/login/", timeout=10) as page:
             assert b"Tuneplane console" in page.read()
+        made_private(tmp_path, base)
         console.wait_for("gateway serving NodeControl")
         gateway_host, gateway_port = console.gateway.rsplit(":", 1)
         socket.create_connection((gateway_host, int(gateway_port)), timeout=5).close()

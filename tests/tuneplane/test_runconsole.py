@@ -208,3 +208,59 @@ def test_a_kept_password_file_left_readable_is_made_0600_again(settings, tmp_pat
     ensure_admin()
     assert stat.S_IMODE(stale.stat().st_mode) == 0o600
     assert get_user_model().objects.get(username="admin").check_password(stale.read_text().strip())
+
+
+# -- var/ and metrics are the console's own (R23) ---------------------------------------
+
+
+def test_R23_var_is_made_0600_files_in_0700_dirs_and_links_are_not_followed(tmp_path):
+    var = tmp_path / "var"
+    (var / "pki").mkdir(parents=True)
+    (var / "broker" / "queue").mkdir(parents=True)
+    for path in (var / "tuneplane.sqlite3", var / "pki" / "ca.key", var / "broker" / "queue" / "m"):
+        path.write_text("x")
+        path.chmod(0o644)
+    for directory in (var, var / "pki", var / "broker", var / "broker" / "queue"):
+        directory.chmod(0o755)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("not the console's")
+    elsewhere.chmod(0o644)
+    (var / "link").symlink_to(elsewhere)
+
+    runconsole.var_private(var)
+
+    for path in [var, *var.rglob("*")]:
+        if path.is_symlink():
+            continue
+        want = 0o700 if path.is_dir() else 0o600
+        assert stat.S_IMODE(path.stat().st_mode) == want, path
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o644  # never followed
+    fresh = tmp_path / "new"
+    runconsole.var_private(fresh)  # none yet: made so
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+
+
+def test_R23_make_run_scrapes_metrics_with_a_token_of_its_own_kept_0600(
+    settings, tmp_path, monkeypatch
+):
+    settings.VAR_DIR = tmp_path
+    monkeypatch.delenv("TUNEPLANE_METRICS_TOKEN", raising=False)
+    kept = runconsole.Command()._scrape_token()
+    token = os.environ["TUNEPLANE_METRICS_TOKEN"]
+    assert kept == tmp_path / "metrics-token" and kept.read_text() == token + "\n"
+    assert len(token) >= 32 and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    monkeypatch.delenv("TUNEPLANE_METRICS_TOKEN")
+    runconsole.Command()._scrape_token()
+    assert os.environ["TUNEPLANE_METRICS_TOKEN"] == token  # the same across starts
+    # An operator's own token is kept, and nothing is written.
+    monkeypatch.setenv("TUNEPLANE_METRICS_TOKEN", "operators")
+    kept.unlink()
+    assert runconsole.Command()._scrape_token() is None and not kept.exists()
+
+
+def test_R23_make_run_and_make_token_are_not_in_debug_mode_unless_asked():
+    recipes = [
+        line for line in (ROOT / "Makefile").read_text().splitlines() if "TUNEPLANE_DEBUG" in line
+    ]
+    assert len(recipes) == 2
+    assert all("${TUNEPLANE_DEBUG:-0}" in line for line in recipes), recipes

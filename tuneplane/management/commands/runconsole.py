@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 ADMIN_USERNAME = "admin"
 ADMIN_PASSWORD_FILE = "admin-password"
+METRICS_TOKEN_FILE = "metrics-token"
 DEFAULT_GATEWAY_METRICS = "127.0.0.1:9464"
 DEFAULT_PORT = 8000
 STOP_GRACE_SECONDS = 10
@@ -70,6 +71,19 @@ def write_private(path: Path, text: str) -> None:
         file.write(text)
 
 
+def var_private(directory: Path) -> None:
+    """R23: the embedded console's own parts — its SQLite file, CA key, admin password,
+    broker, metrics token and counters — for the console's user only: ``directory`` and every
+    directory in it 0700, every file 0600. A symbolic link is left as it is, never followed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    for root, directories, files in os.walk(directory):
+        for name, mode in [(d, 0o700) for d in directories] + [(f, 0o600) for f in files]:
+            path = Path(root) / name
+            if not path.is_symlink():
+                path.chmod(mode)
+
+
 def default_port() -> int:
     value = os.environ.get("PORT", str(DEFAULT_PORT))
     if not value.isdigit() or not 0 < int(value) < 65536:
@@ -109,15 +123,23 @@ class Command(BaseCommand):
         self._refuse_taken_ports(bind, gateway_bind, gateway_metrics_bind)
         self._point_agents_here(bind, gateway_bind)
         call_command("migrate", interactive=False, verbosity=0)
+        # What this command and its children make from here on is theirs alone (R23); what
+        # was made before (the SQLite file, a var/ of an older start) is made so now.
+        os.umask(0o077)
+        var_private(Path(settings.VAR_DIR))
         call_command("pki", "init")
         self._ensure_agent_wheels()
         self._ensure_admin()
+        scrape_token = self._scrape_token()
+        var_private(Path(settings.VAR_DIR))
         manage = str(Path(settings.BASE_DIR) / "manage.py")
         celery = [sys.executable, "-m", "celery", "-A", "tuneplane"]
         self._share_metrics()
         gateway = ["grpcserve", "--bind", gateway_bind, "--metrics-bind", gateway_metrics_bind]
+        # Never in debug mode unless asked (R23): runserver then serves the admin's static
+        # files only when told to (--insecure); the embedded console has no other server.
         processes = {
-            "web": [sys.executable, manage, "runserver", bind, "--noreload"],
+            "web": [sys.executable, manage, "runserver", bind, "--noreload", "--insecure"],
             "gateway": [sys.executable, manage, *gateway],
             "worker": celery + ["worker", "-l", "INFO", "--concurrency", "2"],
             "beat": celery + ["beat", "-l", "INFO"],
@@ -135,9 +157,10 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         self._announce(bind, gateway_bind, children)
+        bearer = f" with Authorization: Bearer $(cat {scrape_token})" if scrape_token else ""
         self.stdout.write(
             f"  metrics  {public_url(bind)}/metrics (web, worker, beat), "
-            f"http://{gateway_metrics_bind}/metrics (gateway)\n"
+            f"http://{gateway_metrics_bind}/metrics (gateway){bearer}\n"
         )
         exit_code = 0
         while not stopping:
@@ -195,6 +218,20 @@ class Command(BaseCommand):
         os.environ.setdefault(
             "TUNEPLANE_GATEWAY_TARGET", f"{f'[{host}]' if ':' in host else host}:{port}"
         )
+
+    def _scrape_token(self) -> Path | None:
+        """R23: metrics answer configured scrapers only. Unless an operator set
+        TUNEPLANE_METRICS_TOKEN, the web, gateway and worker are given one kept in var/
+        (0600, the same across starts): where it is, for the announcement."""
+        if os.environ.get("TUNEPLANE_METRICS_TOKEN"):
+            return None
+        kept = Path(settings.VAR_DIR) / METRICS_TOKEN_FILE
+        token = kept.read_text().strip() if kept.exists() else ""
+        if not token:
+            token = secrets.token_urlsafe(32)
+            write_private(kept, token + "\n")
+        os.environ["TUNEPLANE_METRICS_TOKEN"] = token
+        return kept
 
     def _share_metrics(self) -> None:
         """The web, the worker's children and beat count into one directory the web's

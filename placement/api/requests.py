@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from nodes.agent.wire import LOG_TAIL_MAX
 from tuneplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
+from tuneplane.api.query import query_integer
 
 from ..choices import DeploymentState, LifecycleKind
 
@@ -272,8 +273,9 @@ class EpisodeRequest(StrictSerializer):
         ref_name = "EpisodeRequest"
 
 
+# A log's query parameters are bounded, each (R23): query_integer.
 def _tail_bytes():
-    return serializers.IntegerField(
+    return query_integer(
         min_value=1,
         max_value=LOG_TAIL_MAX,
         required=False,
@@ -283,7 +285,7 @@ def _tail_bytes():
 
 
 def _offset():
-    return serializers.IntegerField(
+    return query_integer(
         min_value=0,
         required=False,
         default=None,
@@ -319,10 +321,10 @@ class StorageRequest(StrictSerializer):
 
 
 class LogsQuery(StrictSerializer):
-    attempt = serializers.IntegerField(
+    attempt = query_integer(
         min_value=1, required=False, default=None, help_text="The latest when not given."
     )
-    rank = serializers.IntegerField(min_value=0, required=False, default=0)
+    rank = query_integer(min_value=0, required=False, default=0)
     tail_bytes = _tail_bytes()
     offset = _offset()
 
@@ -331,10 +333,10 @@ class LogsQuery(StrictSerializer):
 
 
 class ReplicaLogsQuery(StrictSerializer):
-    revision = serializers.IntegerField(
+    revision = query_integer(
         min_value=1, required=False, default=None, help_text="The newest when not given."
     )
-    replica = serializers.IntegerField(min_value=0, required=False, default=0)
+    replica = query_integer(min_value=0, required=False, default=0)
     tail_bytes = _tail_bytes()
     offset = _offset()
 

@@ -1,0 +1,56 @@
+"""Sharing's rules on the boundaries a targeted break moved (issue 47), without a database:
+an any-card borrower against a guarantee of one series (Q3), two victims differing only in
+age (Q5). Each of these passed every test when its rule's code was broken by hand."""
+
+from datetime import timedelta
+
+import pytest
+
+from placement.decide import decide
+from placement.preemption import victims
+from placement.sharing import Book, QuotaRow
+from tests.placement.test_decide import NOW, fleet, node, request
+from tests.placement.test_preemption import MIN_RUNTIME, full, reclaim_book, running
+from tests.placement.test_preemption import NOW as RUNNING_NOW
+
+A, B = 1, 2
+
+
+@pytest.mark.parametrize(
+    ("owed", "borrowed"),
+    [("h100", ""), ("", "h100"), ("h100", "h100"), ("", "")],
+    ids=["h100-owed-any-card-borrower", "any-card-owed-h100-borrower", "same-series", "any-card"],
+)
+def test_Q3_a_borrower_whose_cards_overlap_a_waiting_guarantee_takes_none_it_is_owed(
+    owed, borrowed
+):
+    """B is guaranteed 8 cards (of ``owed``, "" any) and waits for 8 on one node; the Fleet's
+    free H100s are 4 and 4. A borrower asking 4 cards of ``borrowed`` would take cards B is
+    owed: an H100 is any card too, so a series and any card overlap either way."""
+    quotas = Book(rows={(A, ""): QuotaRow(), (B, owed): QuotaRow(guaranteed=8)})
+    queue = [
+        request(1, cards=8, series=owed, project=B),
+        request(2, cards=4, series=borrowed, project=A),
+    ]
+    waits: dict = {}
+    capacities = fleet(node("n", cards=4), node("m", cards=4))
+    assert decide(queue, capacities, NOW, quotas, waits) == []
+    told = waits[("job", 2)]  # Q8: the borrower is told the cards are owed
+    assert (told.reason, told.numbers["owed"], told.numbers["needs"]) == ("capacity", 8, 4)
+    # Without the guarantee waiting, the same cards are idle and it borrows them.
+    capacities = fleet(node("n", cards=4), node("m", cards=4))
+    [placed] = decide(queue[1:], capacities, NOW, quotas)
+    assert placed.request.key == ("job", 2) and placed.borrowed
+
+
+@pytest.mark.parametrize("first", ["old", "young"])
+def test_Q5_of_two_victims_differing_only_in_age_the_youngest_is_taken(first):
+    """Both borrowed, same project, priority and cards; one has run 50,000 s, the other
+    700 s (past the minimum): the 700 s one is taken, whichever comes first in the list."""
+    old = running(1, A, "n", 8, ran=50_000)
+    young = running(2, A, "m", 8, ran=700)
+    pool = [old, young] if first == "old" else [young, old]
+    waiter, book = request(9, cards=8, project=B), reclaim_book(held_a=16)
+    taken = victims(waiter, pool, full("n", "m"), book, RUNNING_NOW, MIN_RUNTIME)
+    assert taken == [young]
+    assert young.started_at - old.started_at == timedelta(seconds=49_300)

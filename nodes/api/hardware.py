@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from audit.services import Actor
 from tuneplane.api.fields import StrictCharField, StrictSerializer
 from tuneplane.api.permissions import require_admin
+from tuneplane.api.query import query_flag
 from tuneplane.api.schema import errors
 from tuneplane.errors import NotFound, ValidationFailed
 
@@ -185,11 +186,8 @@ class CardNameListView(GenericAPIView):
     )
     def get(self, request):
         names = CardAlias.objects.select_related("series")
-        mapped = request.query_params.get("mapped")
-        if mapped is not None:
-            if mapped not in ("true", "false"):
-                raise ValidationFailed("mapped must be true or false.", field="mapped")
-            names = names.filter(series__isnull=mapped == "false")
+        if "mapped" in request.query_params:
+            names = names.filter(series__isnull=not query_flag(request, "mapped"))
         page = self.paginate_queryset(names)
         return self.get_paginated_response(CardNameSerializer(page, many=True).data)
 

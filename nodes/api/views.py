@@ -11,10 +11,11 @@ from rest_framework.response import Response
 from audit.services import Actor
 from fleets.selectors import fleet_get_visible
 from tuneplane.api.permissions import IsAdmin, require_admin
+from tuneplane.api.query import query_flag
 from tuneplane.api.schema import errors
 from tuneplane.api.throttles import WindowThrottle
 from tuneplane.client_address import client_address
-from tuneplane.errors import NotFound, ValidationFailed
+from tuneplane.errors import NotFound
 
 from ..models import JoinToken
 from ..selectors import (
@@ -192,13 +193,6 @@ def _shown(node_id: str, user) -> Response:
     return Response(NodeSerializer(node, context=_node_context([node])).data)
 
 
-def _flag(request, name: str) -> bool:
-    value = request.query_params.get(name, "false").lower()
-    if value not in ("true", "false", "1", "0"):
-        raise ValidationFailed(f"{name} must be true or false.", field=name)
-    return value in ("true", "1")
-
-
 class NodeDetailView(GenericAPIView):
     permission_classes = [IsAdmin]
     serializer_class = NodeSerializer
@@ -222,7 +216,7 @@ class NodeDetailView(GenericAPIView):
         node = removal.node_remove(
             actor=Actor.of_user(request.user),
             node=_node(request, node_id),
-            force=_flag(request, "force"),
+            force=query_flag(request, "force"),
         )
         return _shown(node.pk, request.user)
 

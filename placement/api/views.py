@@ -10,6 +10,7 @@ from rest_framework.response import Response
 
 from audit.services import Actor
 from fleets.rules import validate_choice
+from tuneplane.api.query import query_flag
 from tuneplane.api.schema import errors
 from tuneplane.api.throttles import LogsThrottle
 from tuneplane.errors import NotFound
@@ -80,9 +81,10 @@ class WorkloadListView(GenericAPIView):
         )
 
     def post(self, request):
+        dry_run = query_flag(request, "dry_run")  # before anything is read or written (Q7)
         incoming = self.request_serializer(data=request.data)
         incoming.is_valid(raise_exception=True)
-        if request.query_params.get("dry_run") in ("true", "1"):
+        if dry_run:
             return Response(self._dry_run(request, incoming.validated_data))
         record = self.submit(Actor.of_user(request.user), incoming.validated_data)
         shown = self.get_queryset().get(pk=record.pk)

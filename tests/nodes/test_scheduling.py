@@ -133,8 +133,9 @@ def test_D3_a_gone_node_needs_force_and_its_removal_lists_what_it_leaves(admin_a
     refused = admin_api.delete(f"/api/nodes/{node.id}")
     assert refused.status_code == 409 and refused.json()["error"]["rule"] == "D3"
     assert refused.json()["error"]["left_behind"] == [running.id]
-    assert admin_api.delete(f"/api/nodes/{node.id}?force=yes").status_code == 400
-    assert admin_api.delete(f"/api/nodes/{node.id}?force=true").status_code == 200
+    assert admin_api.delete(f"/api/nodes/{node.id}?force=maybe").status_code == 400
+    assert admin_api.delete(f"/api/nodes/{node.id}?force=no").status_code == 409
+    assert admin_api.delete(f"/api/nodes/{node.id}?force=yes").status_code == 200
     event = AuditEvent.objects.get(action="node.removed")
     assert event.forced is True and event.after["left_behind"] == [running.id]
 

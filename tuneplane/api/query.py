@@ -41,9 +41,9 @@ def query_flag(request, name: str) -> bool:
     value = request.query_params.get(name)
     if value is None:
         return False
-    if value in BooleanField.TRUE_VALUES:
+    if value.lower() in BooleanField.TRUE_VALUES:  # DRF's values, in any case, as DRF reads them
         return True
-    if value in BooleanField.FALSE_VALUES:
+    if value.lower() in BooleanField.FALSE_VALUES:
         return False
     raise ValidationFailed(
         f"{name} must be a boolean (true or false, 1 or 0, yes or no); got '{value[:40]}'.",

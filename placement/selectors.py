@@ -106,6 +106,18 @@ def workloads_visible_to(user, model) -> QuerySet:
     return records.filter(project__in=Membership.objects.filter(user=user).values("project_id"))
 
 
+def projects_read_by(user):
+    """R23: whether ``user`` reads a project's work by name — administrators every project's,
+    a member their projects' (as workloads_visible_to), anyone else none's: a predicate on a
+    project's id (None: not recorded, an administrator's alone). One query, at most."""
+    if is_admin(user):
+        return lambda project: True
+    if user is None or not user.is_authenticated:
+        return lambda project: False
+    own = frozenset(Membership.objects.filter(user=user).values_list("project_id", flat=True))
+    return lambda project: project is not None and project in own
+
+
 def workloads_shown_to(user, model) -> QuerySet:
     """The records of ``model`` a user sees, each with all that the API shows of it — its
     submitter, its volumes and datasets with their projects, a deployment's status and

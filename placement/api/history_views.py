@@ -10,12 +10,16 @@ from audit.api.serializers import AuditEventSerializer
 from tuneplane.api.schema import errors
 from tuneplane.errors import NotFound
 
+from ..disclosure import event_shown
 from ..history import record_history
 from ..models import Deployment, Environment, LifecycleJob, PlaygroundSession, TrainingJob
-from ..selectors import workloads_visible_to
+from ..selectors import projects_read_by, workloads_visible_to
 
 
 class HistoryEventSerializer(AuditEventSerializer):
+    """An event as the record's reader reads it: a preemption's names other projects' work
+    only as "another project's work" (R23, placement.disclosure); administrators read all."""
+
     reason = serializers.SerializerMethodField(help_text="Why, when the change says: its reason.")
 
     class Meta(AuditEventSerializer.Meta):
@@ -24,6 +28,14 @@ class HistoryEventSerializer(AuditEventSerializer):
 
     def get_reason(self, event) -> str:
         return str((event.after or {}).get("reason") or "")
+
+    def to_representation(self, event):
+        data = super().to_representation(event)
+        context = self.context
+        if "sees" not in context:
+            context["sees"] = projects_read_by(context.get("viewer"))
+        data["after"] = event_shown(event.action, data["after"], context["sees"])
+        return data
 
 
 def _visible(request, model, pk: int):
@@ -44,7 +56,8 @@ class HistoryView(GenericAPIView):
 
     def get(self, request, **kwargs):
         page = self.paginate_queryset(record_history(self.record(request, *kwargs.values())))
-        return self.get_paginated_response(HistoryEventSerializer(page, many=True).data)
+        shown = HistoryEventSerializer(page, many=True, context={"viewer": request.user})
+        return self.get_paginated_response(shown.data)
 
 
 def _documented(noun: str, parts: str):

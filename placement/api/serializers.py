@@ -26,12 +26,41 @@ from ..models import (
     TrainingJob,
     Volume,
 )
-from ..selectors import delivery_of, replica_not_ready, replica_ready
+from ..disclosure import preemption_shown, wait_shown
+from ..selectors import delivery_of, projects_read_by, replica_not_ready, replica_ready
 from ..services.starts import host
 from ..waits import REASONS as WAIT_REASONS
 
 
-class WorkloadSerializer(serializers.ModelSerializer):
+def _sees(serializer):
+    """The reader's predicate on projects (the context's ``viewer``): read once an answer,
+    however many records it shows (a list's records share their root's context)."""
+    context = serializer.context
+    if "sees" not in context:
+        context["sees"] = projects_read_by(context.get("viewer"))
+    return context["sees"]
+
+
+class ShownToReader:
+    """R23: a record's reason to wait and its last preemption name other projects' work only
+    as "another project's work" (placement.disclosure) to a reader who does not read those
+    projects — a member of this one only; administrators read every name."""
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        sees = _sees(self)
+        if data.get("preemption"):
+            shown = preemption_shown(instance.preemption, sees)
+            data["preemption"] = {key: shown[key] for key in data["preemption"]}
+        waiting = data.get("waiting")
+        if waiting and "reason" in waiting:
+            data["waiting"] = wait_shown(waiting, sees)
+        elif waiting:  # a revision's, by replica rank
+            data["waiting"] = {rank: wait_shown(wait, sees) for rank, wait in waiting.items()}
+        return data
+
+
+class WorkloadSerializer(ShownToReader, serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug")
     fleet = serializers.CharField(source="fleet_id")
     created_by = serializers.CharField(source="created_by.username", allow_null=True, default=None)
@@ -127,12 +156,18 @@ def waiting_while(record, waits: bool) -> dict | None:
 
 
 class PreemptionVictimSerializer(serializers.Serializer):
-    job = serializers.CharField(help_text="trainingjob-3, lifecyclejob-5 …")
+    job = serializers.CharField(
+        help_text="trainingjob-3, lifecyclejob-5 …; to a reader outside its project: "
+        "another project's work (R23)."
+    )
     deadline = serializers.DateTimeField(help_text="When its members get SIGKILL at the latest.")
 
 
 class PreemptionSerializer(serializers.Serializer):
-    by = serializers.CharField(help_text="The preemptor: trainingjob-7, replica-3-0 …")
+    by = serializers.CharField(
+        help_text="The preemptor: trainingjob-7, replica-3-0 …; to a reader outside its "
+        "project: another project's work (R23)."
+    )
     why = serializers.CharField()
     at = serializers.DateTimeField()
     deadline = serializers.DateTimeField(help_text="When its members get SIGKILL at the latest.")
@@ -253,7 +288,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
         return replica_not_ready(member)
 
 
-class RevisionSerializer(serializers.ModelSerializer):
+class RevisionSerializer(ShownToReader, serializers.ModelSerializer):
     """A revision and whether it is Ready: on a node Fleet every replica is (S1); a recorded
     revision while its node answers for serve (L2)."""
 
@@ -378,7 +413,7 @@ class PlaygroundSessionSerializer(WorkloadSerializer):
         return f"{host(ready[0].node.address)}:{ready[0].port}" if ready else None
 
 
-class EpisodeSerializer(serializers.ModelSerializer):
+class EpisodeSerializer(ShownToReader, serializers.ModelSerializer):
     """An episode (S5): its state, exit code, duration and where it ran."""
 
     environment = serializers.IntegerField(source="environment_id", read_only=True)

@@ -71,7 +71,9 @@ class EpisodesView(GenericAPIView):
     )
     def get(self, request, environment_id: int):
         page = self.paginate_queryset(_episodes(_environment(request, environment_id)))
-        return self.get_paginated_response(answers.EpisodeSerializer(page, many=True).data)
+        return self.get_paginated_response(
+            answers.EpisodeSerializer(page, many=True, context=seen_by(request)).data
+        )
 
     @extend_schema(
         summary="Start an episode (S5): on a node of the environment's Fleet answering for "
@@ -87,7 +89,10 @@ class EpisodesView(GenericAPIView):
             actor=Actor.of_user(request.user), environment=environment, **incoming.validated_data
         )
         shown = _episodes(environment).get(pk=episode.pk)
-        return Response(answers.EpisodeSerializer(shown).data, status=status.HTTP_201_CREATED)
+        return Response(
+            answers.EpisodeSerializer(shown, context=seen_by(request)).data,
+            status=status.HTTP_201_CREATED,
+        )
 
 
 def _episode(request, environment_id: int, number: int) -> Episode:
@@ -105,7 +110,11 @@ class EpisodeDetailView(GenericAPIView):
         responses={200: answers.EpisodeSerializer, **errors(401, 404)},
     )
     def get(self, request, environment_id: int, number: int):
-        return Response(answers.EpisodeSerializer(_episode(request, environment_id, number)).data)
+        return Response(
+            answers.EpisodeSerializer(
+                _episode(request, environment_id, number), context=seen_by(request)
+            ).data
+        )
 
 
 class EpisodeCancelView(GenericAPIView):
@@ -119,7 +128,11 @@ class EpisodeCancelView(GenericAPIView):
     def post(self, request, environment_id: int, number: int):
         episode = _episode(request, environment_id, number)
         episodes.episode_cancel(actor=Actor.of_user(request.user), episode=episode)
-        return Response(answers.EpisodeSerializer(_episode(request, environment_id, number)).data)
+        return Response(
+            answers.EpisodeSerializer(
+                _episode(request, environment_id, number), context=seen_by(request)
+            ).data
+        )
 
 
 class EpisodeLogsSerializer(answers.OutputSerializer):

@@ -56,6 +56,7 @@ from ..choices import (
     RevisionState,
 )
 from ..decide import NodeCapacity, Placement, Request, decide
+from ..disclosure import victims_shown, wait_shown
 from ..metrics import ALLOCATION_WAIT, ALLOCATOR_PASS, counted
 from ..models import (
     Attempt,
@@ -242,8 +243,10 @@ def allocate_preview(record) -> dict | None:
     """Q7: what the Fleet's next pass would do with ``record``, a job or a deployment just
     admitted in the caller's transaction (which the caller rolls back): the pass itself, run
     in a savepoint rolled back at once. Whether it would start and on which nodes, or why it
-    would wait and which running jobs it would preempt. Writes nothing; None off a node
-    Fleet."""
+    would wait and which running jobs it would preempt — another project's job as "another
+    project's work" (R23): a dry run answers for the project it is submitted to, to whoever
+    asks, administrators too (they read the names on the victims' records once it runs).
+    Writes nothing; None off a node Fleet."""
     if record.fleet.kind != FleetKind.NODE:
         return None
     with transaction.atomic():
@@ -256,16 +259,23 @@ def allocate_preview(record) -> dict | None:
             record.refresh_from_db(fields=["waiting"])
             members = Member.objects.filter(**{f"attempt__{Attempt.job_field(record)}": record})
             waits = [record.waiting] if record.waiting else []
+
+        def own(project) -> bool:
+            return project == record.project_id
+
         answer = {
             "starts": members.exists(),
             "nodes": sorted(set(members.values_list("node_id", flat=True))),
-            "waiting": waits[0] if waits else None,
-            "preempts": [
-                victim
-                for wait in waits
-                if wait["reason"] == "preempting"
-                for victim in wait["numbers"]["victims"]
-            ],
+            "waiting": wait_shown(waits[0], own) if waits else None,
+            "preempts": victims_shown(
+                [
+                    victim
+                    for wait in waits
+                    if wait["reason"] == "preempting"
+                    for victim in wait["numbers"]["victims"]
+                ],
+                own,
+            ),
         }
         transaction.set_rollback(True)
     return answer

@@ -37,6 +37,7 @@ from nodes.choices import CommandKind
 
 from ..choices import JOB_LIFECYCLE, RUN_LIVE, Cleanup, JobState, RunState
 from ..decide import NodeCapacity, Request
+from ..disclosure import guarantee_why, preempting_message
 from ..models import Attempt, Member
 from ..preemption import Running, plan
 from ..sharing import Book
@@ -92,12 +93,11 @@ def preempt(
 
 
 def _why(victim: Running, waiter: Request, item: Waiting) -> str:
+    """Why, as administrators read it; a member of the victim's project reads another
+    project's preemptor as another project's work (placement.disclosure, R23)."""
     project = item.owner.project.slug if hasattr(item.owner, "project") else waiter.project
     if victim.project != waiter.project:
-        return (
-            f"project {project} waits for cards within its guarantee; this job ran on "
-            "borrowed cards (rule Q5)"
-        )
+        return guarantee_why(f"project {project}")
     return (
         f"a job of its project with priority {waiter.priority} waits; this one has "
         f"priority {victim.priority} (rule Q5)"
@@ -141,6 +141,7 @@ def _stop(planned, items: dict[Request, Waiting], now: datetime) -> dict[tuple, 
             grace = min(grace, job.preemption_grace_seconds)
         job.preemption = {
             "by": named(waiter.key),
+            "by_project": waiter.project,  # whose: what a reader may be shown of it (R23)
             "why": _why(victim, waiter, items[waiter]),
             "at": now.isoformat(),
             "deadline": (now + timedelta(seconds=grace)).isoformat(),
@@ -149,7 +150,11 @@ def _stop(planned, items: dict[Request, Waiting], now: datetime) -> dict[tuple, 
         moved.setdefault(type(job), []).append((job, attempt.number))
         live = [m for m in members.get(attempt_id, []) if m.state in RUN_LIVE]
         by_grace.setdefault(grace, []).extend(live)
-        shown = {"job": f"{job._meta.model_name}-{job.pk}", "deadline": job.preemption["deadline"]}
+        shown = {
+            "job": f"{job._meta.model_name}-{job.pk}",
+            "deadline": job.preemption["deadline"],
+            "project": job.project_id,
+        }
         stopped.setdefault(waiter.key, []).append(shown)
     for model, done in moved.items():
         model.objects.bulk_update([job for job, _ in done], ["state", "reason", "preemption"])
@@ -199,9 +204,7 @@ def _preempting(wait: Wait, victims: list[dict]) -> Wait:
     last = max(victim["deadline"] for victim in victims)
     return Wait(
         "preempting",
-        f"preempting {len(victims)} job(s) for its cards: "
-        + ", ".join(victim["job"] for victim in victims)
-        + f"; stopped by {last} at the latest",
+        preempting_message([victim["job"] for victim in victims], last),
         {"victims": victims},
         wait.position_in_project,
         wait.position_in_fleet,
@@ -212,12 +215,16 @@ def _stopping(fleet: Fleet) -> dict[str, list[dict]]:
     """The Fleet's jobs being preempted, by their preemptor: a query a job kind."""
     stopping: dict[str, list[dict]] = {}
     for model in JOB_MODELS:
-        for pk, preemption in model.objects.filter(
+        for pk, project, preemption in model.objects.filter(
             fleet=fleet, state=JobState.PREEMPTING
-        ).values_list("pk", "preemption"):
+        ).values_list("pk", "project_id", "preemption"):
             if preemption:
                 stopping.setdefault(preemption["by"], []).append(
-                    {"job": f"{model._meta.model_name}-{pk}", "deadline": preemption["deadline"]}
+                    {
+                        "job": f"{model._meta.model_name}-{pk}",
+                        "deadline": preemption["deadline"],
+                        "project": project,
+                    }
                 )
     return stopping
 

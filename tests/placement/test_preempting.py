@@ -100,7 +100,11 @@ def test_Q5_Q6_Q7_Q8_work_within_its_guarantee_preempts_borrowed_work(
     owner_waits = fresh(owner).waiting
     assert owner_waits["reason"] == "preempting"
     assert owner_waits["numbers"]["victims"] == [
-        {"job": f"trainingjob-{victim.pk}", "deadline": victim.preemption["deadline"]}
+        {
+            "job": f"trainingjob-{victim.pk}",
+            "deadline": victim.preemption["deadline"],
+            "project": victim.project_id,  # whose, for what a reader is shown (R23)
+        }
     ]
 
     # A second pass while the victim stops preempts nothing more and places nothing.
@@ -255,7 +259,9 @@ def test_Q7_a_dry_run_answers_whom_it_would_preempt_writing_and_counting_nothing
     assert answer.status_code == 200, answer.content
     allocation = answer.json()["allocation"]
     assert allocation["starts"] is False and allocation["waiting"]["reason"] == "preempting"
-    assert [v["job"] for v in allocation["preempts"]] == [f"trainingjob-{victim.pk}"]
+    # ml's job, to cv's dry run: another project's work (R23).
+    assert [v["job"] for v in allocation["preempts"]] == ["another project's work"]
+    assert f"trainingjob-{victim.pk}" not in answer.content.decode()
     # Nothing written: the victim runs, no stop was sent, no event recorded, none counted.
     assert fresh(victim).state == "running" and not stops(members)
     assert (AuditEvent.objects.count(), NodeCommand.objects.count()) == (events, commands)
@@ -269,7 +275,7 @@ def test_Q7_the_preview_rolls_back_the_pass_it_ran_whoever_calls_it(shared, memb
     owner = submit(vision, "cv", "owner", cards=8)
     answer = allocate_preview(owner)
     assert answer["preempts"] == [
-        {"job": f"trainingjob-{victim.pk}", "deadline": answer["preempts"][0]["deadline"]}
+        {"job": "another project's work", "deadline": answer["preempts"][0]["deadline"]}
     ]
     assert fresh(victim).state == "running" and not stops(members)
     assert fresh(owner).waiting is None  # not even its own reason to wait was kept

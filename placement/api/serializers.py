@@ -13,6 +13,7 @@ from ..choices import (
     RevisionState,
     RunState,
 )
+from ..disclosure import preemption_shown, wait_shown
 from ..models import (
     Attempt,
     Dataset,
@@ -26,7 +27,6 @@ from ..models import (
     TrainingJob,
     Volume,
 )
-from ..disclosure import preemption_shown, wait_shown
 from ..selectors import delivery_of, projects_read_by, replica_not_ready, replica_ready
 from ..services.starts import host
 from ..waits import REASONS as WAIT_REASONS

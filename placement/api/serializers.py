@@ -405,8 +405,10 @@ class PlaygroundSessionSerializer(WorkloadSerializer):
 
     @extend_schema_field(WaitingSerializer(allow_null=True))
     def get_waiting(self, session) -> dict | None:
-        live = [m for m in session.members.all() if m.cleanup == Cleanup.PENDING]
-        return waiting_while(session, session.state == DeploymentState.LIVE and not live)
+        # As the pass reads it (waiting.SESSION_WAITS): live and never placed. Once it has a
+        # process it waits no more, also after that process has ended (Q8).
+        placed = bool(session.members.all())
+        return waiting_while(session, session.state == DeploymentState.LIVE and not placed)
 
     def get_address(self, session) -> str | None:
         ready = [m for m in session.members.all() if replica_ready(m)]

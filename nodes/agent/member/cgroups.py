@@ -11,8 +11,6 @@ import signal
 import time
 from pathlib import Path
 
-from . import devices as bpf_devices
-
 SIGTERM, SIGKILL = signal.SIGTERM, signal.SIGKILL
 CONTROLLERS_V1 = ("memory", "cpu")
 V2_CONTROLLERS = ("cpu", "memory", "pids")
@@ -77,12 +75,10 @@ def confine(
     cpus: float | None,
     memory_bytes: int | None,
     pids: int | None = None,
-    devices: list[str] | None = None,
 ) -> tuple[str, list[str]]:
-    """Make the member's cgroup with its limits: cpus, memory, the most processes it may
-    have, and (``devices``, the allow rules after all are denied) the device files it may
-    open. Returns the confinement it got (reported to the console) and the cgroup.procs
-    files the wrapper joins."""
+    """Make the member's cgroup with its limits: cpus, memory and the most processes it may
+    have. Returns the confinement it got (reported to the console) and the cgroup.procs
+    files the wrapper joins. A confined member's cgroup is the OCI runtime's instead."""
     version, paths = cgroup_paths(member_id)
     got = []
     if not version:
@@ -109,12 +105,6 @@ def confine(
                     got.append(f"pids {pids}")
                 else:
                     got.append("no pids limit (no pids controller)")
-            if devices is not None:
-                try:
-                    bpf_devices.attach(member, devices)
-                    got.append("devices: its cards only")
-                except OSError as error:
-                    got.append(f"devices not confined ({error.strerror or error})")
         else:
             memory, cpu = paths[:2]
             for path in paths:
@@ -127,21 +117,13 @@ def confine(
             if cpus:
                 _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
                 _write(cpu / "cpu.cfs_quota_us", str(int(cpus * CPU_PERIOD_US)))
-            counted, allowed = _controller(paths, "pids"), _controller(paths, "devices")
+            counted = _controller(paths, "pids")
             if pids:
                 if counted is None:
                     got.append("no pids limit (no pids controller)")
                 else:
                     _write(counted / "pids.max", str(pids))
                     got.append(f"pids {pids}")
-            if devices is not None:
-                if allowed is None:
-                    got.append("devices not confined (no devices controller)")
-                else:
-                    _write(allowed / "devices.deny", "a")
-                    for rule in devices:
-                        _write(allowed / "devices.allow", rule)
-                    got.append("devices: its cards only")
     except OSError as error:
         release(member_id)
         return f"none: {error.strerror or error} ({error.filename})", []

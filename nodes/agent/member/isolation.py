@@ -1,44 +1,15 @@
-"""The wall between members on one node (R11–R13): each member runs under an unprivileged uid
-of its own, taken from the agent's range (``--member-uids``, 61000–64999 by default, as
-systemd's DynamicUser or Slurm's job user do), with ``no_new_privs`` and no capabilities, in
-a PID namespace of its own (it sees only its own processes) with a private ``/tmp`` and
-``/dev/shm``; its cgroup allows only its own cards' device files (R12) and a number of
-processes, and it cannot leave it (the cgroup's files are root's). The agent's state dir,
-other members' logs and scratch, and the start payloads are root's, 0700/0600.
-
-What runs: the root wrapper (launch.WRAPPER) joins the member's cgroups, then ``unshare``
-makes the namespaces and runs INIT as their PID 1, as root still: it mounts the private
-``/tmp``, starts the member through ``setpriv`` as its uid and passes a stop's SIGTERM on
-(a namespace's PID 1 gets only the signals it handles).
+"""Whom a member runs as (R11, R20): an unprivileged uid of its own, taken from the agent's
+range (``--member-uids``, 61000–64999 by default, as systemd's DynamicUser or Slurm's job
+user do), never handed out while a member holds it uncleaned or a process runs as it. What
+confines it is the OCI runtime's (bundle.py, sandbox.py).
 """
 
 import os
 import re
-import shutil
 from pathlib import Path
 
-# "$1" is the member's uid; its argv follows; it runs in its scratch dir. A scratch dir under
-# /tmp (an agent whose state dir is there) is bound back at its path in the private /tmp, so
-# that the member names it by its path (TUNEPLANE_SCRATCH_DIR) as anywhere else.
-INIT = (
-    "uid=$1; shift; here=$(pwd -P); "
-    "mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp || exit 125; "
-    "mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm 2>/dev/null; "
-    'case "$here" in /tmp/*|/dev/shm/*) mkdir -p "$here" && '
-    'mount -c --bind /proc/self/cwd "$here" || exit 125;; esac; '
-    'setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs --inh-caps=-all '
-    '--bounding-set=-all -- "$@" & child=$!; '
-    "trap 'kill -TERM $child 2>/dev/null' TERM; "
-    'wait "$child"; code=$?; '
-    'while kill -0 "$child" 2>/dev/null; do wait "$child"; code=$?; done; exit "$code"'
-)
-UNSHARE = ["--pid", "--fork", "--mount", "--propagation", "private", "--mount-proc"]
 DEFAULT_UIDS = "61000-64999"
-# Device files every CUDA process needs beside its cards' (char major:minor): null, zero,
-# full, random, urandom, tty, ptmx, the ptys; nvidiactl and nvidia-modeset; nvidia-uvm's
-# and nvidia-caps' majors are read from /proc/devices.
-BASIC_DEVICES = ["c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm"]
-BASIC_DEVICES += ["c 5:0 rwm", "c 5:2 rwm", "c 136:* rwm", "c 195:255 rwm", "c 195:254 rwm"]
+# NVIDIA's character major: card N is /dev/nvidiaN, 195:N (bundle.card_devices).
 NVIDIA_MAJOR = 195
 
 
@@ -74,32 +45,9 @@ def uids_running() -> set[int]:
 
 
 def unavailable() -> str:
-    """Why members cannot be isolated here ("" when they can): the agent must be root, with
-    util-linux's unshare and setpriv."""
-    if os.geteuid() != 0:
-        return "the agent is not root"
-    missing = [tool for tool in ("unshare", "setpriv") if shutil.which(tool) is None]
-    return f"no {' or '.join(missing)} on this node" if missing else ""
-
-
-def wrap(argv: list[str], uid: int) -> list[str]:
-    """The member's argv, run as ``uid`` in namespaces of its own."""
-    return [shutil.which("unshare") or "unshare", *UNSHARE, "/bin/sh", "-c", INIT, "init"] + [
-        str(uid),
-        *argv,
-    ]
-
-
-def device_rules(card_indices) -> list[str]:
-    """The devices cgroup's allow list (after "a" is denied): the basic devices, NVIDIA's
-    control devices and exactly the member's cards (``/dev/nvidiaN`` is 195:N)."""
-    rules = list(BASIC_DEVICES)
-    for name in ("nvidia-uvm", "nvidia-caps"):
-        major = char_major(name)
-        if major is not None:
-            rules.append(f"c {major}:* rwm")
-    rules += [f"c {NVIDIA_MAJOR}:{index} rwm" for index in sorted(card_indices)]
-    return rules
+    """Why a container member cannot be given a uid of its own ("" when it can): the agent
+    must be root. A process member's wall is the OCI runtime's (sandbox.unavailable)."""
+    return "the agent is not root" if os.geteuid() != 0 else ""
 
 
 def char_major(name: str) -> int | None:

@@ -6,8 +6,12 @@ Offsets count the member's output from its first byte ever written, across cuts 
 cut file starts with CUT_NOTE and then its oldest kept byte, whose offset is in the file
 beside it (``<member>.offset``). A file never cut has no such file: its bytes are its
 offsets. The cut and the reads take one lock, so a read never sees a file rewritten but
-its offset not yet (the cut runs on the tick's thread, reads on the stream's)."""
+its offset not yet (the cut runs on the tick's thread, reads on the stream's) — nor in another
+process: a confined member's keeper (shim.py) cuts its log as it writes, and the lock is also
+an flock on the log file itself."""
 
+import contextlib
+import fcntl
 import os
 import threading
 import time
@@ -15,6 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _cutting = threading.Lock()
+
+
+@contextlib.contextmanager
+def _locked(handle, kind: int):
+    """The log file locked against a cut in another process (shared: a read; exclusive: a
+    cut), beside the thread lock held around it."""
+    fcntl.flock(handle.fileno(), kind)
+    try:
+        yield
+    finally:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
@@ -42,9 +57,9 @@ def read(path: Path, limit: int, offset: int | None = None) -> Read | None:
     the end when asked past it), or the last ``limit`` without one. Only what is returned is
     read: the file is seeked to it. None when the member has no log here."""
     with _cutting:
-        oldest, header = _kept_from(path)
         try:
-            with path.open("rb") as handle:
+            with path.open("rb") as handle, _locked(handle, fcntl.LOCK_SH):
+                oldest, header = _kept_from(path)
                 end = oldest + max(handle.seek(0, os.SEEK_END) - header, 0)
                 if offset is None:
                     start, truncated = max(oldest, end - limit), oldest > 0 and end - limit < oldest
@@ -87,20 +102,20 @@ def cut(path: Path, limit: int) -> bool:
     is appended (O_APPEND), so what it writes next lands after what is kept. Whether it cut."""
     with _cutting:
         try:
-            size = path.stat().st_size
-            if size <= limit:
-                return False
-            keep = max(limit // 2 - len(CUT_NOTE), 0)
-            oldest, header = _kept_from(path)
-            with path.open("r+b") as handle:
+            with path.open("r+b") as handle, _locked(handle, fcntl.LOCK_EX):
+                size = os.fstat(handle.fileno()).st_size
+                if size <= limit:
+                    return False
+                keep = max(limit // 2 - len(CUT_NOTE), 0)
+                oldest, header = _kept_from(path)
                 handle.seek(size - keep)
                 newest = handle.read(keep)
                 handle.seek(0)
                 handle.write(CUT_NOTE + newest)
                 handle.truncate()
-            written = _offset_file(path).with_suffix(".offset-new")
-            written.write_text(str(oldest + size - header - keep))
-            os.replace(written, _offset_file(path))
+                written = _offset_file(path).with_suffix(".offset-new")
+                written.write_text(str(oldest + size - header - keep))
+                os.replace(written, _offset_file(path))
             return True
         except OSError:
             return False

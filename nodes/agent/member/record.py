@@ -31,6 +31,8 @@ class Member:
     cleanup_wanted: bool = False
     # The runtime a member in a container runs under ("docker", "podman"); "": a process.
     container: str = ""
+    # The OCI runtime a confined process member runs under (R18: its absolute path); "": none.
+    sandbox: str = ""
     # The unprivileged uid it runs as (R11); None: the agent's own user.
     uid: int | None = None
     # Its log is cut to its newest part past this many bytes (R16); None: never.

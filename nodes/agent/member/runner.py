@@ -6,6 +6,7 @@ nothing. Every decision is member/policy.py's; this module observes and acts."""
 
 import logging
 import os
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -13,14 +14,16 @@ from pathlib import Path
 from .. import state
 from ..command import COMMAND_ID, process_start_time
 from ..wire import MemberSpec, Refused
-from . import cgroups, isolation, launch, logs, policy
+from . import bundle, cgroups, isolation, launch, logs, policy, sandbox
 from .drivers import ContainerDriver, ProcessDriver, driver_of
 from .record import FAILED, RUNNING, Member
 from .store import Store
 
 logger = logging.getLogger("tuneplane-node")
 
-SCRATCH_EVERY = 10.0  # seconds between measurements of a member's scratch dir
+SCRATCH_EVERY = 10.0
+# Where a confined member's script is, read-only, in its own /run.
+SCRIPT_AT = "/run/tuneplane/script.sh"  # seconds between measurements of a member's scratch dir
 
 
 class Runner:
@@ -52,6 +55,9 @@ class Runner:
         # not on every tick.
         self.scratch_every = SCRATCH_EVERY
         self.scratch_seen: dict[str, float] = {}
+        # Confined members' bundles and the OCI runtime's state (R18).
+        self.sandbox = sandbox.Paths(root)
+        self.seccomp = None  # containers-common's profile, read at the first confined start
 
     def cgroup(self, member_id: str) -> str:
         return f"{self.scope}/{member_id}"
@@ -99,7 +105,7 @@ class Runner:
             return member
         member.stop_at, member.grace = now, grace
         self.store.save(member)
-        cgroups.signal_member(self._leader(member), self.cgroup(member.command_id), cgroups.SIGTERM)
+        cgroups.signal_member(self._group(member), self.cgroup(member.command_id), cgroups.SIGTERM)
         driver_of(member).terminate(member, grace)
         return self._escalate(member, now)
 
@@ -120,6 +126,7 @@ class Runner:
         cgroups.kill_all(cgroup)
         if self.runtime():
             ContainerDriver(self.runtime()).remove(member_id)
+        sandbox.delete(self.sandbox, member_id)
         cgroups.release(cgroup)
         launch.remove_scratch(self.scratch / member_id)
 
@@ -137,7 +144,7 @@ class Runner:
             if member.cleanup_wanted and not member.cleaned:
                 self._clean(member, now)
             return member
-        if member.log_bytes:
+        if member.log_bytes and not member.sandbox:  # a confined member's keeper cuts its own
             logs.cut(self.logs / f"{member.command_id}.log", member.log_bytes)
         if member.restart_at is not None:
             return self._restart_due(member, now)
@@ -227,7 +234,7 @@ class Runner:
         step = policy.escalation(member.stop_at, member.grace, member.killed_at, member.reason, now)
         if step == "kill":
             cgroup = self.cgroup(member.command_id)
-            cgroups.signal_member(self._leader(member), cgroup, cgroups.SIGKILL)
+            cgroups.signal_member(self._group(member), cgroup, cgroups.SIGKILL)
             cgroups.kill_all(cgroup)
             driver_of(member).kill(member)
             member.killed_at = now
@@ -235,19 +242,27 @@ class Runner:
         elif step == "unkillable":
             member.reason = "unkillable"
             self.store.save(member)
+        elif member.killed_at is not None and member.sandbox:
+            # Killed while its runtime was still starting it: what started since dies too.
+            cgroups.kill_all(self.cgroup(member.command_id))
         return member
 
     def _clean(self, member: Member, now: float) -> None:
         """Whatever the member left is gone: its processes, cgroup and scratch dir (R7)."""
         cgroup = self.cgroup(member.command_id)
-        cgroups.signal_member(self._leader(member), cgroup, cgroups.SIGKILL)
+        cgroups.signal_member(self._group(member), cgroup, cgroups.SIGKILL)
         cgroups.kill_all(cgroup)  # R13: the whole cgroup, a fork racing the kill included
         gone = driver_of(member).remove(member.command_id)
+        if member.sandbox:
+            gone = sandbox.delete(self.sandbox, member.command_id) and gone
         cgroups.release(cgroup)
         launch.remove_scratch(self.scratch / member.command_id)
         for suffix in (".env", ".sh"):  # a container's env file and script
             self.store.path(member.command_id, suffix).unlink(missing_ok=True)
         member.cleaned = gone and not cgroups.live_pids(cgroup)
+        if member.cleaned and member.uid is not None:
+            # R20: its uid is handed out again only once nothing runs as it.
+            member.cleaned = member.uid not in isolation.uids_running()
         if not member.cleaned:
             # Something of it outlived SIGKILL: a minute on, it is unkillable (stuck in the
             # kernel); the node is cordoned for it and its cards stay held (DESIGN §7).
@@ -262,13 +277,22 @@ class Runner:
         scratch = self.scratch / member.command_id
         state.ensure_private_dir(scratch)
         in_container = bool(spec.image)
+        if self.uids is not None:
+            why_not = isolation.unavailable() if in_container else sandbox.unavailable()
+            if not why_not:
+                member.uid = member.uid or self._free_uid()
+                if member.uid is None:
+                    why = f"no free uid in {self.uids[0]}-{self.uids[1]}"
+                    return self._not_started(member, why)
+            elif os.geteuid() == 0:
+                # A root agent that was asked for a wall never runs a member without one.
+                return self._not_started(member, f"members cannot be confined: {why_not}")
+        else:
+            why_not = ""
+        if member.uid and not in_container:
+            return self._launch_sandboxed(member, spec, scratch, now)
         driver = ContainerDriver(self.runtime()) if in_container else ProcessDriver()
         member.container = driver.runtime
-        why_not = isolation.unavailable() if self.uids is not None else ""
-        if self.uids is not None and not why_not:
-            member.uid = member.uid or self._free_uid()
-            if member.uid is None:
-                return self._not_started(member, f"no free uid in {self.uids[0]}-{self.uids[1]}")
         # A container's script is written outside its (mounted) scratch dir (R14).
         script_at = self.store.path(member.command_id, ".sh") if in_container else None
         try:
@@ -292,33 +316,88 @@ class Runner:
         if in_container:
             env = launch.runtime_env()  # the runtime's CLI never runs with the member's env
         else:
-            env = launch.member_env(spec, scratch, self.storage_root, confined=bool(member.uid))
-            if member.uid:
-                argv = isolation.wrap(argv, member.uid)
-        process_confined = member.uid and not in_container
+            env = launch.member_env(spec, scratch, self.storage_root)
         confinement, procs = cgroups.confine(
             self.cgroup(member.command_id),
             *limits,
             pids=None if in_container else spec.pids,
-            devices=isolation.device_rules(spec.card_indices) if process_confined else None,
         )
         member.confinement = driver.confinement(confinement)
-        if process_confined:
-            member.confinement += f"; uid {member.uid}; own PID and mount namespaces"
-        elif member.uid:
+        if member.uid:
             member.confinement += f"; uid {member.uid}"
         elif why_not:
             member.confinement += f"; runs as the agent's user: {why_not}"
-        state.ensure_private_dir(self.logs)
         wrapper = ["/bin/sh", "-c", launch.WRAPPER, "sh"]
         exit_file = str(self.store.path(member.command_id, ".exit"))
+        self._spawn(member, [*wrapper, exit_file, " ".join(procs), *argv], scratch, env, now)
+
+    def _launch_sandboxed(self, member: Member, spec: MemberSpec, scratch: Path, now: float):
+        """R18: the member under the OCI runtime, from a bundle written here, started and
+        kept by its keeper (shim.py), whose output is the member's log (R21)."""
+        member_id = member.command_id
+        sandbox.delete(self.sandbox, member_id)  # a replica's last launch, a lost start's
+        self.sandbox.ensure()
+        box_dir = self.sandbox.bundle(member_id)
         try:
-            child = launch.spawn(
-                [*wrapper, exit_file, " ".join(procs), *argv],
-                self.logs / f"{member.command_id}.log",
-                cwd=scratch,
-                env=env,
-            )
+            self._hand_over(scratch, member.uid)
+            box_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            binds = list(self._binds(spec, scratch))
+            if spec.script:
+                # Written in the bundle (root's), never through the scratch dir it owns (R17).
+                launch.write_new(box_dir / "script.sh", spec.script)
+                binds.append(bundle.Bind(str(box_dir / "script.sh"), SCRIPT_AT, True))
+                argv = ["/bin/bash", SCRIPT_AT]
+            else:
+                argv = list(spec.argv)
+        except OSError as error:
+            return self._not_started(member, f"its scratch dir: {error.strerror or error}")
+        if self.seccomp is None:
+            self.seccomp = bundle.load_seccomp()
+        box = bundle.Sandbox(
+            uid=member.uid,
+            argv=tuple(argv),
+            env=launch.member_env(spec, scratch, self.storage_root, confined=True),
+            cwd=str(scratch),
+            hostname=member_id[:63],
+            cgroups_path="/tuneplane/" + self.cgroup(member_id),
+            cpus=spec.cpus,
+            memory_bytes=spec.memory_bytes,
+            pids=spec.pids,
+            devices=bundle.card_devices(
+                spec.card_indices, {"nvidia-uvm": isolation.char_major("nvidia-uvm")}
+            ),
+            binds=tuple(binds),
+            netns="host",
+            tmp_bytes=min(spec.scratch_bytes or bundle.TMP_BYTES, bundle.TMP_BYTES),
+            nofile=min(bundle.NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
+        )
+        bundle.write(box_dir, bundle.config(box, self.seccomp))
+        member.argv, member.sandbox = argv[:1], sandbox.runtime()
+        member.confinement = (
+            f"{Path(member.sandbox).name}: uid {member.uid}; pid, ipc, uts, mount, cgroup "
+            "namespaces; no capabilities; seccomp; read-only /usr and /etc; "
+            + ("its cards only" if spec.cards else "no cards")
+            + (f"; pids {spec.pids}" if spec.pids else "")
+        )
+        exit_file = self.store.path(member_id, ".exit")
+        log_file = self.logs / f"{member_id}.log"
+        argv = sandbox.keeper_argv(self.sandbox, member_id, exit_file, log_file, spec.log_bytes)
+        self._spawn(member, argv, box_dir, dict(sandbox.FIXED_ENV), now)
+
+    def _binds(self, spec: MemberSpec, scratch: Path):
+        """What of the node a confined member sees beside the runtime's root: its scratch dir,
+        and of the storage root only its own volumes (read-write) and datasets (read-only)."""
+        yield bundle.Bind(str(scratch), str(scratch))
+        if spec.delivery_mode == "shared-mount" and self.storage_root:
+            for key, relative in sorted(spec.delivery_env.items()):
+                path = str(Path(self.storage_root, str(relative)))
+                if Path(path).exists():
+                    yield bundle.Bind(path, path, key.startswith("TUNEPLANE_DATASET_"))
+
+    def _spawn(self, member: Member, argv: list[str], cwd: Path, env: dict, now: float) -> None:
+        state.ensure_private_dir(self.logs)
+        try:
+            child = launch.spawn(argv, self.logs / f"{member.command_id}.log", cwd=cwd, env=env)
         except OSError as error:
             logger.warning("member %s could not start: %s", member.command_id, error)
             member.state, member.exit_code, member.reason = FAILED, policy.VANISHED, "start_failed"
@@ -334,19 +413,22 @@ class Runner:
         return isolation.pick_uid(*self.uids, held | isolation.uids_running())
 
     def _hand_over(self, scratch: Path, uid: int) -> None:
-        """The member's scratch dir is its own (0700, its uid); the dirs above it may be
-        passed through, never listed or read (0711); the rest of the state dir stays root's.
-        Only the dir itself is handed over: what is in it is the member's already."""
+        """The member's scratch dir is its own (0700, its uid); the rest of the state dir stays
+        root's, 0700: the member sees its scratch dir only through the mount its runtime
+        makes. Only the dir itself is handed over: what is in it is the member's already."""
         os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
-        for above in (self.scratch, self.scratch.parent):
-            os.chmod(above, 0o711)
 
     def _not_started(self, member: Member, why: str) -> None:
         logger.warning("member %s not started: %s", member.command_id, why)
         member.state, member.exit_code, member.reason = FAILED, policy.VANISHED, "start_failed"
         member.detail = why[: policy.MAX_DETAIL]
         self.store.save(member)
+
+    def _group(self, member: Member) -> int | None:
+        """The process group a signal for the member goes to beside its cgroup: none for a
+        confined member, whose keeper stays to record how it ended."""
+        return None if member.sandbox else self._leader(member)
 
     def _leader(self, member: Member) -> int | None:
         """The member's process group, if its leader is still the process it started (a pid

@@ -1,0 +1,274 @@
+"""A confined member's bundle and keeper, decided without a runtime (R17, R18, R21): what the
+privileged side runs never depends on the member's env; the config says every part of the
+wall; the seccomp profile refuses what a process without capabilities must not do; the
+keeper's log never grows past its cap and one read."""
+
+import json
+import os
+import string
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nodes.agent.member import bundle, launch, logs, sandbox, shim
+from nodes.agent.member.record import Member
+from nodes.agent.member.runner import Runner
+from nodes.agent.member.store import Store
+
+PROFILE = {
+    "defaultAction": "SCMP_ACT_ERRNO",
+    "defaultErrnoRet": 38,
+    "archMap": [
+        {"architecture": "SCMP_ARCH_X86_64", "subArchitectures": ["SCMP_ARCH_X86"]},
+        {"architecture": "SCMP_ARCH_AARCH64", "subArchitectures": ["SCMP_ARCH_ARM"]},
+    ],
+    "syscalls": [
+        {
+            "names": ["read", "write", "unshare", "mount", "clone", "keyctl"],
+            "action": "SCMP_ACT_ALLOW",
+        },
+        {"names": ["arch_prctl"], "action": "SCMP_ACT_ALLOW", "includes": {"arches": ["amd64"]}},
+        {"names": ["s390_only"], "action": "SCMP_ACT_ALLOW", "includes": {"arches": ["s390x"]}},
+        {"names": ["not_on_amd64"], "action": "SCMP_ACT_ALLOW", "excludes": {"arches": ["amd64"]}},
+        {"names": ["bpf"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_ADMIN"]}},
+        {
+            "names": ["bpf"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": 1,
+            "excludes": {"caps": ["CAP_SYS_ADMIN"]},
+        },
+    ],
+}
+
+
+def sandbox_of(**changes) -> bundle.Sandbox:
+    base = {
+        "uid": 61234,
+        "argv": ("/bin/bash", "/run/tuneplane/script.sh"),
+        "env": {"HOME": "/scratch"},
+        "cwd": "/var/lib/tuneplane/members/m-1",
+        "hostname": "m-1",
+        "cgroups_path": "/tuneplane/node-1/m-1",
+    }
+    return bundle.Sandbox(**{**base, **changes})
+
+
+HOSTILE = ["PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "BASH_ENV", "ENV", "IFS", "PYTHONPATH"]
+HOSTILE += ["GCONV_PATH", "PYTHONHOME", "PYTHONSTARTUP", "LD_AUDIT", "SHELLOPTS", "PS4"]
+names = st.one_of(
+    st.sampled_from(HOSTILE), st.text(string.ascii_uppercase + "_", min_size=1, max_size=12)
+)
+values = st.text(min_size=0, max_size=40).filter(lambda value: "\x00" not in value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(env=st.dictionaries(names, values, max_size=8))
+def test_R17_the_members_env_reaches_its_own_process_only(env):
+    """A property over env names and values: the bundle differs only in the member's own
+    process env."""
+    quiet, hostile = sandbox_of(env={}), sandbox_of(env=env)
+    quiet_config, hostile_config = bundle.config(quiet, None), bundle.config(hostile, None)
+    assert hostile_config["process"]["env"] == [f"{k}={v}" for k, v in env.items()]
+    hostile_config["process"]["env"] = quiet_config["process"]["env"]
+    assert hostile_config == quiet_config
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(env=st.dictionaries(names, values, max_size=6))
+def test_R17_what_the_agent_runs_as_root_is_the_same_whatever_the_members_env(
+    env, tmp_path_factory, monkeypatch
+):
+    """A runner starting a confined member: the keeper it spawns as root gets the same argv,
+    environment and working dir, and the bundle the same files, whatever the member's env;
+    only the member's own process env in config.json differs."""
+    if os.geteuid() != 0:
+        pytest.fail("as root: a runner confines members only as root")
+    spawned = []
+    monkeypatch.setattr(
+        launch,
+        "spawn",
+        lambda argv, log, **kw: spawned.append((argv, kw)) or subprocess.Popen(["/bin/true"]),
+    )
+
+    def started(member_env):
+        root = tmp_path_factory.mktemp("state")
+        runner = Runner(Store(root), root, scope="prop", uids=(64990, 64999))
+        runner.start("m-1", {"cards": [], "script": "exit 0", "env": member_env})
+        argv, options = spawned.pop()
+        box = runner.sandbox.bundle("m-1")
+        config = json.loads((box / "config.json").read_text())
+        env_of_member = config["process"].pop("env")
+        files = sorted(str(p.relative_to(box)) for p in box.rglob("*"))
+        text = json.dumps([argv, options, config, files], default=str)
+        member_env = dict(item.split("=", 1) for item in env_of_member)
+        return text.replace(str(root), "ROOT"), {
+            key: value.replace(str(root), "ROOT") for key, value in member_env.items()
+        }
+
+    quiet, quiet_env = started({})
+    hostile, hostile_env = started(env)
+    assert hostile == quiet
+    agents = {"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
+    agents.add("TUNEPLANE_SCRATCH_DIR")
+
+    def agents_part(member_env):
+        return {k: v for k, v in member_env.items() if k not in env or k in agents}
+
+    assert agents_part(hostile_env) == agents_part(quiet_env)
+    assert all(hostile_env[k] == v for k, v in env.items() if k not in agents)
+
+
+def test_R17_every_program_the_privileged_side_runs_is_named_by_its_absolute_path():
+    paths = sandbox.Paths(Path("/var/lib/tuneplane"))
+    argv = sandbox.keeper_argv(paths, "m-1", Path("/e"), Path("/l"), 100)
+    assert Path(argv[0]).is_absolute() and Path(argv[4]).is_absolute()
+    assert all(Path(path).is_absolute() for path in sandbox.RUNTIMES)
+    assert bundle.config(sandbox_of(), None)["process"]["args"][0] == bundle.INIT == "/usr/bin/tini"
+
+
+def test_R18_the_config_holds_every_part_of_the_wall():
+    config = bundle.config(sandbox_of(pids=40, memory_bytes=1 << 30, cpus=1.5), {"x": 1})
+    process, linux = config["process"], config["linux"]
+    assert process["user"] == {"uid": 61234, "gid": 61234, "additionalGids": []}
+    assert process["noNewPrivileges"] is True and not process["terminal"]
+    assert all(caps == [] for caps in process["capabilities"].values())
+    assert len(process["capabilities"]) == 5
+    assert {ns["type"] for ns in linux["namespaces"]} == set(bundle.NAMESPACES)
+    assert bundle.NAMESPACES == ("pid", "ipc", "uts", "mount", "network", "cgroup")
+    assert config["root"] == {"path": "rootfs", "readonly": True}
+    assert linux["seccomp"] == {"x": 1}
+    assert "/proc/kcore" in linux["maskedPaths"] and "/proc/sys" in linux["readonlyPaths"]
+    assert linux["resources"]["pids"] == {"limit": 40}
+    assert linux["resources"]["memory"] == {"limit": 1 << 30, "swap": 1 << 30}
+    assert linux["resources"]["cpu"] == {"quota": 150_000, "period": 100_000}
+    assert linux["resources"]["devices"] == [{"allow": False, "access": "rwm"}]
+    mounts = {mount["destination"]: mount for mount in config["mounts"]}
+    for host in ("/usr", "/etc"):
+        assert mounts[host]["source"] == host and "ro" in mounts[host]["options"]
+    for private in ("/tmp", "/var/tmp", "/dev/shm", "/run"):
+        assert mounts[private]["type"] == "tmpfs", private
+        assert any(option.startswith("size=") for option in mounts[private]["options"])
+    assert mounts["/dev/mqueue"]["type"] == "mqueue" and mounts["/proc"]["type"] == "proc"
+    assert not [m for m in config["mounts"] if m["source"] in ("/", "/var", "/root", "/home")]
+
+
+def test_R18_a_network_namespace_of_its_own_or_the_one_its_network_was_wired_in():
+    def network(sandbox_):
+        namespaces = bundle.config(sandbox_, None)["linux"]["namespaces"]
+        return [ns for ns in namespaces if ns["type"] == "network"]
+
+    assert network(sandbox_of()) == [{"type": "network"}]
+    assert network(sandbox_of(netns="/run/netns/tp-1")) == [
+        {"type": "network", "path": "/run/netns/tp-1"}
+    ]
+    assert network(sandbox_of(netns="host")) == []
+
+
+def test_R12_R18_dev_holds_exactly_its_cards_and_none_without_cards():
+    assert bundle.card_devices(set(), {"nvidia-uvm": 511}) == ()
+    devices = bundle.card_devices({3, 1}, {"nvidia-uvm": 511})
+    paths = [device.path for device in devices]
+    assert paths[:2] == ["/dev/nvidia1", "/dev/nvidia3"]
+    assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= set(paths) and "/dev/nvidia0" not in paths
+    assert (devices[1].major, devices[1].minor) == (195, 3)
+    config = bundle.config(sandbox_of(devices=devices), None)
+    allowed = [rule for rule in config["linux"]["resources"]["devices"] if rule["allow"]]
+    assert {(rule["major"], rule["minor"]) for rule in allowed} == {
+        (device.major, device.minor) for device in devices
+    }
+    no_uvm = bundle.card_devices({0}, {"nvidia-uvm": None})
+    assert [device.path for device in no_uvm] == [
+        "/dev/nvidia0",
+        "/dev/nvidiactl",
+        "/dev/nvidia-modeset",
+    ]
+
+
+def test_R18_the_seccomp_profile_refuses_namespaces_mounts_and_keys_to_a_process_without_caps():
+    seccomp = bundle.seccomp_of(PROFILE, machine="x86_64")
+    assert seccomp["architectures"] == ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86"]
+    assert seccomp["defaultAction"] == "SCMP_ACT_ERRNO" and seccomp["defaultErrnoRet"] == 38
+    allowed = {
+        name
+        for rule in seccomp["syscalls"]
+        if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("args")
+        for name in rule["names"]
+    }
+    assert {"read", "write", "arch_prctl"} <= allowed
+    assert not {"unshare", "mount", "keyctl", "clone", "bpf", "s390_only", "not_on_amd64"} & allowed
+    refused = next(rule for rule in seccomp["syscalls"] if "unshare" in rule["names"])
+    assert refused["action"] == "SCMP_ACT_ERRNO" and refused["errnoRet"] == 1
+    assert {"setns", "mount", "keyctl", "add_key", "pivot_root"} <= set(refused["names"])
+    clone = next(rule for rule in seccomp["syscalls"] if rule["names"] == ["clone"])
+    assert clone["args"][0]["op"] == "SCMP_CMP_MASKED_EQ"
+    assert clone["args"][0]["value"] == 0x7E020000  # every CLONE_NEW* flag
+    bpf = [rule for rule in seccomp["syscalls"] if "bpf" in rule["names"]]
+    assert bpf == [{"names": ["bpf"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]
+    arm = bundle.seccomp_of(PROFILE, machine="aarch64")
+    assert arm["architectures"] == ["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"]
+    assert "arch_prctl" not in json.dumps(arm)
+
+
+def test_R18_the_bundle_is_roots_and_its_root_has_only_mount_points(tmp_path):
+    box = tmp_path / "bundles" / "m-1"
+    bundle.write(box, bundle.config(sandbox_of(env={"SECRET": "x"}), None))
+    assert box.stat().st_mode & 0o777 == 0o700
+    assert (box / "config.json").stat().st_mode & 0o777 == 0o600
+    assert json.loads((box / "config.json").read_text())["process"]["user"]["uid"] == 61234
+    rootfs = box / "rootfs"
+    assert (rootfs / "tmp").stat().st_mode & 0o7777 == 0o1777  # the tmpfs takes its mode
+    assert sorted(p.name for p in rootfs.iterdir() if not p.is_symlink()) == [
+        "dev",
+        "etc",
+        "proc",
+        "run",
+        "sys",
+        "tmp",
+        "usr",
+        "var",
+    ]
+
+
+def test_R21_the_keepers_log_never_holds_more_than_its_cap_and_one_read(tmp_path):
+    path, cap = tmp_path / "m.log", 10_000
+    log = shim.CappedLog(path, cap)
+    largest, written = 0, 0
+    for size in (1, 100, 9_000, shim.READ, 3 * shim.READ, 5, 70_000):
+        log.write(b"x" * (size - 1) + b"\n")
+        written += size
+        largest = max(largest, path.stat().st_size)
+    log.write(b"the end\n")
+    log.close()
+    assert largest <= cap + shim.READ
+    read = logs.read(path, 1 << 20, offset=0)
+    assert read.truncated and read.data.endswith(b"the end\n")
+    assert read.next_offset == written + len(b"the end\n")  # offsets count every byte
+    uncapped = tmp_path / "u.log"
+    log = shim.CappedLog(uncapped, 0)
+    log.write(b"y" * 50_000)
+    log.close()
+    assert uncapped.stat().st_size == 50_000
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_R18_the_keeper_reports_a_signal_as_128_plus_it_and_a_start_that_failed():
+    assert shim.status_code(7 << 8) == 7
+    assert shim.status_code(9) == 137
+    assert shim.START_FAILED == 125
+
+
+def test_R20_a_uid_is_handed_out_again_only_once_its_members_cleanup_is_confirmed(tmp_path):
+    first = 64980
+    store = Store(tmp_path)
+    runner = Runner(store, tmp_path, scope="r20", uids=(first, first + 1))
+    store.save(Member(command_id="m-old", uid=first, state="failed", cleaned=False))
+    assert runner._free_uid() == first + 1  # ended, not yet cleaned: still its
+    store.save(Member(command_id="m-other", uid=first + 1, state="running"))
+    assert runner._free_uid() is None  # the range is used up: a start then fails, named
+    store.save(Member(command_id="m-old", uid=first, state="failed", cleaned=True))
+    assert runner._free_uid() == first

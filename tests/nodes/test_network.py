@@ -340,8 +340,8 @@ def test_R19_a_gangs_mapped_port_is_reached_from_members_other_machines_and_the_
     """Rank 0 listens on MASTER_PORT, a ledger host port mapped to its own namespace: another
     member on this node reaches it at MASTER_ADDR 127.0.0.1 as reachable_address rewrites it
     and at the node's address; rank 0 reaches itself there too; another machine reaches it
-    at the node's address; the host's prober reaches it at the member's address; inside its
-    own namespace its loopback is up."""
+    at the node's address; the host reaches it at the member's address and at its own
+    127.0.0.1 and the ledger's port; inside its own namespace its loopback is up."""
     port = free_port()
     rank0 = members("gang.rank-0", ports=[port])
     rank1 = members("gang.rank-1")
@@ -353,6 +353,7 @@ def test_R19_a_gangs_mapped_port_is_reached_from_members_other_machines_and_the_
         assert ask(node_address(), port, netns_name(member)).startswith("rank0"), member
     assert ask(outside["node"], port, outside["netns"]).startswith("rank0")
     assert ask(rank0.address, port).startswith("rank0")
+    assert ask("127.0.0.1", port).startswith("rank0")  # the ledger's port, on the host too
     assert ask("127.0.0.1", port, netns_name(rank0)).startswith("rank0")  # its own loopback
 
 

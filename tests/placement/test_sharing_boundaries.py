@@ -8,7 +8,7 @@ import pytest
 
 from placement.decide import decide
 from placement.preemption import victims
-from placement.sharing import Book, QuotaRow
+from placement.sharing import Book, QuotaRow, brought_forward, time_constant
 from tests.placement.test_decide import NOW, fleet, node, request
 from tests.placement.test_preemption import MIN_RUNTIME, full, reclaim_book, running
 from tests.placement.test_preemption import NOW as RUNNING_NOW
@@ -54,3 +54,21 @@ def test_Q5_of_two_victims_differing_only_in_age_the_youngest_is_taken(first):
     taken = victims(waiter, pool, full("n", "m"), book, RUNNING_NOW, MIN_RUNTIME)
     assert taken == [young]
     assert young.started_at - old.started_at == timedelta(seconds=49_300)
+
+
+def test_Q1_a_pinned_request_counts_against_its_series_quota_else_its_any_card_one():
+    """A project with only an any-card quota: its H100 request counts against that quota
+    (and its limit), never against a quota of its own with no limit."""
+    any_card = Book(rows={(A, ""): QuotaRow(limit=4)})
+    assert any_card.key(A, "h100") == (A, "") and any_card.key(A, "") == (A, "")
+    pinned = Book(rows={(A, ""): QuotaRow(limit=4), (A, "h100"): QuotaRow(limit=8)})
+    assert pinned.key(A, "h100") == (A, "h100") and pinned.key(A, "a10") == (A, "")
+    queue = [request(1, cards=8, series="h100", project=A)]
+    assert decide(queue, fleet(node("n")), NOW, any_card) == []  # 8 past the limit of 4
+
+
+def test_Q3_use_grows_from_the_first_second_and_a_project_that_never_ran_has_no_share():
+    tau = time_constant(7 * 86400)
+    assert brought_forward(0.0, 8, 0.5, tau) > 0  # half a second of 8 cards counts
+    assert brought_forward(100.0, 8, 0, tau) == 100.0
+    assert Book(rows={(A, ""): QuotaRow()}).share((A, "")) == 0.0

@@ -128,3 +128,16 @@ def test_Q9_a_cordoned_node_listing_no_devices_is_never_said_to_fit(
     message = refused.json()["error"]["message"]
     assert refused.json()["error"]["reason"] == "inventory_fit"
     assert "would fit" not in message and node.id not in message and "RMA" not in message
+
+
+def test_Q3_a_pass_decides_by_the_configured_half_life_and_each_quotas_weight(
+    lab, project, admin_api, settings
+):
+    settings.TUNEPLANE_FAIR_SHARE_HALF_LIFE = 86400
+    admin_api.request("PUT", QUOTAS, {"quotas": [{"project": "ml", "weight": 3}]})
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    Usage.objects.create(fleet=lab, project=project, card_seconds=1000.0, as_of=start)
+    book = pass_book(lab, start + timedelta(days=1))
+    assert book.rows[(project.pk, "")].weight == 3
+    assert math.isclose(book.usage[project.pk], 500.0, rel_tol=1e-9)  # one half-life
+    assert math.isclose(book.tau, 86400 / math.log(2), rel_tol=1e-9)

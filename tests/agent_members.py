@@ -62,7 +62,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body.encode())
     def log_message(self, *args):
         pass
-server = http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H)
+server = http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), H)
 print("serving on", os.environ["PORT"], flush=True)
 server.serve_forever()
 """
@@ -83,20 +83,40 @@ def serve_payload(port: int, **env) -> dict:
 
 
 def listener(port: int) -> int | None:
-    """The pid, as this machine sees it, of the process listening on ``port``: a member
-    under a uid of its own (R11) knows only its PID namespace's."""
-    sockets = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
-                sockets.add(f"socket:[{fields[9]}]")
-    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+    """The pid, as this machine sees it, of the process listening on ``port``: in the node's
+    network namespace or in a confined member's own (R19, where its served port is mapped to
+    the same port), whose pid the member knows only in its PID namespace (R11)."""
+    sockets: dict[str, None] = {}
+    seen_tables: set[tuple[int, int]] = set()
+    pids = sorted(int(path.name) for path in Path("/proc").glob("[0-9]*"))
+    for pid in pids:
         try:
-            if sockets and os.readlink(fd) in sockets:
-                return int(fd.parts[2])
+            namespace = os.stat(f"/proc/{pid}/ns/net")
         except OSError:
             continue
+        if (namespace.st_dev, namespace.st_ino) in seen_tables:
+            continue
+        seen_tables.add((namespace.st_dev, namespace.st_ino))
+        for table in ("tcp", "tcp6"):
+            try:
+                lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    sockets[f"socket:[{fields[9]}]"] = None  # LISTEN
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in sockets:
+                    return pid
+            except OSError:
+                continue
     return None
 
 

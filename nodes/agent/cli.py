@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from cryptography import x509
 
 from . import __version__, enroll, inventory, state
-from .member import isolation
+from .member import isolation, network
 
 
 def _join(args) -> int:
@@ -96,10 +96,21 @@ def _serve(args) -> int:
         memory_budget_bytes=args.memory_budget_bytes,
         telemetry_file=args.telemetry_file,
         member_uids=isolation.uid_range(args.member_uids),
+        member_deny_cidrs=_deny_cidrs(args.member_deny_cidrs),
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: agent.stop())
     return agent.run()
+
+
+def _deny_cidrs(text: str | None) -> list[str]:
+    """R19: the networks no member reaches, checked at start (a malformed one stops it)."""
+    cidrs = [part.strip() for part in (text or "").split(",") if part.strip()]
+    try:
+        network.deny_networks(cidrs)
+    except ValueError as error:
+        raise SystemExit(f"--member-deny-cidrs: {error}") from None
+    return cidrs
 
 
 def _status(args) -> int:
@@ -157,6 +168,13 @@ def parser() -> argparse.ArgumentParser:
         help="Each member runs as a uid of its own from FIRST-LAST, in namespaces of its own "
         f"(R11; default {isolation.DEFAULT_UIDS}, TUNEPLANE_NODE_MEMBER_UIDS); 'none' runs "
         "members as the agent's own user.",
+    )
+    serve.add_argument(
+        "--member-deny-cidrs",
+        default=os.environ.get("TUNEPLANE_MEMBER_DENY_CIDRS", ""),
+        help="Networks no member may reach, comma-separated CIDRs (R19; "
+        "TUNEPLANE_MEMBER_DENY_CIDRS): the console's PostgreSQL and Redis networks, say. "
+        "Members never reach this node's own addresses or link-local ones in any case.",
     )
     _budget_options(serve)
     serve.set_defaults(run=_serve)

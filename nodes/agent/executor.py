@@ -52,6 +52,7 @@ class Executor:
         scope: str = "local",
         runtime=lambda: "",
         uids: tuple[int, int] | None = None,
+        deny_cidrs: list[str] | None = None,
     ):
         self.root = directory
         self.store = Store(directory)
@@ -65,6 +66,7 @@ class Executor:
             scope=scope,
             runtime=runtime,
             uids=uids,
+            deny_cidrs=deny_cidrs or [],
         )
         self.children: dict[str, subprocess.Popen] = {}  # run commands' processes
         self.scope, self.cgroup = scope, self.runner.cgroup

@@ -102,6 +102,7 @@ class Agent:
         memory_budget_bytes: int | None,
         telemetry_file: str | None = None,
         member_uids: tuple[int, int] | None = None,
+        member_deny_cidrs: list[str] | None = None,
     ):
         self.directory = directory
         self.target = target
@@ -121,6 +122,7 @@ class Agent:
             scope=(self.identity or {}).get("node_id", "local"),
             runtime=self.runtime,
             uids=member_uids,
+            deny_cidrs=member_deny_cidrs or [],
         )
         adopt_orphans(self.executor.runner)
         # What this stream has told the console of each command, to report only changes.

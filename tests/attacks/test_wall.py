@@ -325,3 +325,32 @@ def test_R18_what_a_member_is_confined_by_is_reported(node):
     )
     for said_ in ("uid", "no capabilities", "seccomp", "its cards only", "pids 30"):
         assert said_ in member.confinement, member.confinement
+
+
+def test_R21_a_scratch_and_tmp_flood_get_ENOSPC_and_the_node_holds_at_most_their_size(node):
+    """300 MB once went into a 50 MiB scratch before the agent noticed, and 150 MB into
+    /var/tmp uncounted: here each place is a filesystem of its size."""
+    limit = 32 << 20
+    flood = (
+        'for dir in "$TUNEPLANE_SCRATCH_DIR" /tmp /var/tmp /dev/shm; do\n'
+        '  head -c 104857600 /dev/zero > "$dir/flood" 2>/dev/null; echo "$dir: $?"\n'
+        '  echo "$dir holds $(du -k "$dir/flood" | cut -f1) KiB"\n'
+        "done\n"
+        'df -k "$TUNEPLANE_SCRATCH_DIR" /tmp | tail -n +2\n'
+    )
+    node.start("m-b", script=flood + "sleep 300", scratch_bytes=limit, memory_bytes=1 << 30)
+    deadline = time.monotonic() + 60
+    while "/dev/shm holds" not in node.output("m-b"):
+        assert time.monotonic() < deadline, node.output("m-b")
+        time.sleep(0.2)
+    output = node.output("m-b")
+    for place in ("/tmp", "/var/tmp", "/dev/shm"):
+        held = int(output.split(f"{place} holds ")[1].split()[0])
+        assert held * 1024 <= limit, output  # ENOSPC at its size, never 100 MB
+        assert f"{place}: 1" in output, output
+    image = node.directory / "scratch-images" / "m-b.img"
+    assert image.stat().st_blocks * 512 <= limit, image.stat()
+    member = looked_at(node.executor, "m-b")
+    assert member.state == "running" and "scratch 32 MiB ext4" in member.confinement
+    assert node.clean("m-b").cleaned
+    assert not image.exists() and not (node.executor.scratch / "m-b").exists()

@@ -3,7 +3,6 @@ wrapper that confines it and records how it ended — everything named by the me
 that a cleanup finds it even when the state file is gone (R7)."""
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -112,10 +111,6 @@ def env_file_text(env: dict) -> str:
     """``NAME=value`` lines for the runtime's ``--env-file``; a value with a line break
     cannot be carried there and is left out (logged by the caller)."""
     return "".join(f"{key}={value}\n" for key, value in env.items() if "\n" not in str(value))
-
-
-def remove_scratch(scratch: Path) -> None:
-    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def spawn(argv: list[str], log_path: Path, **options) -> subprocess.Popen:

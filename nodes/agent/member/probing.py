@@ -21,10 +21,11 @@ PROBE_TIMEOUT = 2.0
 TICK = 0.5
 
 
-def probe(port: int, path: str, timeout: float = PROBE_TIMEOUT) -> str:
-    """GET 127.0.0.1:port+path: "" when it answers 2xx or 3xx, else why not (a short,
-    stable text: the same failure twice is no change to report)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def probe(port: int, path: str, timeout: float = PROBE_TIMEOUT, host: str = "") -> str:
+    """GET host:port+path — a confined member's own address (R19: nothing but its process
+    can answer there), else 127.0.0.1 — "" when it answers 2xx or 3xx, else why not (a
+    short, stable text: the same failure twice is no change to report)."""
+    connection = http.client.HTTPConnection(host or "127.0.0.1", port, timeout=timeout)
     try:
         connection.request("GET", path, headers={"User-Agent": "tuneplane-node probe"})
         status = connection.getresponse().status
@@ -70,11 +71,15 @@ class Prober:
                 self.pending.add(member_id)
                 started = self.launches.get(member_id) == member.launched_at
                 self.due[member_id] = now + (self.interval if started else self.startup)
-            self.pool.submit(self._probe, member_id, member.serve, member.launched_at)
+            self.pool.submit(
+                self._probe, member_id, member.serve, member.launched_at, member.address
+            )
 
-    def _probe(self, member_id: str, serve: dict, launched_at: float | None) -> None:
+    def _probe(
+        self, member_id: str, serve: dict, launched_at: float | None, address: str = ""
+    ) -> None:
         try:
-            error = probe(serve["port"], serve["readiness_path"])
+            error = probe(serve["port"], serve["readiness_path"], host=address)
             with self.lock:
                 failures = 0 if not error else self.failures.get(member_id, 0) + 1
                 self.failures[member_id] = failures

@@ -31,6 +31,8 @@ class Member:
     cleanup_wanted: bool = False
     # The runtime a member in a container runs under ("docker", "podman"); "": a process.
     container: str = ""
+    # A confined member's own address, in its network namespace (R19): what probes ask.
+    address: str = ""
     # The OCI runtime a confined process member runs under (R18: its absolute path); "": none.
     sandbox: str = ""
     # The unprivileged uid it runs as (R11); None: the agent's own user.
@@ -40,6 +42,8 @@ class Member:
     # Past this size its scratch dir stops it (R16), and the limit it hit is why it ended.
     scratch_bytes: int | None = None
     limit_hit: str = ""
+    # What a confined member's scratch is ("scratch 50 MiB ext4", "a plain dir"), R21.
+    scratch_fs: str = ""
     # A replica's: its port and readiness path, the start it restarts from, whether its
     # probe passes, restarts so far, the probe's error or why it restarts, and when.
     serve: dict | None = None

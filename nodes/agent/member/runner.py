@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import state
 from ..command import COMMAND_ID, process_start_time
 from ..wire import MemberSpec, Refused
-from . import bundle, cgroups, isolation, launch, logs, policy, sandbox
+from . import bundle, cgroups, isolation, launch, logs, network, policy, sandbox, scratchfs
 from .drivers import ContainerDriver, ProcessDriver, driver_of
 from .record import FAILED, RUNNING, Member
 from .store import Store
@@ -24,6 +24,16 @@ logger = logging.getLogger("tuneplane-node")
 SCRATCH_EVERY = 10.0
 # Where a confined member's script is, read-only, in its own /run.
 SCRIPT_AT = "/run/tuneplane/script.sh"  # seconds between measurements of a member's scratch dir
+
+
+def served_ports(spec: MemberSpec) -> list[int]:
+    """The ports mapped from the node to a confined member (R19): a replica's, and a gang's
+    rendezvous port on its rank 0, which the other ranks dial."""
+    ports = [spec.serve.port] if spec.serve is not None else []
+    master = spec.rendezvous.get("MASTER_PORT")
+    if spec.rendezvous.get("RANK") == "0" and str(master).isdigit():
+        ports.append(int(master))
+    return ports
 
 
 class Runner:
@@ -37,12 +47,18 @@ class Runner:
         scope: str = "local",
         runtime=lambda: "",
         uids: tuple[int, int] | None = None,
+        deny_cidrs: list[str] | None = None,
     ):
         self.store = store
+        self.root = root
         # The uids members run as (R11); None: as the agent's own user.
         self.uids = uids
         self.logs = root / "logs"
         self.scratch = root / "members"
+        # The networks no confined member reaches beside the node's own (R19).
+        self.deny_cidrs = list(deny_cidrs or [])
+        # A confined member's scratch with a limit: an ext4 image of that size (R21).
+        self.images = root / "scratch-images"
         # The cards this node has now, as its inventory reports them ({index, uuid}).
         self.devices = devices
         self.storage_root = storage_root
@@ -128,7 +144,8 @@ class Runner:
             ContainerDriver(self.runtime()).remove(member_id)
         sandbox.delete(self.sandbox, member_id)
         cgroups.release(cgroup)
-        launch.remove_scratch(self.scratch / member_id)
+        self._remove_scratch(member_id)
+        self._detach(member_id)
 
     # The tick --------------------------------------------------------------------------------
 
@@ -219,6 +236,8 @@ class Runner:
         after its grace) and ends ``scratch_full``; measured every ``scratch_every`` s."""
         if not member.scratch_bytes or member.stop_at is not None or member.limit_hit:
             return
+        if scratchfs.mounted(self.scratch / member.command_id):
+            return  # its scratch is a filesystem of that size: full is ENOSPC to it (R21)
         if now - self.scratch_seen.get(member.command_id, 0.0) < self.scratch_every:
             return
         self.scratch_seen[member.command_id] = now
@@ -256,7 +275,9 @@ class Runner:
         if member.sandbox:
             gone = sandbox.delete(self.sandbox, member.command_id) and gone
         cgroups.release(cgroup)
-        launch.remove_scratch(self.scratch / member.command_id)
+        gone = self._remove_scratch(member.command_id) and gone
+        if member.sandbox:
+            gone = self._detach(member.command_id) and gone
         for suffix in (".env", ".sh"):  # a container's env file and script
             self.store.path(member.command_id, suffix).unlink(missing_ok=True)
         member.cleaned = gone and not cgroups.live_pids(cgroup)
@@ -278,7 +299,7 @@ class Runner:
         state.ensure_private_dir(scratch)
         in_container = bool(spec.image)
         if self.uids is not None:
-            why_not = isolation.unavailable() if in_container else sandbox.unavailable()
+            why_not = isolation.unavailable() if in_container else self._why_not_confined()
             if not why_not:
                 member.uid = member.uid or self._free_uid()
                 if member.uid is None:
@@ -339,7 +360,10 @@ class Runner:
         self.sandbox.ensure()
         box_dir = self.sandbox.bundle(member_id)
         try:
-            self._hand_over(scratch, member.uid)
+            if not member.restarts:  # a replica's restart keeps what its scratch holds
+                state.ensure_private_dir(self.images)
+                image = self.images / f"{member_id}.img"
+                member.scratch_fs = scratchfs.make(scratch, image, spec.scratch_bytes, member.uid)
             box_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             binds = list(self._binds(spec, scratch))
             if spec.script:
@@ -353,10 +377,24 @@ class Runner:
             return self._not_started(member, f"its scratch dir: {error.strerror or error}")
         if self.seccomp is None:
             self.seccomp = bundle.load_seccomp()
+        env = launch.member_env(spec, scratch, self.storage_root, confined=True)
+        try:
+            attached = network.attach(
+                member_id,
+                scope=self.scope,
+                ports=served_ports(spec),
+                state_dir=self.root,
+                deny_cidrs=self.deny_cidrs,
+            )
+        except (network.NetworkError, ValueError, OSError) as error:
+            return self._not_started(member, f"its network: {error}")
+        member.address = attached.address
+        if "MASTER_ADDR" in env:  # a gang's master on this node is reached at its mapping
+            env["MASTER_ADDR"] = network.reachable_address(env["MASTER_ADDR"], attached)
         box = bundle.Sandbox(
             uid=member.uid,
             argv=tuple(argv),
-            env=launch.member_env(spec, scratch, self.storage_root, confined=True),
+            env=env,
             cwd=str(scratch),
             hostname=member_id[:63],
             cgroups_path="/tuneplane/" + self.cgroup(member_id),
@@ -367,17 +405,19 @@ class Runner:
                 spec.card_indices, {"nvidia-uvm": isolation.char_major("nvidia-uvm")}
             ),
             binds=tuple(binds),
-            netns="host",
+            netns=attached.netns,
             tmp_bytes=min(spec.scratch_bytes or bundle.TMP_BYTES, bundle.TMP_BYTES),
             nofile=min(bundle.NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
         )
         bundle.write(box_dir, bundle.config(box, self.seccomp))
         member.argv, member.sandbox = argv[:1], sandbox.runtime()
         member.confinement = (
-            f"{Path(member.sandbox).name}: uid {member.uid}; pid, ipc, uts, mount, cgroup "
-            "namespaces; no capabilities; seccomp; read-only /usr and /etc; "
+            f"{Path(member.sandbox).name}: uid {member.uid}; pid, ipc, uts, mount, network, "
+            f"cgroup namespaces; address {attached.address}; no capabilities; seccomp; "
+            "read-only /usr and /etc; "
             + ("its cards only" if spec.cards else "no cards")
             + (f"; pids {spec.pids}" if spec.pids else "")
+            + f"; {member.scratch_fs}"
         )
         exit_file = self.store.path(member_id, ".exit")
         log_file = self.logs / f"{member_id}.log"
@@ -393,6 +433,24 @@ class Runner:
                 path = str(Path(self.storage_root, str(relative)))
                 if Path(path).exists():
                     yield bundle.Bind(path, path, key.startswith("TUNEPLANE_DATASET_"))
+
+    def _why_not_confined(self) -> str:
+        """Why a process member cannot be given its wall here: no runtime, or no network."""
+        return sandbox.unavailable() or network.unavailable()
+
+    def _detach(self, member_id: str) -> bool:
+        """Its network namespace, address and rules gone (R19): whether that worked."""
+        try:
+            network.detach(member_id, scope=self.scope, state_dir=self.root)
+        except (network.NetworkError, ValueError, OSError) as error:
+            logger.warning("member %s: its network: %s", member_id, error)
+            return False
+        return True
+
+    def _remove_scratch(self, member_id: str) -> bool:
+        """Its scratch dir gone, unmounted first where it is a filesystem of its own: whether
+        nothing of it is left."""
+        return scratchfs.remove(self.scratch / member_id, self.images / f"{member_id}.img")
 
     def _spawn(self, member: Member, argv: list[str], cwd: Path, env: dict, now: float) -> None:
         state.ensure_private_dir(self.logs)

@@ -141,3 +141,24 @@ def test_Q3_a_pass_decides_by_the_configured_half_life_and_each_quotas_weight(
     assert book.rows[(project.pk, "")].weight == 3
     assert math.isclose(book.usage[project.pk], 500.0, rel_tol=1e-9)  # one half-life
     assert math.isclose(book.tau, 86400 / math.log(2), rel_tol=1e-9)
+
+
+def test_Q3_use_grows_by_every_card_a_project_holds_under_each_of_its_quotas(
+    lab, project, member, admin_api
+):
+    """2 H100s under its h100 quota and 3 cards under its any-card quota: its use grows as
+    5 cards held since the last pass, decayed as it grows."""
+    quotas = [{"project": "ml", "series": "h100", "guaranteed": 2}, {"project": "ml"}]
+    admin_api.request("PUT", QUOTAS, {"quotas": quotas})
+    submit(member, "ml", "pinned", cards=2, series="h100")
+    submit(member, "ml", "any", cards=3)
+    assert allocate(fleet_id=lab.id)["allocated"] == 2
+    first = datetime(2026, 12, 1, tzinfo=UTC)
+    pass_book(lab, first)  # the next pass: its use counted from here, 0 so far
+    since = Usage.objects.get(fleet=lab, project=project)
+    assert (since.as_of, since.card_seconds) == (first, 0.0)
+    book = pass_book(lab, first + timedelta(days=1))
+    kept = math.exp(-86400 / book.tau)
+    expected = 5 * book.tau * (1 - kept)
+    assert math.isclose(book.usage[project.pk], expected, rel_tol=1e-9)
+    assert math.isclose(Usage.objects.get(pk=since.pk).card_seconds, expected, rel_tol=1e-9)

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from nodes.agent.member import bundle, launch, logs, sandbox, shim
 from nodes.agent.member.record import Member
-from nodes.agent.member.runner import Runner
+from nodes.agent.member.runner import Runner, served_ports
 from nodes.agent.member.store import Store
+from nodes.agent.wire import MemberSpec
 
 PROFILE = {
     "defaultAction": "SCMP_ACT_ERRNO",
@@ -157,7 +158,7 @@ def test_R18_the_config_holds_every_part_of_the_wall():
     assert not [m for m in config["mounts"] if m["source"] in ("/", "/var", "/root", "/home")]
 
 
-def test_R18_a_network_namespace_of_its_own_or_the_one_its_network_was_wired_in():
+def test_R18_R19_a_network_namespace_of_its_own_or_the_one_its_network_was_wired_in():
     def network(sandbox_):
         namespaces = bundle.config(sandbox_, None)["linux"]["namespaces"]
         return [ns for ns in namespaces if ns["type"] == "network"]
@@ -272,3 +273,15 @@ def test_R20_a_uid_is_handed_out_again_only_once_its_members_cleanup_is_confirme
     assert runner._free_uid() is None  # the range is used up: a start then fails, named
     store.save(Member(command_id="m-old", uid=first, state="failed", cleaned=True))
     assert runner._free_uid() == first
+
+
+def test_R19_the_ports_mapped_to_a_member_are_a_replicas_and_a_gang_masters_only():
+    def spec(**payload):
+        return MemberSpec.parse({"cards": [], "argv": ["x"], **payload})
+
+    assert served_ports(spec()) == []
+    assert served_ports(spec(serve={"port": 8295, "readiness_path": "/"})) == [8295]
+    master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0"}
+    assert served_ports(spec(rendezvous=master)) == [29500]
+    assert served_ports(spec(rendezvous={**master, "RANK": "1"})) == []  # ranks dial it
+    assert served_ports(spec(rendezvous={**master, "MASTER_PORT": "x"})) == []

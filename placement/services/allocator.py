@@ -78,6 +78,7 @@ from .waiting import (
     Waiting,
     WaitingEpisode,
     WaitingJob,
+    WaitingSession,
     member_kind,
     member_view,
     run_fields_load,
@@ -402,7 +403,8 @@ def _rendezvous(item: Waiting, placement: Placement, attempt, addresses):
 
 def _owners_start(items: list[Waiting], attempts) -> None:
     """Placed jobs and episodes move queued → starting (their lifecycles checked), one
-    statement a kind, each audited; a replica or a session has no move of its own here."""
+    statement a kind, each audited; a replica or a session has no move of its own here, and
+    a placed session's reason to wait is cleared."""
     for model in JOB_MODELS:
         jobs = [i.owner for i in items if isinstance(i, WaitingJob) and isinstance(i.owner, model)]
         for job in jobs:
@@ -425,6 +427,13 @@ def _owners_start(items: list[Waiting], attempts) -> None:
                 for job in jobs
             ],
         )
+    # A placed session no longer waits either (Q8): its reason is cleared as a job's is.
+    sessions = [
+        item.owner for item in items if isinstance(item, WaitingSession) and item.owner.waiting
+    ]
+    for session in sessions:
+        session.waiting = None
+    PlaygroundSession.objects.bulk_update(sessions, ["waiting"])
     episodes = [item.owner for item in items if isinstance(item, WaitingEpisode)]
     for episode in episodes:
         EPISODE_LIFECYCLE.check(episode.state, EpisodeState.STARTING, target=episode.pk)

@@ -38,6 +38,8 @@ def test_Q8_a_session_placed_no_longer_shows_its_reason_to_wait(lab, member, mem
     [process] = Member.objects.filter(session=session)
     placed = shown(member_api, session)
     assert placed["state"] == "live" and placed["waiting"] is None
+    session.refresh_from_db()
+    assert session.waiting is None  # the stored reason is cleared too, as a job's is
     assert [change["reason"] for change in placed["waiting_history"]] == ["priority"]  # kept
     report(process, ready=True)
     assert shown(member_api, session)["waiting"] is None

@@ -183,8 +183,8 @@ def serve(
 ) -> AgentProcess:
     """``tuneplane-node serve`` as a machine runs it: as root, each member confined to a
     uid of its own (R11), from a range no other agent of the run uses unless
-    ``member_uids`` names one ("none": members run as the agent's user). A file a member
-    writes for the test goes to the ``exchange`` fixture's dir, which any uid may pass."""
+    ``member_uids`` names one ("none": members run as the agent's user). A confined member
+    sees nothing of the node but its scratch dir (running.release hands it a file there)."""
     member_uids = member_uids or member_uids_of_its_own()
     return AgentProcess(
         subprocess.Popen(

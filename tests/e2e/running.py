@@ -5,11 +5,9 @@ whole suite by tests/conftest.py — with the API calls those tests share."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -228,11 +226,19 @@ def status_is(api, deployment_id, status):
     return body if body["status"] == status else None
 
 
-@pytest.fixture
-def exchange():
-    """A dir a member writes and the test reads (or the other way round): members run under
-    uids of their own (R11), which may not pass pytest's private tmp dirs."""
-    path = Path(tempfile.mkdtemp(prefix="tuneplane-e2e-", dir="/var/tmp"))
-    os.chmod(path, 0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def release(directory: Path, timeout: float = 20) -> None:
+    """Touch ``release`` in the scratch dir of the one member an agent (its state dir) runs:
+    the node's own path to what the member sees as $TUNEPLANE_SCRATCH_DIR. A confined member
+    sees nothing else of the node (R18), so a test hands it something there."""
+    members = Path(directory) / "members"
+    deadline = time.monotonic() + timeout
+    while not (found := [path for path in members.glob("*") if path.is_dir()]):
+        assert time.monotonic() < deadline, f"no member's scratch dir under {members}"
+        time.sleep(0.1)
+    (found,) = found
+    (found / "release").touch()
+    os.chown(found / "release", found.stat().st_uid, found.stat().st_gid)
+
+
+def output_of(api, job_id: int, rank: int = 0) -> str:
+    return api.get(f"/api/training-jobs/{job_id}/logs?rank={rank}").json()["output"]

@@ -19,23 +19,21 @@ from placement.models import CardHold, Member, TrainingJob
 from tests.conftest import H100_DEVICE_INVENTORY
 
 from .agents import serve, wait_until
-from .running import job_shown, state_is, submit
+from .running import job_shown, output_of, release, state_is, submit
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 def test_R4_R7_a_job_runs_with_exactly_its_cards_succeeds_and_holds_them_until_cleanup(
-    running_node, member_api, exchange
+    running_node, member_api
 ):
     node, _, directory, _, _ = running_node
-    out = exchange / "env.json"
     job = submit(
         member_api,
         command=[
             "python3",
             "-c",
-            "import json, os, sys, time; "
-            f"json.dump(dict(os.environ), open({str(out)!r}, 'w')); time.sleep(1)",
+            "import json, os, sys, time; print(json.dumps(dict(os.environ))); time.sleep(1)",
         ],
         env={"LEARNING_RATE": "3e-4"},
     )
@@ -51,7 +49,7 @@ def test_R4_R7_a_job_runs_with_exactly_its_cards_succeeds_and_holds_them_until_c
     attempt = done["attempts"][0]
     assert (attempt["number"], attempt["state"]) == (1, "succeeded")
     # R4: exactly its cards, in PCI bus order by index and by UUID, and the job's env.
-    env = json.loads(out.read_text())
+    env = json.loads(output_of(member_api, job["id"]))
     indices = [card["index"] for card in member["cards"]]
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, sorted(indices)))
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
@@ -76,34 +74,32 @@ def test_R10_a_failing_job_fails_with_its_exit_code_and_is_not_retried(running_n
     assert failed["reason"] == "exit" and len(failed["attempts"]) == 1  # R9: no retry on exit
 
 
-def test_R10_cancel_stops_a_running_job_and_it_ends_cancelled(running_node, member_api, exchange):
-    marker = exchange / "term"
+def test_R10_cancel_stops_a_running_job_and_it_ends_cancelled(running_node, member_api):
     job = submit(
         member_api,
-        script=f"trap 'echo term > {marker}; exit 143' TERM; while true; do sleep 0.1; done",
+        script="trap 'echo term; exit 143' TERM; while true; do sleep 0.1; done",
     )
     wait_until(lambda: state_is(member_api, job["id"], "running"), what="the job running")
     response = member_api.post(f"/api/training-jobs/{job['id']}/cancel")
     assert response.status_code == 200, response.content
     done = wait_until(lambda: state_is(member_api, job["id"], "cancelled"), what="cancelled")
-    assert marker.read_text().strip() == "term"  # SIGTERM reached the process group
+    assert output_of(member_api, job["id"]).strip() == "term"  # SIGTERM reached it
     assert done["attempts"][0]["state"] == "cancelled"
     wait_until(lambda: not CardHold.objects.exists(), what="cards released after cleanup")
 
 
 def test_R6_a_killed_agent_takes_no_work_with_it_and_the_exit_is_recorded_once(
-    running_node, member_api, tmp_path, exchange
+    running_node, member_api, tmp_path
 ):
-    node, env, _, target, agent = running_node
-    release = exchange / "release"
+    node, env, directory, target, agent = running_node
     job = submit(
         member_api,
-        script=f"while [ ! -e {release} ]; do sleep 0.1; done; exit 0",
+        script='while [ ! -e "$TUNEPLANE_SCRATCH_DIR/release" ]; do sleep 0.1; done; exit 0',
     )
     wait_until(lambda: state_is(member_api, job["id"], "running"), what="the job running")
     agent.send_signal(signal.SIGKILL)
     agent.wait(10)
-    release.touch()  # it finishes while no agent watches
+    release(directory)  # it finishes while no agent watches
     assert TrainingJob.objects.get(pk=job["id"]).state == "running"
     again = serve(env, target, tmp_path, inventory=H100_DEVICE_INVENTORY)
     try:

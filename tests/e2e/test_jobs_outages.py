@@ -17,7 +17,7 @@ from tests.conftest import H100_DEVICE_INVENTORY
 
 from .agents import lay_out_a_joined_node, running_gateway, serve, start_gateway, wait_until
 from .console import free_port
-from .running import FAST, job_shown, state_is, submit, worker
+from .running import FAST, job_shown, output_of, release, state_is, submit, worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -29,22 +29,22 @@ def connected(node) -> bool:
 
 
 def test_R6_a_gateway_killed_mid_job_changes_nothing_and_the_exit_is_recorded_once(
-    require_redis, tmp_path, console_pki, node_fleet, mint, member_api, exchange
+    require_redis, tmp_path, console_pki, node_fleet, mint, member_api
 ):
-    node, env, _ = lay_out_a_joined_node(node_fleet, mint, tmp_path)
+    node, env, directory = lay_out_a_joined_node(node_fleet, mint, tmp_path)
     port = free_port()
-    release = exchange / "release"
     settings = {"REDIS_URL": require_redis, **FAST}
     with worker(tmp_path, require_redis):
         gateway, _ = start_gateway(tmp_path, console_pki, port, **settings)
         agent = serve(env, f"127.0.0.1:{port}", tmp_path, inventory=H100_DEVICE_INVENTORY)
         try:
             wait_until(lambda: connected(node), what="the node connected")
-            job = submit(member_api, script=f"while [ ! -e {release} ]; do sleep 0.1; done")
+            wait = 'while [ ! -e "$TUNEPLANE_SCRATCH_DIR/release" ]; do sleep 0.1; done'
+            job = submit(member_api, script=wait)
             wait_until(lambda: state_is(member_api, job["id"], "running"), what="running")
             gateway.send_signal(signal.SIGKILL)
             gateway.wait(10)
-            release.touch()  # it finishes while no gateway listens
+            release(directory)  # it finishes while no gateway listens
             assert job_shown(member_api, job["id"])["state"] == "running"  # L5: nothing assumed
             gateway, _ = start_gateway(tmp_path, console_pki, port, **settings)
             done = wait_until(
@@ -121,22 +121,47 @@ def two_agents(require_redis, tmp_path, console_pki, node_fleet, mint):
                     agent_cgroups.release(f"{node.id}/{member_id}")
 
 
-def test_R3_R4_a_gang_runs_on_two_real_agents_with_its_rendezvous_env(
-    two_agents, member_api, exchange
+GANG = """
+import json, os, socket, time
+env = dict(os.environ)
+if env["RANK"] == "0":
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", int(env["MASTER_PORT"])))
+    server.listen(1)
+    server.settimeout(40)
+    peer, _ = server.accept()
+    env["GOT"] = peer.recv(64).decode()
+else:
+    for _ in range(400):
+        try:
+            peer = socket.create_connection((env["MASTER_ADDR"], int(env["MASTER_PORT"])), 2)
+            break
+        except OSError:
+            time.sleep(0.1)
+    peer.sendall(b"hello from rank 1")
+    peer.close()
+print(json.dumps(env))
+"""
+
+
+def test_R3_R4_R19_a_gang_runs_on_two_real_agents_and_its_ranks_meet_at_the_master(
+    two_agents, member_api
 ):
-    script = (
-        f"python3 -c 'import json, os; json.dump(dict(os.environ), "
-        f'open("{exchange}/rank-" + os.environ["RANK"], "w"))\''
-    )
-    job = submit(member_api, cards=8, nodes=2, script=script)
-    done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), 40, what="success")
+    """Rank 0 listens on MASTER_PORT in its own network namespace; rank 1, on the other
+    agent, dials MASTER_ADDR:MASTER_PORT through the node's mapping (R19) and says hello."""
+    job = submit(member_api, cards=8, nodes=2, command=["python3", "-c", GANG])
+    done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), 60, what="success")
     members = done["attempts"][0]["members"]
     assert {m["node"] for m in members} == {node.id for node in two_agents[0]}
-    envs = [json.loads((exchange / f"rank-{rank}").read_text()) for rank in (0, 1)]
+    envs = [json.loads(output_of(member_api, job["id"], rank)) for rank in (0, 1)]
     master = Node.objects.get(pk=members[0]["node"]).address.split(":")[0]
+    assert envs[0]["GOT"] == "hello from rank 1"
     for rank, env in enumerate(envs):
         assert (env["RANK"], env["NODE_RANK"], env["WORLD_SIZE"]) == (str(rank), str(rank), "16")
-        assert (env["MASTER_ADDR"], env["LOCAL_WORLD_SIZE"]) == (master, "8")
+        assert env["LOCAL_WORLD_SIZE"] == "8"
+        # The master's node address; a loopback one is where the mapping answers a member.
+        assert env["MASTER_ADDR"] == master or master.startswith("127."), (env, master)
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
 
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodes.agent.member import bundle, launch, logs, sandbox, shim
+from nodes.agent.member import bundle, containers, launch, logs, sandbox, shim
 from nodes.agent.member.record import Member
 from nodes.agent.member.runner import Runner, served_ports
 from nodes.agent.member.store import Store
@@ -285,3 +285,39 @@ def test_R19_the_ports_mapped_to_a_member_are_a_replicas_and_a_gang_masters_only
     assert served_ports(spec(rendezvous=master)) == [29500]
     assert served_ports(spec(rendezvous={**master, "RANK": "1"})) == []  # ranks dial it
     assert served_ports(spec(rendezvous={**master, "MASTER_PORT": "x"})) == []
+
+
+def test_R14_R17_a_containers_run_argv_drops_every_capability_and_carries_no_env(tmp_path):
+    """Issue 47's R14 break (``--cap-drop ALL`` dropped) in process: the runtime's argv holds
+    the wall's flags, its env only through the env file, whatever the member's env says."""
+    spec = MemberSpec.parse(
+        {
+            "cards": [],
+            "image": "busybox",
+            "argv": ["sh"],
+            "env": {"PATH": "/evil", "LD_PRELOAD": "/evil.so", "SECRET": "s3cr3t"},
+            "pids": 40,
+            "delivery": {
+                "mode": "shared-mount",
+                "env": {"TUNEPLANE_DATASET_X": "ds/x", "TUNEPLANE_VOLUME_Y": "vol/y"},
+            },
+        }
+    )
+    argv = containers.run_argv(
+        "docker",
+        member_id="m-1",
+        scope="node-1",
+        spec=spec,
+        env_file=tmp_path / "m-1.env",
+        scratch=tmp_path / "scratch",
+        storage_root="/srv/tp",
+        uid=61001,
+    )
+    joined = " ".join(argv)
+    for flag in ("--cap-drop ALL", "--security-opt no-new-privileges", "--pids-limit 40"):
+        assert flag in joined, argv
+    assert "--user 61001:61001" in joined and f"--env-file {tmp_path / 'm-1.env'}" in joined
+    assert "/srv/tp/ds/x:/srv/tp/ds/x:ro" in argv and "/srv/tp/vol/y:/srv/tp/vol/y" in argv
+    assert "-v" in argv and "/srv/tp:/srv/tp" not in argv  # never the whole storage root
+    assert not [part for part in argv if "s3cr3t" in part or "/evil" in part]
+    assert launch.runtime_env()["PATH"] == launch.SYSTEM_PATH

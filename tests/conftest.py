@@ -412,6 +412,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.nodb)
 
 
+def pytest_sessionfinish(session):
+    """What agents this run started left wired when a test stopped them with members still
+    running (R19): their members' network namespaces, addresses and rules taken down, as an
+    agent's cleanup would have. Only this process's own temporary dirs are looked in."""
+    from nodes.agent.member import network
+
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or os.geteuid() != 0:
+        return
+    base = factory.getbasetemp()
+    for cache in base.rglob(f"{network.CACHE_DIR}/*.json"):
+        state_dir = cache.parent.parent
+        for member_id, scope in network.attached_members(state_dir):
+            with contextlib.suppress(Exception):
+                network.detach(member_id, scope=scope, state_dir=state_dir)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Modules past tests/test_layout.py's FLAG_LINES, named for a look (never a failure)."""
     from tests.test_layout import FLAG_LINES, long_modules

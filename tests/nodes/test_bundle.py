@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodes.agent.member import bundle, containers, launch, logs, sandbox, shim
+from nodes.agent.member import bundle, containers, launch, logs, network, sandbox, shim
 from nodes.agent.member.record import Member
 from nodes.agent.member.runner import Runner, served_ports
 from nodes.agent.member.store import Store
@@ -90,6 +90,10 @@ def test_R17_what_the_agent_runs_as_root_is_the_same_whatever_the_members_env(
     if os.geteuid() != 0:
         pytest.fail("as root: a runner confines members only as root")
     spawned = []
+    # Its network is network.py's, tested on its own (tests/nodes/test_network.py): here the
+    # namespace it would join, as attach() returns it.
+    wired = network.Attached(netns="/run/netns/tp-prop", address="10.213.9.9", gateway="10.213.9.1")
+    monkeypatch.setattr(network, "attach", lambda *args, **kwargs: wired)
     monkeypatch.setattr(
         launch,
         "spawn",

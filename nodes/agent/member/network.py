@@ -301,6 +301,19 @@ def _machine_lock():
         yield
 
 
+def attached_members(state_dir: Path) -> list[tuple[str, str]]:
+    """The (member id, scope) of every network an agent's state dir says it wired and has not
+    taken down: what a sweep of what an agent left behind detaches."""
+    found = []
+    for path in sorted((Path(state_dir) / CACHE_DIR).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            found.append((record["member_id"], record["scope"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
 def _cache_path(state_dir: Path, member_id: str, scope: str) -> Path:
     return Path(state_dir) / CACHE_DIR / f"{names(member_id, scope).container_id}.json"
 
@@ -372,6 +385,8 @@ def attach(
             scope,
             {
                 "container_id": name.container_id,
+                "member_id": member_id,
+                "scope": scope,
                 "netns": name.netns,
                 "ports": sorted(set(ports)),
                 "result": result,

@@ -26,15 +26,10 @@ NOT_IN_PROCESS: dict[str, str] = {
 }
 
 
-# Rules whose citing tests are all marked e2e, held in process by none while the agent's
-# isolation is rebuilt on an OCI runtime (issue 46): the wall's tests there are real agents.
+# Rules whose citing tests are all marked e2e, held in process by none, and why (none now:
+# the wall's rules are held by the bundle's tests as well as by the attacks on a real agent).
 # A rule leaves once an in-process test cites it (the last test here says so).
-E2E_ONLY_ALLOWED: dict[str, str] = {
-    "R11": "cited only by e2e tests (a real agent's members, as root) while the agent's "
-    "isolation moves to an OCI runtime (issue 46); the bundle's tests will hold it",
-    "R13": "cited only by e2e tests (a real cgroup and a fork loop) while the agent's "
-    "isolation moves to an OCI runtime (issue 46)",
-}
+E2E_ONLY_ALLOWED: dict[str, str] = {}
 
 
 def rules_of_design() -> list[str]:

@@ -36,7 +36,7 @@ def test_a_deployment_serves_rolls_out_and_stops_and_an_episode_runs_against_mak
                 "fleet": "gpu-lab",
                 "cards": 1,
                 "port": first,
-                "command": ["python3", "-m", "http.server", str(first), "--bind", "127.0.0.1"],
+                "command": ["python3", "-m", "http.server", str(first), "--bind", "0.0.0.0"],
                 "readiness_path": "/",
             },
         )
@@ -58,7 +58,7 @@ def test_a_deployment_serves_rolls_out_and_stops_and_an_episode_runs_against_mak
             token,
             {
                 "port": second,
-                "command": ["python3", "-m", "http.server", str(second), "--bind", "127.0.0.1"],
+                "command": ["python3", "-m", "http.server", str(second), "--bind", "0.0.0.0"],
             },
         )
         assert status == 201, body

@@ -136,7 +136,9 @@ def test_R17_every_program_the_privileged_side_runs_is_named_by_its_absolute_pat
     assert bundle.config(sandbox_of(), None)["process"]["args"][0] == bundle.INIT == "/usr/bin/tini"
 
 
-def test_R18_the_config_holds_every_part_of_the_wall():
+def test_R11_R13_R18_the_config_holds_every_part_of_the_wall():
+    """R11: its own uid and gid, no other group, no new privileges; R13: its cgroup's files
+    read-only in a cgroup namespace of its own, so it cannot leave its cgroup; R18: the rest."""
     config = bundle.config(sandbox_of(pids=40, memory_bytes=1 << 30, cpus=1.5), {"x": 1})
     process, linux = config["process"], config["linux"]
     assert process["user"] == {"uid": 61234, "gid": 61234, "additionalGids": []}
@@ -159,6 +161,7 @@ def test_R18_the_config_holds_every_part_of_the_wall():
         assert mounts[private]["type"] == "tmpfs", private
         assert any(option.startswith("size=") for option in mounts[private]["options"])
     assert mounts["/dev/mqueue"]["type"] == "mqueue" and mounts["/proc"]["type"] == "proc"
+    assert "ro" in mounts["/sys/fs/cgroup"]["options"] and "ro" in mounts["/sys"]["options"]
     assert not [m for m in config["mounts"] if m["source"] in ("/", "/var", "/root", "/home")]
 
 

@@ -413,10 +413,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session):
-    """What agents this run started left wired when a test stopped them with members still
-    running (R19): their members' network namespaces, addresses and rules taken down, as an
-    agent's cleanup would have. Only this process's own temporary dirs are looked in."""
-    from nodes.agent.member import network
+    """What agents this run started left when a test stopped them with members still running
+    (R19, R21): their members' network namespaces, addresses and rules taken down and their
+    scratch filesystems unmounted, as an agent's cleanup would have. Only this process's own
+    temporary dirs are looked in."""
+    from nodes.agent.member import network, scratchfs
 
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None or os.geteuid() != 0:
@@ -427,6 +428,10 @@ def pytest_sessionfinish(session):
         for member_id, scope in network.attached_members(state_dir):
             with contextlib.suppress(Exception):
                 network.detach(member_id, scope=scope, state_dir=state_dir)
+    for image in base.rglob("scratch-images/*.img"):
+        state_dir = image.parent.parent
+        with contextlib.suppress(Exception):
+            scratchfs.remove(state_dir / "members" / image.stem, image)
 
 
 def pytest_terminal_summary(terminalreporter):

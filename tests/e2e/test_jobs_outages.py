@@ -151,7 +151,12 @@ def test_R3_R4_R19_a_gang_runs_on_two_real_agents_and_its_ranks_meet_at_the_mast
     """Rank 0 listens on MASTER_PORT in its own network namespace; rank 1, on the other
     agent, dials MASTER_ADDR:MASTER_PORT through the node's mapping (R19) and says hello."""
     job = submit(member_api, cards=8, nodes=2, command=["python3", "-c", GANG])
-    done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), 60, what="success")
+    try:
+        done = wait_until(lambda: state_is(member_api, job["id"], "succeeded"), 60, what="success")
+    except AssertionError:
+        shown = job_shown(member_api, job["id"])
+        ranks = [output_of(member_api, job["id"], rank) for rank in (0, 1)]
+        raise AssertionError((shown["state"], shown["attempts"], ranks)) from None
     members = done["attempts"][0]["members"]
     assert {m["node"] for m in members} == {node.id for node in two_agents[0]}
     envs = [json.loads(output_of(member_api, job["id"], rank)) for rank in (0, 1)]

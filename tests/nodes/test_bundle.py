@@ -292,6 +292,9 @@ def test_R19_the_ports_mapped_to_a_member_are_a_replicas_and_a_gang_masters_only
     assert served_ports(spec(rendezvous=master)) == [29500]
     assert served_ports(spec(rendezvous={**master, "RANK": "1"})) == []  # ranks dial it
     assert served_ports(spec(rendezvous={**master, "MASTER_PORT": "x"})) == []
+    # As the console sends them: numbers.
+    assert served_ports(spec(rendezvous={**master, "MASTER_PORT": 29500, "RANK": 0})) == [29500]
+    assert served_ports(spec(rendezvous={**master, "MASTER_PORT": 29500, "RANK": 1})) == []
 
 
 def test_R14_R17_a_containers_run_argv_drops_every_capability_and_carries_no_env(tmp_path):

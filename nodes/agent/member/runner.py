@@ -30,8 +30,8 @@ def served_ports(spec: MemberSpec) -> list[int]:
     """The ports mapped from the node to a confined member (R19): a replica's, and a gang's
     rendezvous port on its rank 0, which the other ranks dial."""
     ports = [spec.serve.port] if spec.serve is not None else []
-    master = spec.rendezvous.get("MASTER_PORT")
-    if spec.rendezvous.get("RANK") == "0" and str(master).isdigit():
+    master = str(spec.rendezvous.get("MASTER_PORT", ""))  # a number as the console sends it
+    if str(spec.rendezvous.get("RANK")) == "0" and master.isdigit():
         ports.append(int(master))
     return ports
 

@@ -417,12 +417,16 @@ def pytest_sessionfinish(session):
     (R19, R21): their members' network namespaces, addresses and rules taken down and their
     scratch filesystems unmounted, as an agent's cleanup would have. Only this process's own
     temporary dirs are looked in."""
-    from nodes.agent.member import network, scratchfs
+    from nodes.agent.member import network, sandbox, scratchfs
 
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None or os.geteuid() != 0:
         return
     base = factory.getbasetemp()
+    for container in base.rglob("runtime/*/state.json"):  # what still runs, killed
+        state_dir = container.parent.parent.parent
+        with contextlib.suppress(Exception):
+            sandbox.delete(sandbox.Paths(state_dir), container.parent.name)
     for cache in base.rglob(f"{network.CACHE_DIR}/*.json"):
         state_dir = cache.parent.parent
         for member_id, scope in network.attached_members(state_dir):

@@ -3,6 +3,7 @@ by project B's member on a real agent as root, beside project A's member: every 
 fails, and A's secret appears nowhere in what B printed. The attacks are the review's of
 issue 46 and of the review before it."""
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nodes.agent.member import cgroups, isolation
-from tests.agent_members import looked_at, settled
+from tests.agent_members import free_port, looked_at, settled, until
 
 from .conftest import DEVICES, KEY, SECRET
 
@@ -354,3 +355,24 @@ def test_R21_a_scratch_and_tmp_flood_get_ENOSPC_and_the_node_holds_at_most_their
     assert member.state == "running" and "scratch 32 MiB ext4" in member.confinement
     assert node.clean("m-b").cleaned
     assert not image.exists() and not (node.executor.scratch / "m-b").exists()
+
+
+def test_R14_R17_a_symlink_planted_as_its_script_is_never_written_through(node, tmp_path):
+    """The earlier review's: a replica's script is written again at each restart, once into
+    its scratch dir, where the member had planted ``script.sh`` as a link to a root file.
+    Its script is the bundle's now, root's; whatever it plants is left as it is."""
+    target = Path("/var/tmp") / f"root-only-{node.uids[0]}"
+    target.write_text("root's\n")
+    os.chmod(target, 0o600)
+    plant = (
+        f'ln -sf {target} "$TUNEPLANE_SCRATCH_DIR/script.sh"; '
+        f'ln -sf {target} "$TUNEPLANE_SCRATCH_DIR/../script.sh" 2>/dev/null; echo planted; exit 1'
+    )
+    try:
+        node.start("m-b", script=plant, serve={"port": free_port(), "readiness_path": "/"})
+        until("restarted", lambda: looked_at(node.executor, "m-b").restarts >= 1, timeout=30)
+        assert node.output("m-b").count("planted") >= 1
+        assert target.read_text() == "root's\n"
+        assert not (node.executor.runner.sandbox.bundle("m-b") / "script.sh").is_symlink()
+    finally:
+        target.unlink(missing_ok=True)

@@ -31,8 +31,8 @@ def node_addresses() -> list[str]:
     shown = subprocess.run(
         ["/usr/sbin/ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
     ).stdout
-    found = [line.split()[3].split("/")[0] for line in shown.splitlines()]
-    return [address for address in found if not address.startswith("127.")]
+    found = {line.split()[3].split("/")[0] for line in shown.splitlines()}
+    return sorted(address for address in found if not address.startswith("127."))
 
 
 def listening(port: int) -> bool:

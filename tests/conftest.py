@@ -318,6 +318,9 @@ XDIST_GROUPS = {
     "tests/e2e/test_make_run.py": "agent-wheels",
     "tests/e2e/test_postgres_restart.py": "agent-wheels",
     "tests/e2e/test_tour.py": "agent-wheels",  # pip installs the agent from nodes/agent
+    # Gangs on real agents: every gang's rank 0 maps the node's first rendezvous port (29500)
+    # from the machine to its own namespace (R19), and here every node is this one machine.
+    "tests/e2e/test_jobs_outages.py": "gangs",
 }
 # What gives a test a database (pytest-django's fixtures, and a fresh one for a subprocess).
 # A test with none of them and no django_db mark is marked nodb: it is the same on any

@@ -248,8 +248,13 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
 else:
+    from tuneplane import broker  # its transport's alias, registered with kombu
+
     _broker_dir = VAR_DIR / "broker"
-    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_URL = f"{broker.ALIAS}://"
+    # Broadcasts to the workers' remote control are the busiest writers of a folder broker,
+    # and nothing of the console uses them (issue 49).
+    CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),

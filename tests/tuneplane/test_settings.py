@@ -37,7 +37,7 @@ def test_embedded_defaults_are_sqlite_and_a_filesystem_broker(tmp_path):
     shown = json.loads(settings_under(tmp_path).stdout)
     assert shown["engine"] == "django.db.backends.sqlite3"
     assert shown["name"] == str(tmp_path / "tuneplane.sqlite3")
-    assert shown["broker"] == "filesystem://"
+    assert shown["broker"] == "tuneplane-filesystem://"  # kombu's folder broker, atomic writes
     assert (shown["ttl"], shown["fresh"], shown["train"], shown["serve"], shown["env"]) == (
         86400,
         45,

@@ -12,6 +12,7 @@ def test_a_message_is_written_under_a_name_no_reader_takes_then_renamed_whole(
     tmp_path, monkeypatch
 ):
     options = {"data_folder_in": str(tmp_path), "data_folder_out": str(tmp_path)}
+    options["control_folder"] = str(tmp_path / "control")
     opened = []
 
     def recording_open(path, *args, **kwargs):
@@ -34,4 +35,4 @@ def test_a_message_is_written_under_a_name_no_reader_takes_then_renamed_whole(
             pass
         else:
             raise AssertionError("a part-written message was read")
-    assert [path.name for path in tmp_path.iterdir()] == ["1_half.q.msg.part"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["1_half.q.msg.part", "control"]

@@ -331,3 +331,13 @@ def test_R14_R17_a_containers_run_argv_drops_every_capability_and_carries_no_env
     assert "-v" in argv and "/srv/tp:/srv/tp" not in argv  # never the whole storage root
     assert not [part for part in argv if "s3cr3t" in part or "/evil" in part]
     assert launch.runtime_env()["PATH"] == launch.SYSTEM_PATH
+
+
+def test_R18_a_member_whose_seccomp_profile_cannot_be_read_is_never_started(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.fail("as root: a runner confines members only as root")
+    monkeypatch.setattr(bundle, "load_seccomp", lambda: None)
+    runner = Runner(Store(tmp_path), tmp_path, scope="r18", uids=(64970, 64979))
+    member = runner.start("m-1", {"cards": [], "argv": ["true"]})
+    assert (member.state, member.reason) == ("failed", "start_failed")
+    assert "seccomp" in member.detail and member.pid is None

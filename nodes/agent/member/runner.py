@@ -356,6 +356,8 @@ class Runner:
         """R18: the member under the OCI runtime, from a bundle written here, started and
         kept by its keeper (shim.py), whose output is the member's log (R21)."""
         member_id = member.command_id
+        # Named first: a start that fails on the way still has its bundle removed at cleanup.
+        member.sandbox = sandbox.runtime()
         sandbox.delete(self.sandbox, member_id)  # a replica's last launch, a lost start's
         self.sandbox.ensure()
         box_dir = self.sandbox.bundle(member_id)
@@ -377,6 +379,9 @@ class Runner:
             return self._not_started(member, f"its scratch dir: {error.strerror or error}")
         if self.seccomp is None:
             self.seccomp = bundle.load_seccomp()
+        if self.seccomp is None:  # never a member without its filter
+            why = f"the seccomp profile {bundle.SECCOMP_PROFILE} could not be read"
+            return self._not_started(member, why)
         env = launch.member_env(spec, scratch, self.storage_root, confined=True)
         try:
             attached = network.attach(
@@ -410,7 +415,7 @@ class Runner:
             nofile=min(bundle.NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
         )
         bundle.write(box_dir, bundle.config(box, self.seccomp))
-        member.argv, member.sandbox = argv[:1], sandbox.runtime()
+        member.argv = argv[:1]
         member.confinement = (
             f"{Path(member.sandbox).name}: uid {member.uid}; pid, ipc, uts, mount, network, "
             f"cgroup namespaces; address {attached.address}; no capabilities; seccomp; "

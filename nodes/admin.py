@@ -32,6 +32,7 @@ NODE_VERBS = {
     "cordon": cordons.node_cordon,
     "uncordon": cordons.node_uncordon,
     "drain": drains.node_drain,
+    "resume": drains.node_resume,
     "remove": removal.node_remove,
 }
 
@@ -221,7 +222,7 @@ class NodeAdmin(ReadOnlyAdmin):
     ]
     search_fields = ["id", "hostname", "address"]
     list_select_related = ["fleet"]
-    actions = ["cordon", "uncordon", "drain", "remove"]
+    actions = ["cordon", "uncordon", "drain", "resume", "remove"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).prefetch_related("cordons")
@@ -350,6 +351,10 @@ class NodeAdmin(ReadOnlyAdmin):
             "Drain nodes",
             lambda data: self._each(request, queryset, "drain", **data),
         )
+
+    @admin.action(description="Resume selected nodes (a drain undone: they take work again)")
+    def resume(self, request, queryset):
+        self._each(request, queryset, "resume")
 
     @admin.action(description="Remove selected nodes (drained; gone ones with force)")
     def remove(self, request, queryset):

@@ -16,6 +16,53 @@ class SchedulingState(models.TextChoices):
     REMOVED = "removed", "removed"
 
 
+# A node's scheduling state, as its services move it. A cordon is a record of its own (D1,
+# L6); ``cordoned`` is a cluster manager's word for its machines, never a node row's.
+#
+#   enrolled ──► schedulable ◄──────────► gone ──► removed   (by force: D3)
+#                  ▲      │                ▲  │
+#           resume │      ▼ drain          │  ▼
+#                  └── draining ──► drained ──► removed      (D2)
+#
+# Every state but removed may be drained (D1): drained at once when nothing runs, else
+# draining until its last command is cleaned up. A silent node goes gone, unless it is drained
+# (switched off, as expected); a gone one answering again is schedulable, or draining or
+# drained again as its drain says. A draining or drained node resumed takes work again
+# (Slurm's RESUME). Removed is the end (D4).
+NODE_LIFECYCLE = Lifecycle.of(
+    "node",
+    {
+        SchedulingState.ENROLLED: {
+            SchedulingState.SCHEDULABLE,
+            SchedulingState.GONE,
+            SchedulingState.DRAINING,
+            SchedulingState.DRAINED,
+        },
+        SchedulingState.SCHEDULABLE: {
+            SchedulingState.GONE,
+            SchedulingState.DRAINING,
+            SchedulingState.DRAINED,
+        },
+        SchedulingState.GONE: {
+            SchedulingState.SCHEDULABLE,
+            SchedulingState.DRAINING,
+            SchedulingState.DRAINED,
+            SchedulingState.REMOVED,
+        },
+        SchedulingState.DRAINING: {
+            SchedulingState.DRAINED,
+            SchedulingState.GONE,
+            SchedulingState.SCHEDULABLE,
+        },
+        SchedulingState.DRAINED: {SchedulingState.SCHEDULABLE, SchedulingState.REMOVED},
+    },
+    field="scheduling_state",
+)
+
+# What a node is in while it is leaving (D1): it counts toward no admission's fit (P8).
+LEAVING = (SchedulingState.DRAINING, SchedulingState.DRAINED, SchedulingState.REMOVED)
+
+
 class CordonSource(models.TextChoices):
     """Who cordoned: an operator decided, or the system observed (L6). Never one flag."""
 

@@ -78,6 +78,32 @@ def backoff_delay(attempt: int, heartbeat_interval: float) -> float:
     return min(cap, BACKOFF_FIRST * 2 ** min(attempt, 16)) * random.uniform(0.5, 1.0)
 
 
+# What the console says when this node's credential will never be taken again: the node was
+# removed (D4), its credential revoked or expired (J6: a lost credential means a new token
+# and a new node). Retrying cannot help; joining again as a new node does.
+REFUSED_FOR_GOOD = ("is removed", "is revoked", "has expired", "no credential")
+# The exit status of an agent the console refused for good.
+EXIT_REFUSED = 3
+
+
+def refused_for_good(code: grpc.StatusCode, details: str) -> bool:
+    """Whether a stream's end is the console refusing this node for good."""
+    return code == grpc.StatusCode.PERMISSION_DENIED and any(
+        said in (details or "") for said in REFUSED_FOR_GOOD
+    )
+
+
+def how_to_join_again(identity: dict, directory: Path, why: str) -> str:
+    """What an operator reads when the console refused this node for good."""
+    server, fleet = identity.get("server", "URL"), identity.get("fleet", "FLEET")
+    return (
+        f"the console refuses node {identity.get('node_id', '?')} for good: {why}. "
+        "Retrying cannot help. To join this machine again, as a new node: get a new join "
+        f"token (tuneplane join-token {fleet}), move {directory} aside, then run "
+        f"tuneplane-node join --server {server} --fleet {fleet} --token TOKEN, and serve again."
+    )
+
+
 ROTATE_AT = 2 / 3  # of the credential's lifetime
 ROTATION_RETRY_SECONDS = 30
 
@@ -132,6 +158,7 @@ class Agent:
         self.telemetry_file = telemetry_file
         self.telemetry_source = None  # made by the first stream's telemetry loop
         self.host = telemetry.Host()
+        self.refused = ""  # why the console refused this node for good, once it has
 
     def report(self) -> dict:
         if not self.inventory_file:
@@ -171,6 +198,10 @@ class Agent:
         attempt = 0
         while not self.stopping.is_set():
             connected = self._stream()
+            if self.refused:
+                logger.error(how_to_join_again(self.identity, self.directory, self.refused))
+                self.stopping.set()
+                return EXIT_REFUSED
             if self.stopping.is_set():
                 break
             attempt = 0 if connected else attempt + 1
@@ -247,6 +278,8 @@ class Agent:
             except grpc.RpcError as error:
                 if not self.stopping.is_set():
                     logger.info("stream ended: %s %s", error.code().name, error.details())
+                if refused_for_good(error.code(), error.details()):
+                    self.refused = error.details()
             finally:
                 outgoing.put(None)
         return welcomed

@@ -16,6 +16,7 @@ from .views import (
     NodeDrainView,
     NodeJoinView,
     NodeListView,
+    NodeResumeView,
     NodeUncordonView,
 )
 
@@ -39,5 +40,6 @@ urlpatterns = [
     path("nodes/<str:node_id>/cordon", NodeCordonView.as_view(), name="node-cordon"),
     path("nodes/<str:node_id>/uncordon", NodeUncordonView.as_view(), name="node-uncordon"),
     path("nodes/<str:node_id>/drain", NodeDrainView.as_view(), name="node-drain"),
+    path("nodes/<str:node_id>/resume", NodeResumeView.as_view(), name="node-resume"),
     path("nodes/<str:node_id>/commands", NodeCommandsView.as_view(), name="node-commands"),
 ]

@@ -246,6 +246,8 @@ class NodeUncordonView(GenericAPIView):
 
     @extend_schema(
         summary="Lift the operator's cordon (a storage cordon stays, L6)",
+        description="A draining or drained node without an operator's cordon is a 409 "
+        "naming resume, the verb that undoes a drain.",
         request=None,
         responses={200: NodeSerializer, **errors(401, 403, 404, 409)},
     )
@@ -253,6 +255,23 @@ class NodeUncordonView(GenericAPIView):
         node = cordons.node_uncordon(
             actor=Actor.of_user(request.user), node=_node(request, node_id)
         )
+        return _shown(node.pk, request.user)
+
+
+class NodeResumeView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = NodeSerializer
+
+    @extend_schema(
+        summary="Resume a draining or drained node: it takes new work again (D1)",
+        description="Undoes a drain, audited as node.resumed with the drain it undid (Slurm's "
+        "RESUME). Cordons stay: uncordon lifts the operator's. A node without a drain is "
+        "left as it is; a removed one is a 409.",
+        request=None,
+        responses={200: NodeSerializer, **errors(401, 403, 404, 409)},
+    )
+    def post(self, request, node_id: str):
+        node = drains.node_resume(actor=Actor.of_user(request.user), node=_node(request, node_id))
         return _shown(node.pk, request.user)
 
 

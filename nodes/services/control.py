@@ -19,10 +19,10 @@ from audit.services import Actor, audit_record
 from tuneplane.errors import ApplicationError
 
 from .. import pki
-from ..choices import SchedulingState
+from ..choices import NODE_LIFECYCLE, SchedulingState
 from ..inventory import normalize_inventory
 from ..models import ControlSession, GatewayReplica, Node, NodeCredential
-from ..selectors import cards_summary
+from ..selectors import cards_summary, commands_active_on
 from .cordons import node_observe_storage_root
 from .hardware import card_names_remember
 from .sessions import authenticated_node, lease_until, sessions_close_matching
@@ -166,9 +166,15 @@ def node_report_inventory(*, node_id: str, inventory, digest: str = "") -> Node:
             setattr(node, name, value)
         live = node.lease_expires_at is not None and node.lease_expires_at > now
         # Enrolled, or back from gone: schedulable only through a live lease and this fresh
-        # inventory (L1); a cordon, a separate record, is not touched.
+        # inventory (L1); a cordon, a separate record, is not touched. A machine that went
+        # silent while draining is still leaving when it answers again (D1).
         if node.scheduling_state in (SchedulingState.ENROLLED, SchedulingState.GONE) and live:
-            node.scheduling_state = SchedulingState.SCHEDULABLE
+            back = SchedulingState.SCHEDULABLE
+            if node.drain_started_at is not None:
+                draining = commands_active_on(node)
+                back = SchedulingState.DRAINING if draining else SchedulingState.DRAINED
+            NODE_LIFECYCLE.check(node.scheduling_state, back, target=node.pk)
+            node.scheduling_state = back
         node.save(
             update_fields=[
                 "inventory",

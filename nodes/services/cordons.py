@@ -164,13 +164,24 @@ def node_cordon(*, actor: Actor, node: Node, reason: str) -> Node:
 
 
 def node_uncordon(*, actor: Actor, node: Node) -> Node:
-    """Lifts the operator's cordon only; a storage cordon stays until the mount returns (L6)."""
+    """Lifts the operator's cordon only; a storage cordon stays until the mount returns (L6).
+    A draining or drained node without an operator's cordon is leaving, not cordoned: the
+    verb that undoes a drain is resume, and uncordon says so (409) rather than doing
+    nothing."""
     with transaction.atomic():
         node = node_locked(node.pk)
         node_not_removed(node, "uncordoned")
         cordon = NodeCordon.objects.filter(node=node, source=CordonSource.OPERATOR).first()
         if cordon is not None:
             cordon_lift(node, cordon, actor)
+        elif node.scheduling_state in (SchedulingState.DRAINING, SchedulingState.DRAINED):
+            raise Conflict(
+                f"Node '{node.id}' is {node.scheduling_state}, not cordoned: uncordon does not "
+                f"undo a drain. Resume it to take work again (tuneplane resume {node.id}; "
+                f"POST /api/nodes/{node.id}/resume) (rule D1).",
+                code="node_draining",
+                rule="D1",
+            )
     return node
 
 

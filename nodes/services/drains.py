@@ -1,9 +1,10 @@
-"""Drains: a machine, or a Fleet's machines in one step, leaving (D1), and drains past their
-deadline.
+"""Drains: a machine, or a Fleet's machines in one step, leaving (D1), drains past their
+deadline, and a drain undone (resume).
 
 Nothing here stops anything: a drain decides where new work may go — a draining node is
 drained once its last command has finished and been cleaned up — and its deadline is when an
-operator expected the machine idle, shown and audited once it passes.
+operator expected the machine idle, shown and audited once it passes. A machine that stays
+after all is resumed: it takes work again, as Slurm's RESUME does.
 """
 
 import logging
@@ -15,7 +16,7 @@ from audit.services import Actor, audit_record, audit_record_many
 from fleets.choices import FleetKind
 from tuneplane.errors import Conflict, ValidationFailed
 
-from ..choices import SchedulingState
+from ..choices import NODE_LIFECYCLE, SchedulingState
 from ..models import Node
 from ..selectors import commands_active_on, work_left_on
 from .cordons import node_locked, node_not_removed, operator_reason
@@ -23,16 +24,27 @@ from .cordons import node_locked, node_not_removed, operator_reason
 logger = logging.getLogger("tuneplane.nodes")
 
 
-def node_state_set(node: Node, state: str, actor: Actor, *, forced: bool = False, **after) -> None:
-    """A locked node's scheduling state, with what the change writes besides it, audited."""
-    before = node.scheduling_state
+def node_state_set(
+    node: Node,
+    state: str,
+    actor: Actor,
+    *,
+    forced: bool = False,
+    action: str = "",
+    before: dict | None = None,
+    **after,
+) -> None:
+    """A locked node's scheduling state, by a move its lifecycle allows (NODE_LIFECYCLE), with
+    what the change writes besides it, audited (``node.<state>`` unless ``action`` says)."""
+    was = node.scheduling_state
+    NODE_LIFECYCLE.check(was, state, target=node.pk)
     node.scheduling_state = state
     node.save(update_fields=["scheduling_state", "removed_at", "lease_expires_at", *KEPT_FIELDS])
     audit_record(
         actor=actor,
-        action=f"node.{state}",
+        action=action or f"node.{state}",
         target=node,
-        before={"scheduling_state": before},
+        before={"scheduling_state": was, **(before or {})},
         after={"scheduling_state": state, **after},
         forced=forced,
     )
@@ -44,6 +56,7 @@ KEPT_FIELDS = (
     "drain_by",
     "drain_started_at",
     "drain_deadline",
+    "drain_overdue_at",
     "last_session_closed_at",
     "last_session_close_reason",
 )
@@ -95,6 +108,45 @@ def node_drain_settle(*, node_id: str) -> None:
     node = node_locked(node_id)
     if node.scheduling_state == SchedulingState.DRAINING and not commands_active_on(node):
         node_state_set(node, SchedulingState.DRAINED, Actor.system("drain"))
+
+
+def _drain_shown(node: Node) -> dict | None:
+    """A node's drain as its audit events show it: who, why, since and until when."""
+    if node.drain_started_at is None:
+        return None
+    return {
+        "reason": node.drain_reason,
+        "by": node.drain_by,
+        "at": node.drain_started_at.isoformat(),
+        "deadline": node.drain_deadline.isoformat() if node.drain_deadline else None,
+    }
+
+
+def node_resume(*, actor: Actor, node: Node) -> Node:
+    """A draining or drained machine stays after all: its drain is undone and it takes new
+    work again (Slurm's RESUME), audited as ``node.resumed`` with the drain it undid. What a
+    draining node runs runs on; its cordons are records of their own and stay (L6). A
+    gone node's drain is undone too: answering again, it is schedulable. A node without a
+    drain is left as it is."""
+    with transaction.atomic():
+        node = node_locked(node.pk)
+        node_not_removed(node, "resumed")
+        drain = _drain_shown(node)
+        leaving = node.scheduling_state in (SchedulingState.DRAINING, SchedulingState.DRAINED)
+        if drain is None and not leaving:
+            return node
+        node.drain_reason = node.drain_by = ""
+        node.drain_started_at = node.drain_deadline = node.drain_overdue_at = None
+        node_state_set(
+            node,
+            SchedulingState.SCHEDULABLE if leaving else node.scheduling_state,
+            actor,
+            action="node.resumed",
+            before={"drain": drain},
+            drain=None,
+        )
+    logger.info("node %s resumed: it takes new work again", node.id)
+    return node
 
 
 def fleet_nodes_drain(*, actor: Actor, fleet, reason: str, deadline=None) -> list[Node]:

@@ -90,14 +90,25 @@ def credential_refusal(
     return ""
 
 
+def _removed_refusal(node_id: str) -> str:
+    """Why a removed node's agent is refused, for good (D4): said before its credential's
+    revocation, so that the agent stops and says how to join again."""
+    return (
+        f"node {node_id} is removed: its credential is dead (rule D4); a machine joins "
+        "again as a new node, with a new join token"
+    )
+
+
 def authenticated_node(node_id: str, serial: str, now: datetime) -> Node:
     """The node a presented certificate speaks for, locked; refused if it may not speak."""
     credential = NodeCredential.objects.filter(node_id=node_id, serial=serial).first()
     if refusal := credential_refusal(credential, node_id, serial, now):
+        if Node.objects.filter(pk=node_id, scheduling_state=SchedulingState.REMOVED).exists():
+            refusal = _removed_refusal(node_id)
         raise SessionRefused(refusal)
     node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
     if node.scheduling_state == SchedulingState.REMOVED:
-        raise SessionRefused(f"node {node_id} is removed")
+        raise SessionRefused(_removed_refusal(node_id))
     return node
 
 
@@ -138,12 +149,17 @@ def sessions_open(
                 answers[hello.node_id] = SessionRefused(refusal)
             else:
                 current[hello.node_id] = mine
+        if answers:  # a removed node's revoked credential: it is told it was removed (D4)
+            for node_id in Node.objects.filter(
+                pk__in=list(answers), scheduling_state=SchedulingState.REMOVED
+            ).values_list("pk", flat=True):
+                answers[node_id] = SessionRefused(_removed_refusal(node_id))
         nodes = list(
             Node.objects.select_for_update(no_key=True).filter(pk__in=list(current)).order_by("pk")
         )
         for node in nodes:
             if node.scheduling_state == SchedulingState.REMOVED:
-                answers[node.pk] = SessionRefused(f"node {node.pk} is removed")
+                answers[node.pk] = SessionRefused(_removed_refusal(node.pk))
         nodes = [node for node in nodes if node.pk not in answers]
         if not nodes:
             return answers

@@ -280,6 +280,12 @@ def node_drain(w):
     )
 
 
+def node_resume(w):
+    node = w.node()
+    drains.node_drain(actor=Actor.of_user(w.admin), node=node, reason="leaving the rack")
+    return lambda: drains.node_resume(actor=Actor.of_user(w.admin), node=node)
+
+
 def fleet_nodes_drain(w):
     """One busy machine starts draining, one idle machine is drained at once."""
     w.command(w.node(), state="running")

@@ -244,6 +244,7 @@ SCENARIOS = {
         nodes.node_uncordon, (changed("node.uncordoned"),)
     ),
     "nodes.services.drains.node_drain": Scenario(nodes.node_drain, (changed("node.drained"),)),
+    "nodes.services.drains.node_resume": Scenario(nodes.node_resume, (changed("node.resumed"),)),
     "nodes.services.cordons.cordon_add": Scenario(nodes.cordon_add, (changed("node.cordoned"),)),
     "nodes.services.cordons.cordon_lift": Scenario(
         nodes.cordon_lift, (changed("node.uncordoned"),)

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException, new_client_from_config
 
 from ..choices import SchedulingState
-from .base import BackendError, JobSpec, Machine, OutcomeUnknown
+from .base import BackendError, JobSpec, Machine, OutcomeUnknown, job_state_is_final
 from .credentials import read_token
 
 REQUEST_TIMEOUT = (3.0, 10.0)  # (connect, read) seconds: a dead API server fails a read fast
@@ -30,6 +30,21 @@ RAY_IMAGE_TAG = "2.45.0"
 # KubeRay refuses a RayJob name over 47 characters; generateName appends 5 more.
 RAYJOB_NAME_MAX = 47
 RAYJOB_PREFIX_MAX = RAYJOB_NAME_MAX - 5
+MANAGED_BY = {"app.kubernetes.io/managed-by": "tuneplane"}
+# A keyed RayJob carries its key, so that resume() tells its own object from another of the
+# same name.
+KEY_LABEL = "tuneplane.io/handover-key"
+# KubeRay's jobDeploymentStatus for a RayJob it gave up on, whatever its jobStatus last said
+# (a stale RUNNING, or none): past activeDeadlineSeconds or backoffLimit ("Failed"), or refused
+# by its own validation, e.g. a name over 47 characters ("ValidationFailed", KubeRay 1.3).
+DEPLOYMENT_FAILED = frozenset({"Failed", "ValidationFailed"})
+# A RayJob the API server no longer has: deleted (by cancel(), or behind the console's back).
+# KubeRay's finalizer stops a deleted RayJob's Ray job before it lets the object go, so it
+# ended as KubeRay's STOPPED does; it is never read again.
+GONE = "STOPPED"
+# Pages of a RayJob list: the API server's limit/continue.
+LIST_PAGE = 500
+LIST_RESTARTS = 3  # a list whose continue token expired (410) is begun again, this often
 
 
 @dataclass(frozen=True)
@@ -70,52 +85,121 @@ class KubernetesBackend:
         return [machine_from_node(node) for node in nodes.items]
 
     def submit(self, job: JobSpec) -> str:
+        return self.create(rayjob_manifest(job))
+
+    def create(self, manifest: dict) -> str:
+        """Create a RayJob from ``manifest`` in the KubeRay namespace; its id.
+
+        Strict field validation: a field the cluster's RayJob CRD does not have (an older
+        KubeRay's) is refused by name rather than silently dropped. A keyed RayJob that
+        exists already (409 AlreadyExists) is this job handed over before, if it carries
+        this job's key."""
         if not self.namespace:
             raise BackendError("config.kuberay_namespace is not set")
-        manifest = rayjob_manifest(job)
         with self._client() as client:
+            api = CustomObjectsApi(client)
             try:
-                created = CustomObjectsApi(client).create_namespaced_custom_object(
+                created = api.create_namespaced_custom_object(
                     RAY_GROUP,
                     RAY_VERSION,
                     self.namespace,
                     RAYJOB_PLURAL,
                     manifest,
+                    field_validation="Strict",
                     _request_timeout=self.timeout,
                 )
             except ApiException as error:
                 name = manifest["metadata"].get("name")
-                if error.status == 409 and name:  # AlreadyExists: this key's, handed over
-                    return f"{self.namespace}/{name}"
+                if error.status == 409 and name and _reason(error) == "AlreadyExists":
+                    return self._handed_over(api, manifest)
                 raise
         return f"{self.namespace}/{created['metadata']['name']}"
 
+    def _handed_over(self, api: CustomObjectsApi, manifest: dict) -> str:
+        """The id of the RayJob named as ``manifest``, if it is this job's (its key label
+        says so); another's of the same name is an error, never taken as ours."""
+        name = manifest["metadata"]["name"]
+        key = manifest["metadata"].get("labels", {}).get(KEY_LABEL)
+        existing = api.get_namespaced_custom_object(
+            RAY_GROUP,
+            RAY_VERSION,
+            self.namespace,
+            RAYJOB_PLURAL,
+            name,
+            _request_timeout=self.timeout,
+        )
+        if (existing["metadata"].get("labels") or {}).get(KEY_LABEL) != key:
+            raise BackendError(
+                f"a RayJob named {name!r} exists in namespace {self.namespace!r} and is "
+                f"not this job's (its {KEY_LABEL} label is not {key!r})"
+            )
+        return f"{self.namespace}/{name}"
+
     def resume(self, job: JobSpec) -> str:
-        """A keyed RayJob has a name of its own: creating it again answers 409, which
-        ``submit`` takes as the job already handed over."""
+        """A keyed RayJob has a name of its own: creating it again answers 409, and the
+        object of that name carrying this job's key is the job already handed over."""
         return self.submit(job)
 
     def job_state(self, job_id: str) -> str:
-        namespace, _, name = job_id.partition("/")
-        if not namespace or not name:
-            raise BackendError(f"{job_id!r} is not a RayJob id of the form <namespace>/<name>")
+        """KubeRay's jobStatus (RUNNING, SUCCEEDED, FAILED, STOPPED ...), else its
+        jobDeploymentStatus (Initializing ...), else PENDING; FAILED for a RayJob KubeRay gave
+        up on (DEPLOYMENT_FAILED); STOPPED for one the API server no longer has (GONE)."""
+        namespace, name = _rayjob_id(job_id)
         with self._client() as client:
-            rayjob = CustomObjectsApi(client).get_namespaced_custom_object(
-                RAY_GROUP,
-                RAY_VERSION,
-                namespace,
-                RAYJOB_PLURAL,
-                name,
-                _request_timeout=self.timeout,
-            )
-        status = rayjob.get("status") or {}
-        return status.get("jobStatus") or status.get("jobDeploymentStatus") or "PENDING"
+            try:
+                rayjob = CustomObjectsApi(client).get_namespaced_custom_object(
+                    RAY_GROUP,
+                    RAY_VERSION,
+                    namespace,
+                    RAYJOB_PLURAL,
+                    name,
+                    _request_timeout=self.timeout,
+                )
+            except ApiException as error:
+                if object_not_found(error, name):
+                    return GONE
+                raise
+        return rayjob_state(rayjob)
+
+    def job_states(self) -> dict[str, str]:
+        """Every RayJob of the console's in the KubeRay namespace, by id, with its state as
+        ``job_state`` reads it: one list in pages (limit/continue) rather than a read per
+        job. A list whose continue token the API server no longer honours (410, its storage
+        compacted past it) is begun again, never continued from a gap."""
+        if not self.namespace:
+            raise BackendError("config.kuberay_namespace is not set")
+        selector = ",".join(f"{label}={value}" for label, value in MANAGED_BY.items())
+        with self._client() as client:
+            api = CustomObjectsApi(client)
+            for attempt in range(LIST_RESTARTS + 1):
+                states, token = {}, ""
+                try:
+                    while True:
+                        page = api.list_namespaced_custom_object(
+                            RAY_GROUP,
+                            RAY_VERSION,
+                            self.namespace,
+                            RAYJOB_PLURAL,
+                            label_selector=selector,
+                            limit=LIST_PAGE,
+                            _continue=token or None,
+                            _request_timeout=self.timeout,
+                        )
+                        for rayjob in page["items"]:
+                            job_id = f"{self.namespace}/{rayjob['metadata']['name']}"
+                            states[job_id] = rayjob_state(rayjob)
+                        token = page["metadata"].get("continue")
+                        if not token:
+                            return states
+                except ApiException as error:
+                    if error.status != 410 or attempt == LIST_RESTARTS:
+                        raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def cancel(self, job_id: str) -> None:
-        """Delete the RayJob (KubeRay stops its cluster with it); one already gone is done."""
-        namespace, _, name = job_id.partition("/")
-        if not namespace or not name:
-            raise BackendError(f"{job_id!r} is not a RayJob id of the form <namespace>/<name>")
+        """Delete the RayJob (KubeRay stops its cluster with it); one already gone is done,
+        and so is one being deleted (its finalizer still held by KubeRay)."""
+        namespace, name = _rayjob_id(job_id)
         with self._client() as client:
             try:
                 CustomObjectsApi(client).delete_namespaced_custom_object(
@@ -200,13 +284,47 @@ class KubernetesBackend:
         return f"{said}: {api_message(error)}"
 
 
-def api_message(error: ApiException) -> str:
-    """The API server's own words: the ``message`` of the Status it sends with an error."""
+def _rayjob_id(job_id: str) -> tuple[str, str]:
+    namespace, _, name = job_id.partition("/")
+    if not namespace or not name:
+        raise BackendError(f"{job_id!r} is not a RayJob id of the form <namespace>/<name>")
+    return namespace, name
+
+
+def rayjob_state(rayjob: dict) -> str:
+    """A RayJob's state in KubeRay's words (see ``KubernetesBackend.job_state``)."""
+    status = rayjob.get("status") or {}
+    job, deployment = status.get("jobStatus"), status.get("jobDeploymentStatus")
+    if deployment in DEPLOYMENT_FAILED and not job_state_is_final(job or ""):
+        return "FAILED"
+    return job or deployment or "PENDING"
+
+
+def _status(error: ApiException) -> dict:
+    """The Status object the API server sends with an error (empty when it sent none)."""
     try:
         body = json.loads(error.body)
     except (TypeError, ValueError):
-        return error.reason or ""
-    return (body.get("message") if isinstance(body, dict) else "") or error.reason or ""
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _reason(error: ApiException) -> str:
+    return _status(error).get("reason") or ""
+
+
+def object_not_found(error: ApiException, name: str) -> bool:
+    """A 404 for the object ``name`` itself, whose Status names it. A 404 without that
+    (the server does not serve RayJobs: KubeRay's CRD missing, or an API server just
+    restarted that has not yet read its CRDs) says nothing of the object, and is an error."""
+    details = _status(error).get("details") or {}
+    return error.status == 404 and details.get("name") == name
+
+
+def api_message(error: ApiException) -> str:
+    """The API server's own words: the ``message`` of the Status it sends with an error
+    (for a manifest it refuses, the fields it refuses, by path)."""
+    return _status(error).get("message") or error.reason or ""
 
 
 def machine_from_node(node) -> Machine:
@@ -254,10 +372,10 @@ def rayjob_naming(job: JobSpec) -> dict:
     """A keyed job's RayJob has a name of its own, the same at every attempt; without a key,
     the API server picks one (generateName)."""
     if not job.key:
-        return {"generateName": rayjob_name_prefix(job.name)}
+        return {"generateName": rayjob_name_prefix(job.name), "labels": dict(MANAGED_BY)}
     key = re.sub(r"[^a-z0-9-]+", "-", job.key.lower()).strip("-")
     prefix = rayjob_name_prefix(job.name)[: RAYJOB_NAME_MAX - len(key) - 1].rstrip("-")
-    return {"name": f"{prefix}-{key}"}
+    return {"name": f"{prefix}-{key}", "labels": {**MANAGED_BY, KEY_LABEL: job.key}}
 
 
 def rayjob_manifest(job: JobSpec) -> dict:
@@ -276,7 +394,7 @@ def rayjob_manifest(job: JobSpec) -> dict:
     return {
         "apiVersion": f"{RAY_GROUP}/{RAY_VERSION}",
         "kind": "RayJob",
-        "metadata": {**rayjob_naming(job), "labels": {"app.kubernetes.io/managed-by": "tuneplane"}},
+        "metadata": rayjob_naming(job),
         "spec": {
             "entrypoint": job.script,
             "shutdownAfterJobFinishes": True,  # the cluster's GPUs go back when the job ends

@@ -1,8 +1,12 @@
-"""Tested against replayed responses only: no real API server runs on these machines.
+"""Nodes (read()), credentials and transport, against REPLAYED responses
+(tests/nodes/kube_replay.py): a node list needs the full kube-apiserver, which Debian does
+not package (its ``kubernetes`` source is cut down to kubectl).
 
 ``KubeReplay`` serves stored responses in the Kubernetes API's own formats to the official
-client, so what is proved here is our mapping, our requests and our error messages; that a
-real cluster answers the same way is the stored responses' claim, not these tests'.
+client, so what is proved here is our mapping, our requests and our error messages. The node
+fixtures are checked against the Node schema of the API the client ships
+(tests/nodes/test_kube_replay_schema.py), so a fixture no real server would send fails the
+suite; RayJobs are proven against a real API server in tests/kube.
 """
 
 import dataclasses

@@ -1,9 +1,10 @@
-"""KubeRay jobs: submitted, resumed and read back. Tested against replayed responses only,
-as tests/nodes/test_kubernetes_backend.py is.
+"""KubeRay jobs: submitted, resumed and read back, against REPLAYED responses
+(tests/nodes/kube_replay.py), as tests/nodes/test_kubernetes_backend.py is.
 
 ``KubeReplay`` serves stored responses in the Kubernetes API's own formats to the official
 client, so what is proved here is our mapping, our requests and our error messages; that a
-real cluster answers the same way is the stored responses' claim, not these tests'.
+real server answers the same way is proven for RayJobs by tests/kube, against a real
+apiextensions-apiserver and etcd (its schema, names and labels, 404, 409, 410, restarts).
 """
 
 import dataclasses
@@ -93,12 +94,32 @@ def test_a_keyed_job_has_a_rayjob_name_of_its_own(replay):
     assert "generateName" not in metadata
 
 
+KEYED_RAYJOB = f"{RAYJOBS}/llama-sft-7b-tp-0123456789ab"
+
+
+def _keyed_rayjob(key: str) -> dict:
+    rayjob = json.loads(replay_file("rayjob-created.json"))
+    rayjob["metadata"]["name"] = "llama-sft-7b-tp-0123456789ab"
+    rayjob["metadata"]["labels"]["tuneplane.io/handover-key"] = key
+    return rayjob
+
+
 def test_resuming_a_handover_the_cluster_already_took_returns_that_rayjob(replay):
     """The console stopped after KubeRay took the job and before it recorded the answer:
-    creating the same name again answers 409, and no second RayJob exists."""
+    creating the same name again answers 409, the object of that name carries this job's
+    key, and no second RayJob exists."""
     replay.serve("POST", RAYJOBS, ALREADY_EXISTS, status=409)
+    replay.serve("GET", KEYED_RAYJOB, _keyed_rayjob("tp-0123456789ab"))
 
     assert backend_at(replay.url).resume(KEYED_JOB) == "ml-jobs/llama-sft-7b-tp-0123456789ab"
+
+
+def test_a_rayjob_of_the_same_name_with_another_key_is_not_taken_for_this_job(replay):
+    replay.serve("POST", RAYJOBS, ALREADY_EXISTS, status=409)
+    replay.serve("GET", KEYED_RAYJOB, _keyed_rayjob("tp-ffffffffffff"))
+
+    with pytest.raises(BackendError, match="is not this job's"):
+        backend_at(replay.url).resume(KEYED_JOB)
 
 
 def test_a_409_for_an_unkeyed_job_is_an_error(replay):
@@ -160,7 +181,9 @@ def test_job_state_before_the_job_runs(replay, status, state):
     assert backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p") == state
 
 
-def test_job_state_of_a_rayjob_that_is_gone_is_a_backend_error(replay):
+def test_job_state_where_rayjobs_are_not_served_is_a_backend_error(replay):
+    """A 404 naming no object (KubeRay's CRD missing): an error, retried; a RayJob that is
+    gone (a 404 naming it) is STOPPED, proven against the real server in tests/kube."""
     with pytest.raises(BackendError, match="404"):
         backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p")
 
@@ -178,3 +201,30 @@ def test_a_config_with_both_url_and_context_is_refused():
         KubernetesBackend.from_config(
             {"kube_api_url": "https://k8s.example:6443", "kube_context": "lab"}
         )
+
+
+def test_job_state_of_a_rayjob_that_is_gone_is_stopped(replay):
+    """The API server's 404 for the object itself names it in its Status (as a real one
+    does: tests/kube): the RayJob was deleted, and its job is over."""
+    gone = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": 'rayjobs.ray.io "llama-sft-7b-x9k2p" not found',
+        "reason": "NotFound",
+        "details": {"name": "llama-sft-7b-x9k2p", "group": "ray.io", "kind": "rayjobs"},
+        "code": 404,
+    }
+    replay.serve("GET", RAYJOB, gone, status=404)
+
+    assert backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p") == "STOPPED"
+
+
+@pytest.mark.parametrize("deployment", ["Failed", "ValidationFailed"])
+def test_job_state_of_a_rayjob_kuberay_gave_up_on_is_failed(replay, deployment):
+    rayjob = json.loads(replay_file("rayjob-running.json"))
+    rayjob["status"]["jobDeploymentStatus"] = deployment
+
+    replay.serve("GET", RAYJOB, rayjob)
+
+    assert backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p") == "FAILED"

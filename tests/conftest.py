@@ -316,6 +316,7 @@ XDIST_GROUPS = {
     "tests/slurm24/": "slurm24",
     "tests/nodes/test_install_sh.py": "agent-wheels",
     "tests/e2e/test_make_run.py": "agent-wheels",
+    "tests/e2e/test_make_run_supervised.py": "agent-wheels",
     "tests/e2e/test_postgres_restart.py": "agent-wheels",
     "tests/e2e/test_tour.py": "agent-wheels",  # pip installs the agent from nodes/agent
     # Gangs on real agents: every gang's rank 0 maps the node's first rendezvous port (29500)

@@ -58,6 +58,7 @@ class Console:
 
     def __init__(self, env: dict, port: int, gateway_port: int | None = None):
         self.lines: list[str] = []
+        self.env = env
         self.gateway = f"127.0.0.1:{gateway_port or free_port()}"
         self.process = subprocess.Popen(
             [
@@ -86,9 +87,17 @@ class Console:
     def output(self) -> str:
         return "".join(self.lines)
 
+    @property
+    def logs(self) -> str:
+        """What its processes wrote to their logs (var/log/NAME.log): the terminal has only
+        their warnings."""
+        folder = Path(self.env["TUNEPLANE_VAR_DIR"]) / "log"
+        return "".join(log.read_text(errors="replace") for log in sorted(folder.glob("*.log")))
+
     def wait_for(self, text: str, timeout: float = 90) -> None:
+        """Until ``text`` is on the terminal or in a process's log."""
         deadline = time.monotonic() + timeout
-        while text not in self.output:
+        while text not in self.output and text not in self.logs:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"never printed {text!r}:\n{self.output[-4000:]}")
             time.sleep(0.2)

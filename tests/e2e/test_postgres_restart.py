@@ -298,6 +298,7 @@ def test_postgres_crashed_and_restarted_under_load_recovers_and_loses_nothing(
             what="the sweep after the restart",
         )
         assert console.process.poll() is None, "a console process gave up"
+        assert "restarting in" not in console.output, "a process died (and was restarted)"
     finally:
         if agent_process is not None and agent_process.returncode is None:
             agent_process.send_signal(9)

@@ -1,11 +1,12 @@
-"""``make run``: the whole console on one machine, stopped together on Ctrl-C."""
+"""``make run``: the whole console on one machine — web, gateway, Celery worker and beat —
+kept running (a process that dies is started again, tuneplane.supervisor), its processes'
+output in ``var/log/``, stopped together on Ctrl-C or SIGTERM."""
 
 import os
 import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -15,6 +16,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+
+from tuneplane.supervisor import LOG_DIR, Supervisor
 
 ADMIN_USERNAME = "admin"
 ADMIN_PASSWORD_FILE = "admin-password"
@@ -144,10 +147,8 @@ class Command(BaseCommand):
             "worker": celery + ["worker", "-l", "INFO", "--concurrency", "2"],
             "beat": celery + ["beat", "-l", "INFO"],
         }
-        children = {
-            name: subprocess.Popen(command, start_new_session=True)
-            for name, command in processes.items()
-        }
+        # The banner says what the web is; runserver need not say it again at each start.
+        os.environ.setdefault("DJANGO_RUNSERVER_HIDE_WARNING", "true")
         stopping = False
 
         def stop(signum, frame):
@@ -156,22 +157,33 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
-        self._announce(bind, gateway_bind, children)
+        log_dir = Path(settings.VAR_DIR) / LOG_DIR
+        supervisor = Supervisor(processes, log_dir=log_dir, say=self.stdout.write)
+        supervisor.start_all()
         bearer = f" with Authorization: Bearer $(cat {scrape_token})" if scrape_token else ""
-        self.stdout.write(
+        metrics = (
             f"  metrics  {public_url(bind)}/metrics (web, worker, beat), "
             f"http://{gateway_metrics_bind}/metrics (gateway){bearer}\n"
+            f"  logs     {log_dir}/{{{','.join(processes)}}}.log (the terminal shows "
+            "warnings and errors)"
         )
-        exit_code = 0
+        announced, waiting_since, warned = False, time.monotonic(), False
         while not stopping:
-            for name, child in children.items():
-                if child.poll() is not None:
-                    self.stderr.write(f"{name} exited with {child.returncode}; stopping the rest.")
-                    stopping, exit_code = True, 1
-                    break
+            supervisor.check()
+            if not announced and self._healthy(bind):
+                self._announce(bind, gateway_bind)
+                self.stdout.write(metrics)
+                announced = True
+            elif not announced and not warned and time.monotonic() - waiting_since > 60:
+                self.stderr.write(
+                    f"The web has not answered {public_url(bind)}/healthz for a minute; "
+                    f"its log: {log_dir / 'web.log'}."
+                )
+                warned = True
             time.sleep(0.5)
-        self._stop(children)
-        sys.exit(exit_code)
+        for name in supervisor.stop(STOP_GRACE_SECONDS):
+            self.stderr.write(f"{name} did not stop in {STOP_GRACE_SECONDS}s; killed it.")
+        self.stdout.write("Stopped.")
 
     def _refuse_taken_ports(self, bind: str, gateway_bind: str, metrics_bind: str) -> None:
         """Start nothing when the web's or the gateway's port is taken: the web would fail
@@ -272,17 +284,16 @@ class Command(BaseCommand):
             )
         )
 
-    def _announce(self, bind: str, gateway_bind: str, children: dict) -> None:
+    @staticmethod
+    def _healthy(bind: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"{public_url(bind)}/healthz", timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def _announce(self, bind: str, gateway_bind: str) -> None:
         base = public_url(bind)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and children["web"].poll() is None:
-            try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.3)
-        if any(child.poll() is not None for child in children.values()):
-            return  # the loop in handle() says which exited, and stops the rest
         self.stdout.write(
             f"\nTuneplane console is up (database: {settings.DATABASES['default']['ENGINE']}, "
             f"broker: {settings.CELERY_BROKER_URL.split('@')[-1]})\n"
@@ -295,19 +306,5 @@ class Command(BaseCommand):
             f"{os.environ['TUNEPLANE_GATEWAY_TARGET']} (TUNEPLANE_PUBLIC_URL, "
             "TUNEPLANE_GATEWAY_TARGET)\n"
             f"  token    make token USER={ADMIN_USERNAME}  (an API token, printed once)\n"
-            "Ctrl-C stops web, gateway, worker and beat.\n"
+            "A process that dies is started again; Ctrl-C stops web, gateway, worker and beat."
         )
-
-    def _stop(self, children: dict) -> None:
-        for child in children.values():
-            if child.poll() is None:
-                child.terminate()
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        for name, child in children.items():
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.stderr.write(f"{name} did not stop in {STOP_GRACE_SECONDS}s; killing it.")
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-        self.stdout.write("Stopped.")

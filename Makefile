@@ -78,7 +78,7 @@ lint: $(STAMP)
 ## The documentation site (mkdocs.yml, docs/): built with --strict, so a broken link, a page
 ## missing from the nav or a reference generator failing (docs/_hooks/reference.py: settings,
 ## the agent's and the CLI's options, the API from `manage.py spectacular`, the control
-## protocol, DESIGN.md's rules) fails `make test`. Into var/site; a few seconds. Not --quiet:
+## protocol) fails `make test`. Into var/site; a few seconds. Not --quiet:
 ## with it MkDocs 1.6 no longer counts the warnings that --strict fails on.
 docs-build: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site

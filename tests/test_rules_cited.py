@@ -1,11 +1,15 @@
-"""Every rule of DESIGN.md §5, §7 and §8 is cited by a test that is not end to end (issue 40).
+"""Every numbered rule of the console — its own page, docs/reference/rules.md — is cited by a
+test that runs in process (issues 40, 47, 49).
 
 A test cites a rule by naming it: in its name (``test_R3_a_gang_...``), its docstring, or its
-module's docstring. The report lists, for each rule, the tests that cite it; a rule cited by
-no test that runs in process fails, unless NOT_IN_PROCESS says why: proven only end to end,
-or not built yet. A test runs in process unless it is marked ``e2e``: by its folder or node
-id (tests/conftest.py's E2E_FOLDERS, E2E_TESTS), its module's or class's ``pytestmark``, or
-a decorator; ``-m "not e2e"`` (``make quick``) never runs it (issue 47).
+module's docstring. The report lists, for each rule, the tests that cite it. A rule no test
+running in process cites fails, unless NOT_IN_PROCESS says it is not built yet; a rule whose
+only citing tests are marked ``e2e`` fails whatever the lists say. A test runs in process
+unless it is marked ``e2e``: by its folder or node id (tests/conftest.py's E2E_FOLDERS,
+E2E_TESTS), its module's or class's ``pytestmark``, or a decorator; ``-m "not e2e"`` (``make
+quick``) never runs it (issue 47). The rule ids come from the page's headings (``### Q2 — …
+{#q2}``), so nothing here reads outside the repository; every rule id the console quotes to
+its users (``(rule D2)``, ``rule="J4"``, ``(Q8)`` in a message or a template) is on the page.
 """
 
 import ast
@@ -16,28 +20,32 @@ from pathlib import Path
 from django.conf import settings
 
 ROOT = Path(settings.BASE_DIR)
-DESIGN = ROOT.parent / "shared" / "DESIGN.md"
+PAGE = ROOT / "docs" / "reference" / "rules.md"
 # Folders whose tests start real processes: they prove rules too, but not in process.
 END_TO_END = {"e2e", "browser", "slurm", "slurm24", "bench"}
-RULE = re.compile(r"(?<![A-Za-z0-9])([FJLDPARSQ]\d{1,2})(?![0-9])")
-# Rules no in-process test holds, and why.
+RULE = re.compile(r"(?<![A-Za-z0-9])([FJLDPARSQH]\d{1,2})(?![0-9])")
+# A rule's heading on the page: its id, a dash, what it says, and its anchor.
+HEADING = re.compile(r"^### ([A-Z]\d{1,2}) — (.+?)(?: \{#([^}]*)\})?$", re.M)
+# Rules no in-process test holds because they are not built yet, and why. A rule leaves once
+# an in-process test cites it (test_a_rule_listed_as_not_held_in_process_...).
 NOT_IN_PROCESS: dict[str, str] = {
     "P8": "not built yet (issue 49: a cordoned machine is coming back, admission counts it)",
 }
+# How many rules the page numbers, per letter (F Fleets, J joining, L liveness, D draining,
+# P placement, A audit, R running work, S serving, Q sharing).
+PER_LETTER = {"F": 8, "J": 6, "L": 7, "D": 4, "P": 8, "A": 1, "R": 23, "S": 6, "Q": 9}
+# Rule letters the console may quote before the page has their section, and why.
+QUOTED_BEFORE_THE_PAGE: dict[str, str] = {
+    "H": "when hardware fails: its section of the page comes with the rules, as they are built",
+}
+# Where the console quotes rules to its users: messages, help texts, the admin's templates.
+QUOTING = ("tuneplane", "audit", "fleets", "nodes", "placement", "cli", "templates")
+QUOTE = re.compile(r"\brule[ =]+[\"']?([A-Z]\d{1,2})(?![0-9])|\(([A-Z]\d{1,2})(?![0-9])[,;)\s]")
 
 
-# Rules whose citing tests are all marked e2e, held in process by none, and why (none now:
-# the wall's rules are held by the bundle's tests as well as by the attacks on a real agent).
-# A rule leaves once an in-process test cites it (the last test here says so).
-E2E_ONLY_ALLOWED: dict[str, str] = {}
-
-
-def rules_of_design() -> list[str]:
-    """The rule ids DESIGN.md numbers from §5 on: an id, a space, then its text."""
-    text = DESIGN.read_text()
-    rules = re.findall(
-        r"(?:^|(?<=[ .]))([FJLDPARSQ]\d{1,2}) (?=[A-Za-z`(])", text[text.index("## 5.") :], re.M
-    )
+def rules_of_page(path: Path = PAGE) -> list[str]:
+    """The rule ids the project's rules page numbers, one heading each."""
+    rules = [match.group(1) for match in HEADING.finditer(path.read_text())]
     return sorted(set(rules), key=lambda rule: (rule[0], int(rule[1:])))
 
 
@@ -121,39 +129,118 @@ def e2e_only() -> list[str]:
     return sorted(rule for rule in everything if rule not in in_process)
 
 
+def uncited(rules: list[str]) -> tuple[list[str], list[str]]:
+    """The rules that no in-process test cites and NOT_IN_PROCESS does not excuse, and the
+    rules whose only citing tests are marked e2e (never excused)."""
+    cited, e2e = citations(), set(e2e_only())
+    missing = [rule for rule in rules if not cited.get(rule) and rule not in NOT_IN_PROCESS]
+    return missing, [rule for rule in rules if rule in e2e]
+
+
 def test_every_rule_is_cited_by_an_in_process_test_or_says_why_not(capsys):
-    rules, cited, everything = rules_of_design(), citations(), cited_tests()
+    rules, cited, everything = rules_of_page(), citations(), cited_tests()
     with capsys.disabled():
         print()
         for rule in rules:
             e2e = len(everything.get(rule, ())) - len(cited.get(rule, ()))
             print(f"rules: {rule}: {len(cited.get(rule, ()))} test(s), {e2e} more marked e2e")
-    excused = NOT_IN_PROCESS.keys() | E2E_ONLY_ALLOWED.keys()
-    uncited = [rule for rule in rules if not cited.get(rule) and rule not in excused]
-    e2e = [rule for rule in uncited if everything.get(rule)]
-    assert not uncited, f"rules no in-process test cites: {uncited}" + (
-        f" (of them, cited only by tests marked e2e: {e2e})" if e2e else ""
-    )
+    missing, _ = uncited(rules)
+    assert not missing, f"rules no in-process test cites: {missing}"
+
+
+def test_no_rule_is_cited_only_by_tests_marked_e2e():
+    """Issue 47: a rule proven only end to end is not held by ``make quick`` (nor by ``make
+    mutate``): it fails here even when NOT_IN_PROCESS lists it."""
+    _, e2e = uncited(rules_of_page())
+    assert not e2e, f"rules cited only by tests marked e2e: {e2e}"
 
 
 def test_a_rule_listed_as_not_held_in_process_is_not_held_in_process():
     """Once a rule gets its test, it leaves NOT_IN_PROCESS: the list says only what is true."""
-    cited = citations()
-    stale = sorted(rule for rule in NOT_IN_PROCESS if cited.get(rule))
-    assert not stale, f"cited in process now, so no longer to be listed: {stale}"
+    cited, rules = citations(), rules_of_page()
+    stale = sorted(rule for rule in NOT_IN_PROCESS if cited.get(rule) or rule not in rules)
+    assert not stale, f"cited in process now, or not a rule of the page: {stale}"
 
 
-def test_the_rules_read_from_design_are_its_numbered_rules():
-    rules = rules_of_design()
+def test_the_rules_read_from_the_page_are_its_numbered_rules():
+    rules = rules_of_page()
     assert {"F1", "J6", "L7", "D4", "P8", "A1", "R23", "S6", "Q9"} <= set(rules)
-    assert len(rules) == 8 + 6 + 7 + 4 + 8 + 1 + 23 + 6 + 9
+    per_letter = {letter: sum(rule[0] == letter for rule in rules) for letter in PER_LETTER}
+    assert per_letter == PER_LETTER
+    assert {rule[0] for rule in rules} <= set(PER_LETTER)
+    for letter, count in PER_LETTER.items():  # numbered from 1, none skipped
+        assert [rule for rule in rules if rule[0] == letter] == [
+            f"{letter}{n}" for n in range(1, count + 1)
+        ]
 
 
-def test_a_rule_allowed_e2e_only_is_cited_only_by_tests_marked_e2e():
-    """E2E_ONLY_ALLOWED says only what is true: each rule there has tests, all marked e2e."""
-    cited, everything = citations(), cited_tests()
-    wrong = sorted(rule for rule in E2E_ONLY_ALLOWED if cited.get(rule) or not everything.get(rule))
-    assert not wrong, f"not (or no longer) cited by e2e tests only: {wrong}"
+def test_each_rule_has_one_heading_and_its_own_anchor():
+    """``rules.md#q2`` finds Q2: the id the console quotes is a link."""
+    headings = HEADING.findall(PAGE.read_text())
+    ids = [rule for rule, _, _ in headings]
+    assert len(ids) == len(set(ids)), sorted({rule for rule in ids if ids.count(rule) > 1})
+    wrong = [(rule, anchor) for rule, _, anchor in headings if anchor != rule.lower()]
+    assert not wrong, f"a rule's heading ends with {{#<its id in lower case>}}: {wrong}"
+
+
+def test_the_page_is_the_projects_own_and_reads_nothing_outside_the_repository():
+    text = PAGE.read_text()
+    assert "<!-- tuneplane:" not in text  # written, not generated from a file elsewhere
+    assert "../shared" not in text and "DESIGN.md" not in text
+
+
+def quoted_rules() -> dict[str, set[str]]:
+    """Rule id → the files in which the console quotes it to a user: a string that is not a
+    docstring (an error's message, a help text, an admin label) or a template."""
+    found: dict[str, set[str]] = {}
+    for top in QUOTING:
+        for path in sorted((ROOT / top).rglob("*")):
+            parts = path.relative_to(ROOT).parts
+            if {"migrations", "build", "__pycache__"} & set(parts) or not path.is_file():
+                continue
+            texts: list[str] = []
+            if path.suffix == ".py":
+                tree = ast.parse(path.read_text())
+                docstrings = {
+                    id(node.body[0].value)
+                    for node in ast.walk(tree)
+                    if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+                    and node.body
+                    and isinstance(node.body[0], ast.Expr)
+                }
+                texts = [
+                    node.value
+                    for node in ast.walk(tree)
+                    if isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and id(node) not in docstrings
+                ]
+            elif path.suffix in {".html", ".txt"}:
+                texts = [path.read_text()]
+            for text in texts:
+                for match in QUOTE.finditer(text):
+                    rule = match.group(1) or match.group(2)
+                    found.setdefault(rule, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_rule_the_console_quotes_is_on_the_page():
+    """Issue 49: an error's ``(rule Q2)``, the admin's ``(D1)`` can be looked up."""
+    quoted, rules = quoted_rules(), set(rules_of_page())
+    assert {"D1", "L6", "Q2", "Q8"} <= set(quoted)
+    missing = {
+        rule: sorted(paths)
+        for rule, paths in quoted.items()
+        if rule not in rules and rule[0] not in QUOTED_BEFORE_THE_PAGE
+    }
+    assert not missing, f"quoted by the console, not on docs/reference/rules.md: {missing}"
+
+
+def test_a_letter_quoted_before_the_page_has_its_section_is_not_on_the_page_yet():
+    """QUOTED_BEFORE_THE_PAGE says only what is true: once the page numbers a letter's rules,
+    the letter leaves the list."""
+    letters = {rule[0] for rule, _, _ in HEADING.findall(PAGE.read_text())}
+    assert not letters & set(QUOTED_BEFORE_THE_PAGE)
 
 
 def test_a_test_marked_e2e_holds_no_rule_in_process(tmp_path, monkeypatch):
@@ -178,3 +265,7 @@ def test_a_test_marked_e2e_holds_no_rule_in_process(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert set(citations()) == {"R14"}
     assert e2e_only() == ["R11", "R12", "R13", "R15", "R16"]
+    # Listed as not built yet or not, a rule cited only end to end fails; one cited by no
+    # test at all fails unless listed.
+    monkeypatch.setattr(sys.modules[__name__], "NOT_IN_PROCESS", {"R11": "", "R18": ""})
+    assert uncited(["R11", "R14", "R17", "R18"]) == (["R17"], ["R11"])

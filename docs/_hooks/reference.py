@@ -8,12 +8,13 @@ An MkDocs hook (mkdocs.yml's ``hooks:``). A page in docs/ holds a marker, an HTM
   default and the comment above it, read from the source with ``ast`` (no Django needed);
 - ``agent``: ``tuneplane-node``'s commands and options, from its own argparse parser;
 - ``cli``: ``tuneplane``'s commands and options, from its own click group;
-- ``design-rules``: the numbered rules, §5 to the end of ../shared/DESIGN.md;
 - ``api``: the API's paths and operations, from ``manage.py spectacular`` run at build time
   (the document itself is written beside the page as reference/openapi.json);
 - ``control-proto``: proto/tuneplane/node/v1/control.proto, whole.
 
 tests/docs/ holds that every setting is on the page and that the defaults are the code's.
+Everything it reads is in the repository; the numbered rules (reference/rules.md) are
+written, not generated.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from pathlib import Path, PurePosixPath
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = ROOT / "tuneplane" / "settings.py"
-DESIGN = ROOT.parent / "shared" / "DESIGN.md"
 PROTO = ROOT / "proto" / "tuneplane" / "node" / "v1" / "control.proto"
 MARKER = re.compile(r"<!-- tuneplane:([a-z-]+) -->")
 READERS = {"env_seconds": "seconds", "env_bool": "boolean", "get": "text"}
@@ -304,18 +304,6 @@ def render_cli() -> str:
     return "\n".join(out) + "\n"
 
 
-def render_design_rules(path: Path = DESIGN) -> str:
-    if not path.exists():
-        return (
-            "The numbered rules are in `DESIGN.md`, kept beside the repository "
-            "(`../shared/DESIGN.md`); it was not there when this site was built.\n"
-        )
-    text = path.read_text()
-    rules = text[text.index("## 5.") :]
-    # One level down: the page's own title is the only first-level heading.
-    return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", rules, flags=re.M)
-
-
 def openapi_document() -> dict:
     """The API's OpenAPI document, as `manage.py spectacular` writes it now."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -378,7 +366,6 @@ GENERATORS = {
     "settings": render_settings,
     "agent": render_agent,
     "cli": render_cli,
-    "design-rules": render_design_rules,
     "api": lambda: render_api(_api_document()),
     "control-proto": render_proto,
 }

@@ -7,23 +7,20 @@ test_sharing_boundaries.py's."""
 import math
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 from nodes.services.cordons import node_cordon
 from placement.models import Member, Quota, TrainingJob, Usage
 from placement.services.allocator import allocate
 from placement.services.ledger import pass_book
 from tests.conftest import H100_INVENTORY, SYSTEM, placeable_node
+from tests.placement import test_preempting
 from tests.placement.test_preempting import running_for, stops
 from tests.placement.test_quotas import QUOTAS, submit
 
 WEEK = 7 * 86400
-
-
-@pytest.fixture
-def lab(node_fleet, gpu_node):
-    gpu_node(node_fleet)
-    return node_fleet
+# Preemption's fixtures: one node of eight cards (lab); cv guaranteed all 8, ml borrowing
+# (shared).
+lab = test_preempting.lab
+shared = test_preempting.shared
 
 
 def test_Q1_a_limit_of_zero_below_its_guarantee_is_a_400_naming_the_limit(lab, admin_api, project):
@@ -81,16 +78,6 @@ def test_Q3_use_decays_once_per_elapsed_time_over_two_passes(lab, project, admin
         assert usage.as_of == at
         assert math.isclose(usage.card_seconds, 8 * 86400.0 * share, rel_tol=1e-9)
         assert math.isclose(book.usage[project.pk], usage.card_seconds, rel_tol=1e-9)
-
-
-@pytest.fixture
-def shared(lab, admin_api, member, vision):
-    """cv is guaranteed the node's 8 cards; ml has no guarantee and borrows."""
-    response = admin_api.request(
-        "PUT", QUOTAS, {"quotas": [{"project": "cv", "guaranteed": 8}, {"project": "ml"}]}
-    )
-    assert response.status_code == 200, response.content
-    return lab
 
 
 def test_Q6_a_victims_deadline_is_its_own_shorter_grace_exactly(shared, member, vision, settings):

@@ -3,9 +3,9 @@
 and serving, and a one-card job submitted every few seconds for half an hour: no process of
 the console restarted, every job succeeded.
 
-BENCH_SOAK_SECONDS (default 1800) is how long jobs are submitted; BENCH_SOAK_EVERY (default
-5) the seconds between two. It prints jobs submitted, succeeded, submit-to-succeeded p50 and
-p99, and how large the worker's log grew.
+TUNEPLANE_BENCH_SOAK_SECONDS (default 1800) is how long jobs are submitted;
+TUNEPLANE_BENCH_SOAK_EVERY (default 5) the seconds between two. It prints jobs submitted,
+succeeded, submit-to-succeeded p50 and p99, and how large the worker's log grew.
 """
 
 import json
@@ -21,8 +21,8 @@ from tests.e2e.test_make_run_jobs import make_run_with_an_agent
 
 pytestmark = [pytest.mark.bench]
 
-SECONDS = float(os.environ.get("BENCH_SOAK_SECONDS", 1800))
-EVERY = float(os.environ.get("BENCH_SOAK_EVERY", 5))
+SECONDS = float(os.environ.get("TUNEPLANE_BENCH_SOAK_SECONDS", 1800))
+EVERY = float(os.environ.get("TUNEPLANE_BENCH_SOAK_EVERY", 5))
 # After the last submission: time for the last jobs to run.
 SETTLE_SECONDS = 300
 

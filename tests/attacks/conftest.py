@@ -88,6 +88,17 @@ def uid_range() -> tuple[int, int]:
 @pytest.fixture
 def node(request):
     """A root agent whose members run confined, under the runtime (R18)."""
+    yield from _node(request)
+
+
+@pytest.fixture
+def image_node(request, dockerd):
+    """The same agent on a node with a container runtime: a member naming an image runs from
+    it, under the same OCI runtime (R18)."""
+    yield from _node(request, runtime=lambda: "docker")
+
+
+def _node(request, runtime=lambda: ""):
     if os.geteuid() != 0 or sandbox.unavailable():
         pytest.fail(f"the attack suite runs as root with the runtime: {sandbox.unavailable()}")
     root = Path(tempfile.mkdtemp(prefix="tuneplane-attack-", dir="/var/tmp"))
@@ -96,7 +107,9 @@ def node(request):
     state.ensure_private_dir(directory)
     state.write_private(directory / state.KEY, KEY)
     uids = getattr(request, "param", None) or uid_range()
-    executor = Executor(directory, devices=lambda: DEVICES, scope=scope, uids=uids)
+    executor = Executor(
+        directory, devices=lambda: DEVICES, scope=scope, uids=uids, runtime=runtime
+    )
     yield Node(executor, directory, uids)
     for member in executor.runner.store.members():
         if not member.cleaned:

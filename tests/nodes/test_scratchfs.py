@@ -254,7 +254,7 @@ def test_R17_the_tools_run_by_absolute_path_with_a_fixed_environment(monkeypatch
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(scratchfs.subprocess, "run", run)
-    scratchfs._run(scratchfs.unmount_argv(scratchfs._tool(scratchfs.UMOUNT), Path("/s/m")), "u")
+    scratchfs.run_tool(scratchfs.unmount_argv(scratchfs.tool(scratchfs.UMOUNT), Path("/s/m")), "u")
     ((argv, options),) = ran
     assert argv[0].startswith("/") and argv[0] in scratchfs.UMOUNT
     assert options["env"] == {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}

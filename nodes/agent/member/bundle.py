@@ -117,6 +117,11 @@ class Sandbox:
     tmp_bytes: int = TMP_BYTES
     # Its open files' limit: NOFILE, or the agent's own hard limit where that is lower.
     nofile: int = NOFILE
+    # Its root: the host's /usr and /etc bound read-only (a process member), or an image's
+    # filesystem the agent mounted in the bundle (an image member, whose PID 1 is then the
+    # static init bound into its /run).
+    host_root: bool = True
+    init: str = INIT
 
 
 def card_devices(card_indices, majors: dict[str, int | None]) -> tuple[Device, ...]:
@@ -150,7 +155,7 @@ def config(sandbox: Sandbox, seccomp: dict | None) -> dict:
         "process": {
             "terminal": False,
             "user": {"uid": sandbox.uid, "gid": sandbox.uid, "additionalGids": []},
-            "args": [INIT, "--", *sandbox.argv],
+            "args": [sandbox.init, "--", *sandbox.argv],
             "env": [f"{key}={value}" for key, value in sandbox.env.items()],
             "cwd": sandbox.cwd,
             "capabilities": no_caps,
@@ -241,9 +246,12 @@ def mounts(sandbox: Sandbox) -> list[dict]:
             "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
         }
     )
+    if sandbox.host_root:
+        found += [
+            {"destination": "/usr", "type": "bind", "source": "/usr", "options": ro_bind},
+            {"destination": "/etc", "type": "bind", "source": "/etc", "options": ro_bind},
+        ]
     found += [
-        {"destination": "/usr", "type": "bind", "source": "/usr", "options": ro_bind},
-        {"destination": "/etc", "type": "bind", "source": "/etc", "options": ro_bind},
         _tmpfs("/tmp", sized, "mode=1777"),
         _tmpfs("/var/tmp", sized, "mode=1777"),
         _tmpfs("/run", RUN_BYTES, "noexec", "mode=755"),
@@ -340,12 +348,22 @@ def load_seccomp(path: Path = SECCOMP_PROFILE) -> dict | None:
         return None
 
 
-def write(bundle: Path, spec: dict) -> None:
-    """The bundle's dir (root's, 0700) with its ``config.json`` and an empty root: the dirs
-    the mounts land on, and the merged-/usr links the host has (``bin → usr/bin``…)."""
+def write(bundle: Path, spec: dict, host_root: bool = True) -> None:
+    """The bundle's dir (root's, 0700) with its ``config.json`` and, for a process member, an
+    empty root: the dirs the mounts land on, and the merged-/usr links the host has (``bin →
+    usr/bin``…). An image's root is the image's: nothing in it is made or followed here (a
+    link in it is the tenant's), the runtime makes what its mounts need."""
     bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(bundle, 0o700)
-    rootfs = bundle / "rootfs"
+    if host_root:
+        _host_root(bundle / "rootfs")
+    written = bundle / "config.json.new"
+    written.write_text(json.dumps(spec, indent=1))
+    os.chmod(written, 0o600)
+    os.replace(written, bundle / "config.json")
+
+
+def _host_root(rootfs: Path) -> None:
     for name in ("usr", "etc", "proc", "sys", "dev", "tmp", "var/tmp", "run"):
         (rootfs / name).mkdir(parents=True, exist_ok=True)
     for name in ("tmp", "var/tmp"):  # the runtime gives a tmpfs its mount point's mode
@@ -355,7 +373,3 @@ def write(bundle: Path, spec: dict) -> None:
         link, host = rootfs / name, Path("/") / name
         if host.is_symlink() and not link.is_symlink():
             link.symlink_to(os.readlink(host))
-    written = bundle / "config.json.new"
-    written.write_text(json.dumps(spec, indent=1))
-    os.chmod(written, 0o600)
-    os.replace(written, bundle / "config.json")

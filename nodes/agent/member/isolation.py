@@ -4,7 +4,6 @@ user do), never handed out while a member holds it uncleaned or a process runs a
 confines it is the OCI runtime's (bundle.py, sandbox.py).
 """
 
-import os
 import re
 from pathlib import Path
 
@@ -42,12 +41,6 @@ def uids_running() -> set[int]:
         except (OSError, ValueError, IndexError):
             continue
     return found
-
-
-def unavailable() -> str:
-    """Why a container member cannot be given a uid of its own ("" when it can): the agent
-    must be root. A process member's wall is the OCI runtime's (sandbox.unavailable)."""
-    return "the agent is not root" if os.geteuid() != 0 else ""
 
 
 def char_major(name: str) -> int | None:

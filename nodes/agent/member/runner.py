@@ -14,7 +14,18 @@ from pathlib import Path
 from .. import state
 from ..command import COMMAND_ID, process_start_time
 from ..wire import MemberSpec, Refused
-from . import bundle, cgroups, isolation, launch, logs, network, policy, sandbox, scratchfs
+from . import (
+    bundle,
+    cgroups,
+    images,
+    isolation,
+    launch,
+    logs,
+    network,
+    policy,
+    sandbox,
+    scratchfs,
+)
 from .drivers import ContainerDriver, ProcessDriver, driver_of
 from .record import FAILED, RUNNING, Member
 from .store import Store
@@ -299,7 +310,7 @@ class Runner:
         state.ensure_private_dir(scratch)
         in_container = bool(spec.image)
         if self.uids is not None:
-            why_not = isolation.unavailable() if in_container else self._why_not_confined()
+            why_not = self._why_not_confined()
             if not why_not:
                 member.uid = member.uid or self._free_uid()
                 if member.uid is None:
@@ -310,7 +321,7 @@ class Runner:
                 return self._not_started(member, f"members cannot be confined: {why_not}")
         else:
             why_not = ""
-        if member.uid and not in_container:
+        if member.uid:  # an image's member too: the runtime's CLI only brings its image
             return self._launch_sandboxed(member, spec, scratch, now)
         driver = ContainerDriver(self.runtime()) if in_container else ProcessDriver()
         member.container = driver.runtime
@@ -364,8 +375,10 @@ class Runner:
         try:
             if not member.restarts:  # a replica's restart keeps what its scratch holds
                 state.ensure_private_dir(self.images)
-                image = self.images / f"{member_id}.img"
-                member.scratch_fs = scratchfs.make(scratch, image, spec.scratch_bytes, member.uid)
+                scratch_image = self.images / f"{member_id}.img"
+                member.scratch_fs = scratchfs.make(
+                    scratch, scratch_image, spec.scratch_bytes, member.uid
+                )
             box_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             binds = list(self._binds(spec, scratch))
             if spec.script:
@@ -377,12 +390,24 @@ class Runner:
                 argv = list(spec.argv)
         except OSError as error:
             return self._not_started(member, f"its scratch dir: {error.strerror or error}")
+        image = None
+        if spec.image:
+            try:
+                image = self._image_root(spec, box_dir)
+                argv = images.argv_of(image, spec.argv, SCRIPT_AT if spec.script else None)
+            except images.ImageError as error:
+                return self._not_started(member, f"its image: {error}")
+            binds.append(bundle.Bind(images.INIT_STATIC, images.INIT_AT, True))
         if self.seccomp is None:
             self.seccomp = bundle.load_seccomp()
         if self.seccomp is None:  # never a member without its filter
             why = f"the seccomp profile {bundle.SECCOMP_PROFILE} could not be read"
             return self._not_started(member, why)
-        env = launch.member_env(spec, scratch, self.storage_root, confined=True)
+        if image is None:
+            env = launch.member_env(spec, scratch, self.storage_root, confined=True)
+        else:
+            own = launch.own_env(spec, scratch, self.storage_root)
+            env = images.env_of(image, own, home=str(scratch))
         try:
             attached = network.attach(
                 member_id,
@@ -413,13 +438,16 @@ class Runner:
             netns=attached.netns,
             tmp_bytes=min(spec.scratch_bytes or bundle.TMP_BYTES, bundle.TMP_BYTES),
             nofile=min(bundle.NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
+            host_root=image is None,
+            init=bundle.INIT if image is None else images.INIT_AT,
         )
-        bundle.write(box_dir, bundle.config(box, self.seccomp))
+        bundle.write(box_dir, bundle.config(box, self.seccomp), host_root=image is None)
         member.argv = argv[:1]
+        root = "read-only /usr and /etc" if image is None else f"image {spec.image}, read-only"
         member.confinement = (
             f"{Path(member.sandbox).name}: uid {member.uid}; pid, ipc, uts, mount, network, "
             f"cgroup namespaces; address {attached.address}; no capabilities; seccomp; "
-            "read-only /usr and /etc; "
+            f"{root}; "
             + ("its cards only" if spec.cards else "no cards")
             + (f"; pids {spec.pids}" if spec.pids else "")
             + f"; {member.scratch_fs}"
@@ -428,6 +456,16 @@ class Runner:
         log_file = self.logs / f"{member_id}.log"
         argv = sandbox.keeper_argv(self.sandbox, member_id, exit_file, log_file, spec.log_bytes)
         self._spawn(member, argv, box_dir, dict(sandbox.FIXED_ENV), now)
+
+    def _image_root(self, spec: MemberSpec, box_dir: Path) -> images.Image:
+        """The image named, had from the node's container runtime, its filesystem mounted
+        as the member's root in its bundle (R18). ImageError when it cannot be."""
+        if not os.access(images.INIT_STATIC, os.X_OK):
+            raise images.ImageError(f"no {images.INIT_STATIC} on this node (install tini)")
+        runtime = self.runtime()
+        image = images.resolve(runtime, spec.image, always_pull=spec.pull == "always")
+        images.mount_root(images.root_of(runtime, image, self.sandbox.images), box_dir)
+        return image
 
     def _binds(self, spec: MemberSpec, scratch: Path):
         """What of the node a confined member sees beside the runtime's root: its scratch dir,

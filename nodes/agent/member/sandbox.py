@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import bundle, launch
+from . import bundle, images, launch
 
 logger = logging.getLogger("tuneplane-node")
 
@@ -49,6 +49,8 @@ class Paths:
     def __init__(self, root: Path):
         self.bundles = root / "bundles"
         self.state = root / "runtime"
+        # Images' filesystems, one per image id, kept: the lower layer of image members' roots.
+        self.images = root / "images"
 
     def bundle(self, member_id: str) -> Path:
         return self.bundles / member_id
@@ -95,6 +97,9 @@ def delete(paths: Paths, member_id: str) -> bool:
         except (OSError, subprocess.TimeoutExpired) as error:
             logger.warning("member %s: the runtime's delete: %s", member_id, error)
     gone = not (paths.state / member_id).exists()
+    # An image member's root is an overlay mounted in its bundle: unmounted before the
+    # bundle goes, never removed through.
+    gone = gone and images.unmount_root(paths.bundle(member_id))
     if gone:
         with contextlib.suppress(OSError):
             shutil.rmtree(paths.bundle(member_id))

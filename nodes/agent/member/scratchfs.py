@@ -179,8 +179,8 @@ def make(mountpoint: Path, image: Path, size_bytes: int | None, uid: int | None)
             os.ftruncate(fd, size)
         finally:
             os.close(fd)
-        _run(mkfs_argv(_tool(MKE2FS), image, size), "mke2fs")
-        _run(mount_argv(_tool(MOUNT), image, mountpoint), "mount")
+        run_tool(mkfs_argv(tool(MKE2FS), image, size), "mke2fs")
+        run_tool(mount_argv(tool(MOUNT), image, mountpoint), "mount")
         _hand_over(mountpoint, uid, mounted=True)
     except BaseException:
         remove(mountpoint, image)
@@ -197,14 +197,14 @@ def remove(mountpoint: Path, image: Path) -> bool:
     for _ in range(UNMOUNT_TRIES):
         if not mounted(mountpoint):
             break
-        if _run(unmount_argv(_tool(UMOUNT), mountpoint), "umount", check=False):
-            _run(unmount_argv(_tool(UMOUNT), mountpoint, lazy=True), "umount", check=False)
+        if run_tool(unmount_argv(tool(UMOUNT), mountpoint), "umount", check=False):
+            run_tool(unmount_argv(tool(UMOUNT), mountpoint, lazy=True), "umount", check=False)
         if mounted(mountpoint):
             time.sleep(0.05)
     for device in attached(image):
         # A device still held (a lazily unmounted filesystem in use) is only set to let go
         # once its last user does, which mount's own loop devices are already.
-        _run([_tool(LOSETUP), "--detach", device], "losetup", check=False)
+        run_tool([tool(LOSETUP), "--detach", device], "losetup", check=False)
     try:
         os.unlink(image)
     except FileNotFoundError:
@@ -304,7 +304,7 @@ def _remove_dir(path: Path) -> None:
             os.unlink(path)
 
 
-def _tool(paths: tuple[str, ...]) -> str:
+def tool(paths: tuple[str, ...]) -> str:
     found = next((path for path in paths if os.access(path, os.X_OK)), None)
     if found is None:
         name = os.path.basename(paths[0])
@@ -312,7 +312,7 @@ def _tool(paths: tuple[str, ...]) -> str:
     return found
 
 
-def _run(argv: list[str], name: str, check: bool = True) -> int:
+def run_tool(argv: list[str], name: str, check: bool = True) -> int:
     """One tool run with nothing of anyone's environment; its exit code, or OSError naming
     what it said when ``check`` and it failed."""
     try:

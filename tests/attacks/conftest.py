@@ -107,9 +107,7 @@ def _node(request, runtime=lambda: ""):
     state.ensure_private_dir(directory)
     state.write_private(directory / state.KEY, KEY)
     uids = getattr(request, "param", None) or uid_range()
-    executor = Executor(
-        directory, devices=lambda: DEVICES, scope=scope, uids=uids, runtime=runtime
-    )
+    executor = Executor(directory, devices=lambda: DEVICES, scope=scope, uids=uids, runtime=runtime)
     yield Node(executor, directory, uids)
     for member in executor.runner.store.members():
         if not member.cleaned:

@@ -82,7 +82,7 @@ def test_R19_an_image_member_reaches_neither_redis_nor_postgresql_nor_another_me
     script = DIAL
     script += "dial redis 127.0.0.1 6379\ndial postgresql 127.0.0.1 5432\n"
     script += f"dial other-member {victim.address} 22\n"
-    script += 'gateway=$(ip -4 route | awk \'/default/ {print $3}\')\n'
+    script += "gateway=$(ip -4 route | awk '/default/ {print $3}')\n"
     script += 'dial gateway-redis "$gateway" 6379\necho "gateway: $gateway"\n'
     output, _ = image_node.attack(script, image=IMAGE)
     assert "gateway: 10." in output, output

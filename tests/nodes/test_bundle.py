@@ -131,7 +131,10 @@ def test_R17_what_the_agent_runs_as_root_is_the_same_whatever_the_members_env(
 def test_R17_every_program_the_privileged_side_runs_is_named_by_its_absolute_path():
     paths = sandbox.Paths(Path("/var/lib/tuneplane"))
     argv = sandbox.keeper_argv(paths, "m-1", Path("/e"), Path("/l"), 100)
-    assert Path(argv[0]).is_absolute() and Path(argv[4]).is_absolute()
+    assert Path(argv[0]).is_absolute() and Path(argv[5]).is_absolute()
+    # Isolated, without site's .pth files, importing from the agent's own package dir only.
+    assert argv[1:4] == ["-I", "-S", "-c"] and repr(str(sandbox.PACKAGE_ROOT)) in argv[4]
+    assert sandbox.PACKAGE_ROOT.is_absolute() and (sandbox.PACKAGE_ROOT / "nodes").is_dir()
     assert all(Path(path).is_absolute() for path in sandbox.RUNTIMES)
     assert bundle.config(sandbox_of(), None)["process"]["args"][0] == bundle.INIT == "/usr/bin/tini"
 

@@ -95,6 +95,15 @@ def test_its_exit_file_says_how_it_ended():
     assert policy.final_state(0, "stopped") == policy.final_state(1, "exit") == "failed"
 
 
+def test_R10_a_member_stopped_while_its_runtime_was_starting_it_ends_as_a_stop_ends_it():
+    """The stop's SIGTERM reached the runtime's init before the member ran: its keeper says
+    the start failed (125), and that is the stop's end (143, stopped), not a failed start."""
+    assert ended(Observed(exit_code=125, stopping=True)) == (143, "stopped")
+    assert ended(Observed(exit_code=125)) == (125, "exit")  # no stop: the start failed
+    assert ended(Observed(exit_code=124, stopping=True)) == (124, "stopped")
+    assert ended(Observed(exit_code=126, stopping=True)) == (126, "stopped")
+
+
 def test_a_member_runs_while_its_group_leads_or_its_container_runs():
     assert ended(Observed(leader_alive=True)) is None
     running = {"running": True, "exit_code": 0, "oom_killed": False}

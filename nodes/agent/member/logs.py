@@ -15,7 +15,7 @@ import fcntl
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 _cutting = threading.Lock()
@@ -32,12 +32,10 @@ def _locked(handle, kind: int):
         fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-@dataclass(frozen=True)
-class Read:
-    data: bytes
-    offset: int  # where data starts in the member's output
-    next_offset: int  # just past data
-    truncated: bool  # what was asked for reaches before the oldest byte kept
+# A read of a member's log: its data; where data starts in the member's output; just past
+# it; whether what was asked for reaches before the oldest byte kept. A plain tuple, not a
+# dataclass: the keeper imports this module, and a member's start waits on the keeper's.
+Read = namedtuple("Read", "data offset next_offset truncated")
 
 
 def _offset_file(path: Path) -> Path:

@@ -344,11 +344,33 @@ def _member_ip(result: dict) -> tuple[str, str]:
     return str(ipaddress.ip_interface(ip["address"]).ip), ip["gateway"]
 
 
-def _ensure_host_rules() -> None:
+# Whether this process made the machine's table and CNI-ADMIN's accept: once, not at every
+# member's start. A member's rules go into that table; where it has gone since (flushed by
+# hand), adding them fails and the table is made again before a second try.
+_host_rules_made = False
+
+
+def _ensure_host_rules(again: bool = False) -> None:
+    global _host_rules_made
+    if _host_rules_made and not again:
+        return
+    _host_rules_made = False
     _run([NFT, "-f", "-"], nft_base())
     with _machine_lock():
         if _run([IPTABLES, "-w", "-C", "CNI-ADMIN", *ADMIN_ACCEPT], check=False).returncode:
             _run([IPTABLES, "-w", "-A", "CNI-ADMIN", *ADMIN_ACCEPT])
+    _host_rules_made = True
+
+
+def _fence(chain: str, host_if: str, address: str, deny) -> None:
+    """The member's chain in the machine's table: one nft transaction."""
+    rules = nft_member(chain, host_if, address, deny)
+    _ensure_host_rules()
+    try:
+        _run([NFT, "-f", "-"], rules)
+    except NetworkError:
+        _ensure_host_rules(again=True)
+        _run([NFT, "-f", "-"], rules)
 
 
 def attach(
@@ -394,8 +416,7 @@ def attach(
         )
     address, gateway = _member_ip(result)
     try:
-        _ensure_host_rules()
-        _run([NFT, "-f", "-"], nft_member(name.chain, _host_interface(result), address, deny))
+        _fence(name.chain, _host_interface(result), address, deny)
     except NetworkError:
         detach(member_id, scope=scope, state_dir=state_dir)
         raise

@@ -5,6 +5,7 @@ escalates, when a replica restarts, and what a readiness probe's answer changes.
 from dataclasses import dataclass
 
 from ..wire import MemberSpec
+from .shim import START_FAILED
 
 # The code a member gets when its process is gone and left no exit code behind.
 VANISHED = -1
@@ -16,6 +17,7 @@ RESTART_MAX = 60.0
 RESTART_RESET_AFTER = 300.0
 FAILURES_TO_UNREADY = 3
 MAX_DETAIL = 200
+SIGTERM_EXIT = 128 + 15
 
 
 def refusal(spec: MemberSpec, devices: list[dict], held: set[int], runtime: str = "") -> str:
@@ -53,6 +55,10 @@ def ended(seen: Observed) -> tuple[int, str] | None:
     """How a member ended — (exit code, reason) — or None while it runs."""
     stopped = "stopped" if seen.stopping else "exit"
     container = seen.container
+    if seen.exit_code == START_FAILED and seen.stopping:
+        # Stopped while its runtime was still starting it (the SIGTERM reached the runtime's
+        # init): it ends as that stop ends any member.
+        return SIGTERM_EXIT, "stopped"
     if seen.exit_code is not None:
         return seen.exit_code, "oom" if seen.oom else stopped
     if seen.leader_alive or (container and container["running"]):

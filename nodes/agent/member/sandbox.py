@@ -61,16 +61,26 @@ class Paths:
             os.chmod(path, 0o700)
 
 
+# The keeper is the agent's interpreter, isolated (``-I``: no PYTHON* variable, no user site,
+# no current dir) and without ``site`` (``-S``: no .pth file runs; a member's start waits on
+# the keeper's). It imports from the dir the agent's own package is in, root's.
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+KEEPER_BOOT = (
+    "import sys; sys.path.insert(0, {root!r}); "
+    "from {module} import main; raise SystemExit(main(sys.argv[1:]))"
+)
+
+
 def keeper_argv(
     paths: Paths, member_id: str, exit_file: Path, log_file: Path, log_cap: int | None
 ) -> list[str]:
-    """The keeper (shim.py) that starts the member and carries its output: the agent's own
-    interpreter, isolated (``-I``: no PYTHON* variable, no user site, no current dir)."""
+    """The keeper (shim.py) that starts the member and carries its output."""
     return [
         sys.executable,
         "-I",
-        "-m",
-        f"{__package__}.shim",
+        "-S",
+        "-c",
+        KEEPER_BOOT.format(root=str(PACKAGE_ROOT), module=f"{__package__}.shim"),
         runtime(),
         str(paths.state),
         str(paths.bundle(member_id)),

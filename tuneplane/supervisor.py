@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LOG_DIR = "log"
+# A log this large is moved to NAME.log.1 (the one before it dropped): a console left running
+# for weeks keeps two of them per process, whatever its processes say.
+LOG_BYTES = 50_000_000
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,9 @@ _REQUEST = re.compile(r"\sWARNING\s+django\.(server|request)\s")
 # kombu at every start of a worker or beat on the embedded broker, whose URL names no host.
 HARMLESS = ("No hostname was supplied. Reverting to default 'localhost'",)
 # What a process says when it dies outside its logging: a traceback, "CommandError: ...".
-_CRASH = re.compile(r"^(Traceback \(most recent call last\)|[\w.]*(Error|Exception|Configured)\b[^:]*:)")
+_CRASH = re.compile(
+    r"^(Traceback \(most recent call last\)|[\w.]*(Error|Exception|Configured)\b[^:]*:)"
+)
 
 
 def shown(line: str, *, in_error: bool) -> tuple[bool, bool]:
@@ -109,7 +114,8 @@ class Child:
 
 class Supervisor:
     """Starts ``commands`` (name -> argv), each in a session of its own with its output
-    written to ``log_dir/NAME.log``, and keeps them running until ``stop()``. ``say`` is given
+    written to ``log_dir/NAME.log`` (the last start's, or the part past ``log_bytes``, kept as
+    ``NAME.log.1``), and keeps them running until ``stop()``. ``say`` is given
     each line the terminal shows."""
 
     def __init__(
@@ -120,6 +126,7 @@ class Supervisor:
         say: Callable[[str], None],
         backoff: Backoff = BACKOFF,
         clock: Callable[[], float] = time.monotonic,
+        log_bytes: int = LOG_BYTES,
     ):
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         log_dir.chmod(0o700)  # R23: the processes' output is the console's own
@@ -132,12 +139,10 @@ class Supervisor:
         self.clock = clock
         self._saying = threading.Lock()
         self.stopping = False
+        self.log_bytes = log_bytes
         self._files: dict[str, object] = {}
         for child in self.children.values():
-            if child.log.exists():  # the last start's, kept once
-                child.log.replace(child.log.with_name(f"{child.log.name}.1"))
-            descriptor = os.open(child.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            self._files[child.name] = os.fdopen(descriptor, "a", encoding="utf-8")
+            self._open_log(child)
 
     def say(self, text: str) -> None:
         with self._saying:
@@ -235,12 +240,23 @@ class Supervisor:
                 self.say(f"{child.name} | {line}")
         process.stdout.close()
 
+    def _open_log(self, child: Child) -> None:
+        """``NAME.log`` begun anew, the one there before kept as ``NAME.log.1``."""
+        if child.log.exists():
+            child.log.replace(child.log.with_name(f"{child.log.name}.1"))
+        descriptor = os.open(child.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._files[child.name] = os.fdopen(descriptor, "a", encoding="utf-8")
+
     def _write(self, child: Child, text: str) -> None:
-        file = self._files[child.name]
         with self._saying:
-            if not file.closed:
-                file.write(text)
-                file.flush()
+            file = self._files[child.name]
+            if file.closed:
+                return
+            file.write(text)
+            file.flush()
+            if file.tell() >= self.log_bytes:
+                file.close()
+                self._open_log(child)
 
     @staticmethod
     def _kill_group(process: subprocess.Popen) -> None:

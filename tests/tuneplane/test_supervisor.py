@@ -168,8 +168,10 @@ def supervised(tmp_path):
     said: list[str] = []
     made: list[Supervisor] = []
 
-    def make(commands):
-        supervisor = Supervisor(commands, log_dir=tmp_path / "log", say=said.append, backoff=QUICK)
+    def make(commands, **options):
+        supervisor = Supervisor(
+            commands, log_dir=tmp_path / "log", say=said.append, backoff=QUICK, **options
+        )
         made.append(supervisor)
         supervisor.start_all()
         return supervisor
@@ -256,3 +258,16 @@ def test_stop_ends_every_process_and_restarts_none(supervised):
     supervisor.check()
     assert supervisor.pid("a") is None and supervisor.pid("b") is None
     assert not any("restarting" in line for line in said), said
+
+
+def test_a_log_past_its_size_is_kept_once_as_log_1_and_begun_anew(supervised, tmp_path):
+    """A console left running for weeks keeps two logs per process, not a growing one."""
+    make, said = supervised
+    script = "import time\nfor n in range(300): print(f'line {n:04d} ' + 'x' * 80)\ntime.sleep(300)"
+    make({"talker": [sys.executable, "-c", script]}, log_bytes=10_000)
+    log, kept = tmp_path / "log" / "talker.log", tmp_path / "log" / "talker.log.1"
+    wait_until(lambda: "line 0299" in log.read_text(), what="the last line")
+    assert 10_000 <= kept.stat().st_size < 10_000 + 100 and log.stat().st_size < 10_000
+    lines = [kept.read_text().splitlines()[-1], log.read_text().splitlines()[0]]
+    assert int(lines[1].split()[1]) == int(lines[0].split()[1]) + 1  # nothing lost between
+    assert stat.S_IMODE(log.stat().st_mode) == stat.S_IMODE(kept.stat().st_mode) == 0o600

@@ -1,13 +1,13 @@
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from fleets.selectors import fleets_visible_to
 from tuneplane.permissions import is_admin
 
-from .choices import ACTIVE_COMMAND_STATES, CommandKind, CommandState, SchedulingState
+from .choices import ACTIVE_COMMAND_STATES, LEAVING, CommandKind, CommandState, SchedulingState
 from .models import (
     CardAlias,
     ClusterSnapshot,
@@ -198,23 +198,28 @@ def nodes_placeable(fleet_ids, now=None) -> QuerySet[Node]:
     """Nodes that may take new work now (L1, D1): a live control-session lease, inventory
     observed within TUNEPLANE_PLACEMENT_FRESHNESS, schedulable and not cordoned. A shown
     state alone is not enough. Whether the Fleet is active is the caller's gate."""
-    return _nodes_live(fleet_ids, now).exclude(pk__in=NodeCordon.objects.values("node_id"))
+    return Node.objects.filter(placeable_now(now), fleet_id__in=list(fleet_ids))
 
 
-def nodes_placeable_but_for_cordons(fleet_ids, now=None) -> QuerySet[Node]:
-    """Nodes that would take new work now but for a cordon (D1, L6): what a refusal names
-    when they are why nothing fits."""
-    return _nodes_live(fleet_ids, now).filter(pk__in=NodeCordon.objects.values("node_id"))
-
-
-def _nodes_live(fleet_ids, now=None) -> QuerySet[Node]:
+def placeable_now(now=None) -> Q:
+    """nodes_placeable's condition on a node row, for a query that also counts the others."""
     now = now or timezone.now()
     fresh = now - timedelta(seconds=settings.TUNEPLANE_PLACEMENT_FRESHNESS)
-    return Node.objects.filter(
-        fleet_id__in=list(fleet_ids),
+    return Q(
+        ~Exists(NodeCordon.objects.filter(node_id=OuterRef("pk"))),
         scheduling_state=SchedulingState.SCHEDULABLE,
         lease_expires_at__gt=now,
         inventory_observed_at__gte=fresh,
+    )
+
+
+def nodes_coming_back(fleet_ids) -> QuerySet[Node]:
+    """The nodes admission's fit counts (P8): every node of these Fleets that is not leaving.
+    A cordoned, quiet or gone machine is coming back, and work that only it fits queues for
+    it; a draining, drained or removed one is leaving (D1), as is a gone one whose drain was
+    never undone. Placing work is the allocator's, on nodes_placeable only (L1)."""
+    return Node.objects.filter(fleet_id__in=list(fleet_ids), drain_started_at__isnull=True).exclude(
+        scheduling_state__in=LEAVING
     )
 
 

@@ -12,8 +12,15 @@ counts what the allocator can hold: a node's devices, each card by index and UUI
 whose inventory counts cards but lists no devices holds nothing here, and a refusal it caused
 says so, with the fix (Q9).
 
+The fit counts every node that is coming back — cordoned, quiet or gone — and none that is
+leaving — draining, drained or removed (P8): work that only a cordoned machine fits is
+admitted and queues, its reason to wait ``cordoned`` with the cordon's words (Q8); work that
+only a leaving machine fits is refused, naming it. Placing is the allocator's, on the nodes
+placeable now (L1). Among several Fleets that fit, one that fits on its placeable nodes now
+is chosen first.
+
 Queries do not depend on the number of nodes or Fleets: the visible Fleets, one aggregate
-per Fleet over the placeable nodes' rows, then where it fits in the Fleet chosen.
+per Fleet over the counted nodes' rows, then where it fits in the Fleet chosen.
 """
 
 from dataclasses import dataclass, field
@@ -26,7 +33,6 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     IntegerField,
-    Prefetch,
     Q,
     Value,
     When,
@@ -37,14 +43,14 @@ from django.utils import timezone
 
 from fleets.choices import FleetKind, FleetState
 from fleets.selectors import fleet_get_open_to, fleets_open_to
-from nodes.choices import CordonSource
-from nodes.models import NodeCordon
+from nodes.choices import SchedulingState
+from nodes.models import Node
 from nodes.selectors import (
     card_series,
     cards_summary,
     cluster_machines_placeable,
-    nodes_placeable,
-    nodes_placeable_but_for_cordons,
+    nodes_coming_back,
+    placeable_now,
     with_container_runtime,
 )
 from tuneplane.errors import PlacementRefused
@@ -55,8 +61,9 @@ from .models import Quota
 from .sharing import Book, QuotaRow
 
 GATES = ["visibility", "capability", "state", "inventory_fit"]
-# Cordoned nodes a refusal names; past this many it says how many more.
-CORDONED_NAMED = 5
+# Leaving nodes a refusal names; past this many it says how many more.
+LEAVING_NAMED = 5
+DRAINING = (SchedulingState.DRAINING, SchedulingState.DRAINED)
 
 
 @dataclass(frozen=True)
@@ -82,20 +89,25 @@ class Need:
 
 @dataclass
 class FleetFit:
-    """How a Fleet's placeable nodes hold a need: a check, not a reservation (P7)."""
+    """How a Fleet's nodes that are not leaving hold a need (P8): a check, not a reservation
+    (P7)."""
 
     fleet_id: str
-    largest: int = 0  # the most matching cards on one placeable node
-    fitting_count: int = 0  # placeable nodes holding the cards asked per node
+    largest: int = 0  # the most matching cards on one counted node
+    fitting_count: int = 0  # counted nodes holding the cards asked per node
     fitting_cards: int = 0  # the matching cards on those nodes
-    # Placeable nodes that would hold the cards asked by their cards count, but list no
+    # Counted nodes that would hold the cards asked by their cards count, but list no
     # devices for the allocator to hold (Q9): never counted above; and the most cards one
     # of them counts.
     unlisted: int = 0
     unlisted_cards: int = 0
+    fitting_now: int = 0  # of the fitting nodes, those placeable now (L1)
 
     def fits(self, need: "Need") -> bool:
         return self.fitting_count >= need.nodes
+
+    def fits_now(self, need: "Need") -> bool:
+        return self.fitting_now >= need.nodes
 
 
 @dataclass
@@ -109,14 +121,15 @@ class Admitted:
 
 
 class Holdings:
-    """The placeable machines of some Fleets against one need, at one moment. A node holds
-    what its row keeps (J4) if its inventory lists its devices (Q9), so nothing is unpacked or
-    joined per node; a cluster Fleet's machines are those of a fresh snapshot from its manager
-    (L1), mapped the same way."""
+    """The machines of some Fleets that are not leaving (P8) against one need, at one moment.
+    A node holds what its row keeps (J4) if its inventory lists its devices (Q9), so nothing
+    is unpacked or joined per node; a cluster Fleet's machines are those of a fresh snapshot
+    from its manager (L1), mapped the same way."""
 
     def __init__(self, fleets: list, need: Need, now=None):  # Fleets, or rows: id and kind
         self.fleets, self.need, self.now = fleets, need, now or timezone.now()
-        nodes = nodes_placeable([f.id for f in fleets if f.kind == FleetKind.NODE], self.now)
+        self.node_fleets = [f.id for f in fleets if f.kind == FleetKind.NODE]
+        nodes = nodes_coming_back(self.node_fleets)
         if need.container:
             nodes = with_container_runtime(nodes)
         counted = _cards_counted(need)
@@ -124,6 +137,7 @@ class Holdings:
             counted=counted,
             listed=ExpressionWrapper(DEVICES_LISTED, output_field=BooleanField()),
             held=Case(When(DEVICES_LISTED, then=counted), default=Value(0)),
+            now=ExpressionWrapper(placeable_now(self.now), output_field=BooleanField()),
         )
         # A cluster's manager runs its own way: its machines never fit a workload's image.
         clusters = [f.id for f in fleets if f.kind != FleetKind.NODE]
@@ -137,20 +151,24 @@ class Holdings:
         for fleet_id, held in self.cluster_machines().items():
             fitting = [cards for cards, _ in held if cards >= self.need.cards]
             fits[fleet_id] = FleetFit(
-                fleet_id, max((c for c, _ in held), default=0), len(fitting), sum(fitting)
+                fleet_id,
+                max((c for c, _ in held), default=0),
+                len(fitting),
+                sum(fitting),
+                fitting_now=len(fitting),
             )
         try:
             inner, params = (
                 self.nodes.order_by()
-                .values("fleet_id", "counted", "listed")
+                .values("fleet_id", "counted", "listed", "now")
                 .query.sql_with_params()
             )
         except EmptyResultSet:
             return fits
         with connection.cursor() as cursor:
-            cursor.execute(FIT_SQL.format(placeable=inner), [*params, *[self.need.cards] * 6])
-            for fleet_id, largest, count, cards, *unlisted in cursor.fetchall():
-                fits[fleet_id] = FleetFit(fleet_id, largest, count, cards or 0, *unlisted)
+            cursor.execute(FIT_SQL.format(counted=inner), [*params, *[self.need.cards] * 7])
+            for fleet_id, largest, count, cards, *unlisted, now in cursor.fetchall():
+                fits[fleet_id] = FleetFit(fleet_id, largest, count, cards or 0, *unlisted, now)
         return fits
 
     def without_devices(self, fits: dict[str, FleetFit]) -> str:
@@ -160,9 +178,9 @@ class Holdings:
         what = self.need.series or "cards"
         named = [
             (
-                f"a placeable node of {fit.fleet_id} reports {fit.unlisted_cards} {what}"
+                f"a node of {fit.fleet_id} reports {fit.unlisted_cards} {what}"
                 if fit.unlisted == 1
-                else f"{fit.unlisted} placeable nodes of {fit.fleet_id} report up to "
+                else f"{fit.unlisted} nodes of {fit.fleet_id} report up to "
                 f"{fit.unlisted_cards} {what}"
             )
             + " but no devices"
@@ -178,16 +196,19 @@ class Holdings:
             "counts toward no fit (rule Q9)."
         )
 
-    def cordoned(self, fits: dict[str, FleetFit]) -> str:
-        """Why nothing fits, when cordons are why: the nodes of these Fleets that would hold
-        the need but for a cordon, each with its cordons' sources and reasons, where they
-        would have made it fit (D1; a storage cordon is lifted by the node itself, L6); else
-        nothing. Only Fleets the project can see are ever among ``self.fleets`` (F8). Two
-        queries, on the refusal's path only."""
-        node_fleets = [f.id for f in self.fleets if f.kind == FleetKind.NODE]
-        if not node_fleets:
+    def leaving(self, fits: dict[str, FleetFit]) -> str:
+        """Why nothing fits, when leaving machines are why: the nodes of these Fleets that
+        would hold the need but are draining or drained, each with its drain's reason, where
+        they would have made it fit (P8, D1: resume brings one back); else nothing. Only
+        Fleets the project can see are ever among ``self.fleets`` (F8). One query, on the
+        refusal's path only."""
+        if not self.node_fleets:
             return ""
-        nodes = nodes_placeable_but_for_cordons(node_fleets, self.now)
+        nodes = (
+            Node.objects.filter(fleet_id__in=self.node_fleets)
+            .filter(Q(scheduling_state__in=DRAINING) | Q(drain_started_at__isnull=False))
+            .exclude(scheduling_state=SchedulingState.REMOVED)
+        )
         if self.need.container:
             nodes = with_container_runtime(nodes)
         held = Case(When(DEVICES_LISTED, then=_cards_counted(self.need)), default=Value(0))
@@ -195,14 +216,7 @@ class Holdings:
             nodes.annotate(held=held)
             .filter(held__gte=self.need.cards)
             .order_by("fleet_id", "id")
-            .only("id", "fleet_id")
-            .prefetch_related(
-                Prefetch(
-                    "cordons",
-                    queryset=NodeCordon.objects.order_by("created_at", "source"),
-                    to_attr="blocking",
-                )
-            )
+            .only("id", "fleet_id", "scheduling_state", "drain_reason")
         )
         per_fleet: dict[str, int] = {}
         for node in would_fit:
@@ -215,21 +229,14 @@ class Holdings:
         if not named:
             return ""
         listed = ", ".join(
-            f"{node.id} ({'; '.join(f'{c.source}: {c.reason}' for c in node.blocking)})"
-            for node in named[:CORDONED_NAMED]
+            f"{node.id} ({node.scheduling_state}: {node.drain_reason})"
+            for node in named[:LEAVING_NAMED]
         )
-        more = f" and {len(named) - CORDONED_NAMED} more" if len(named) > CORDONED_NAMED else ""
-        sources = {cordon.source for node in named for cordon in node.blocking}
-        storage = (
-            " A storage cordon lifts by itself when the node sees its Fleet's storage root "
-            "again (rule L6)."
-            if CordonSource.STORAGE in sources
-            else ""
-        )
+        more = f" and {len(named) - LEAVING_NAMED} more" if len(named) > LEAVING_NAMED else ""
         nodes_fit = "node that would fit is" if len(named) == 1 else "nodes that would fit are"
         return (
-            f" {len(named)} {nodes_fit} cordoned: {listed}{more}. "
-            f"A cordoned node takes no new work (rule D1).{storage}"
+            f" {len(named)} {nodes_fit} leaving: {listed}{more}. A draining or drained "
+            "machine takes no new work until an administrator resumes it (rules D1, P8)."
         )
 
     def fitting_nodes(self, fleet_id: str, limit: int = 8) -> list[str]:
@@ -239,7 +246,7 @@ class Holdings:
             return [name for cards, name in held if cards >= self.need.cards][:limit]
         return list(
             self.nodes.filter(fleet_id=fleet_id, held__gte=self.need.cards)
-            .order_by("-held", "id")
+            .order_by("-now", "-held", "id")
             .values_list("id", flat=True)[:limit]
         )
 
@@ -269,17 +276,19 @@ class Holdings:
         return self._machines
 
 
-# Per Fleet, over its placeable nodes' rows: what a node counts and whether it lists its
-# devices are computed once, in the inner query, and the aggregate reads them (PostgreSQL and
-# SQLite alike). A node holds what it counts only if it lists its devices (Q9).
+# Per Fleet, over its counted nodes' rows (P8): what a node counts, whether it lists its
+# devices and whether it is placeable now are computed once, in the inner query, and the
+# aggregate reads them (PostgreSQL and SQLite alike). A node holds what it counts only if it
+# lists its devices (Q9).
 FIT_SQL = """
-WITH placeable AS MATERIALIZED ({placeable}),
-held AS (SELECT fleet_id, counted, CASE WHEN listed THEN counted ELSE 0 END AS held
-         FROM placeable)
+WITH counted AS MATERIALIZED ({counted}),
+held AS (SELECT fleet_id, counted, CASE WHEN listed THEN counted ELSE 0 END AS held, now
+         FROM counted)
 SELECT fleet_id, MAX(held), COUNT(*) FILTER (WHERE held >= %s),
        SUM(held) FILTER (WHERE held >= %s),
        COUNT(*) FILTER (WHERE held < %s AND counted >= %s),
-       COALESCE(MAX(counted) FILTER (WHERE held < %s AND counted >= %s), 0)
+       COALESCE(MAX(counted) FILTER (WHERE held < %s AND counted >= %s), 0),
+       COUNT(*) FILTER (WHERE held >= %s AND now)
 FROM held GROUP BY fleet_id
 """
 
@@ -307,7 +316,7 @@ def _best_offer(fits: dict[str, FleetFit], need: Need) -> str:
     """The largest fit that does exist, among the Fleets the submitter can see."""
     best = min(fits.values(), key=lambda fit: (-fit.largest, fit.fleet_id), default=None)
     if best is None or best.largest == 0:
-        return f"no placeable node of a Fleet you can see holds {need.series or 'cards'} now"
+        return f"no node of a Fleet you can see holds {need.series or 'cards'}"
     return f"largest fit: {best.largest} × {need.series or 'cards'} on one node in {best.fleet_id}"
 
 
@@ -379,10 +388,10 @@ def admit_named(project, fleet_id: str, need: Need, now=None) -> Admitted:
             Refusal.INVENTORY_FIT,
             _without_runtime(
                 need,
-                f"Fleet '{fleet.id}' has no placeable nodes for "
-                f"{need.describe()}; {_best_offer(fits, need)}."
+                f"Fleet '{fleet.id}' has no nodes for {need.describe()}, counting those "
+                f"coming back and none leaving (rule P8); {_best_offer(fits, need)}."
                 + holdings.without_devices(fits)
-                + holdings.cordoned(fits),
+                + holdings.leaving(fits),
             ),
             best_offer=_best_offer(fits, need),
         )
@@ -391,8 +400,9 @@ def admit_named(project, fleet_id: str, need: Need, now=None) -> Admitted:
 
 @measured_admission
 def admit_automatically(project, need: Need, now=None) -> Admitted:
-    """P1, P4: among every Fleet open to the project that passes every gate, the one with the most
-    fitting cards, then the smallest id — deterministic."""
+    """P1, P4: among every Fleet open to the project that passes every gate, one that fits on
+    its nodes placeable now before one that fits only counting those coming back (P8), then
+    the one with the most fitting cards, then the smallest id — deterministic."""
     visible = list(
         fleets_open_to(project)
         .select_related(None)
@@ -427,13 +437,16 @@ def admit_automatically(project, need: Need, now=None) -> Admitted:
             Refusal.INVENTORY_FIT,
             _without_runtime(
                 need,
-                f"No Fleet you can see fits {need.describe()} now; {offer}."
+                f"No Fleet you can see fits {need.describe()}, counting nodes coming back "
+                f"and none leaving (rule P8); {offer}."
                 + holdings.without_devices(fits)
-                + holdings.cordoned(fits),
+                + holdings.leaving(fits),
             ),
             best_offer=offer,
         )
-    chosen = min(fitting, key=lambda fit: (-fit.fitting_cards, fit.fleet_id))
+    chosen = min(
+        fitting, key=lambda fit: (not fit.fits_now(need), -fit.fitting_cards, fit.fleet_id)
+    )
     return Admitted(chosen.fleet_id, GATES, holdings.fitting_nodes(chosen.fleet_id))
 
 

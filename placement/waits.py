@@ -8,9 +8,11 @@ project's queue and in the Fleet's.
   needed), or the free ones are owed to a guarantee whose work waits for them, or no node
   has the CPUs, memory, port or runtime it needs beside its cards.
 - ``fragmentation``: enough free cards, but not on one node (the largest free block).
-- ``health``, ``node_unreachable``, ``no_devices``: it would fit with the cards of nodes
-  that are cordoned or have unhealthy cards, that are not connected, or that list cards
-  without devices (what the allocator cannot hold; Q9).
+- ``cordoned``, ``health``, ``node_unreachable``, ``no_devices``: it would fit with the
+  cards of nodes that are cordoned (the cordons' words said: a cordoned machine is coming
+  back, P8), of cards that are unhealthy, of nodes not connected now (quiet, gone, never
+  yet reported), or of nodes that list cards without devices (what the allocator cannot
+  hold; Q9). A leaving node — draining or drained — counts for none of them.
 - ``priority``: its cards went, this pass, to work of its own project ahead of it.
 - ``fair_share``: its cards went, this pass, to another project's borrowed work.
 - ``preempting``: running jobs are being stopped for it (Q5, Q6): their deadlines.
@@ -36,6 +38,7 @@ REASONS = (
     "preempting",
     "no_devices",
     "node_unreachable",
+    "cordoned",
     "fleet_closed",
 )
 
@@ -111,15 +114,72 @@ def owed(free: int, owed_cards: int, needs: int, series: str) -> Wait:
     )
 
 
-# Capacity the pass cannot use, by why: cards on nodes cordoned or unhealthy (``health``),
-# on nodes not connected (``node_unreachable``), listed without devices (``no_devices``).
-UNAVAILABLE = ("health", "node_unreachable", "no_devices")
+# Capacity the pass cannot use, by why: cards on cordoned nodes (``cordoned``), unhealthy
+# (``health``), on nodes not connected (``node_unreachable``), listed without devices
+# (``no_devices``). A wait names the first that would make the request fit.
+UNAVAILABLE = ("cordoned", "health", "node_unreachable", "no_devices")
 UNAVAILABLE_SAID = {
-    "health": "on cordoned nodes or unhealthy",
+    "cordoned": "on cordoned nodes",
+    "health": "unhealthy",
     "node_unreachable": "on nodes not connected now",
     "no_devices": "on nodes that list cards without devices (the agent's inventory must name "
     "each card's index and uuid)",
 }
+# The cordons' words a ``cordoned`` wait quotes; past this many it says how many more.
+CORDONS_SAID = 3
+
+
+class Unavailable(dict):
+    """A Fleet's cards no pass can use now, by why (reason → cards), and the words of the
+    cordons that hold some of them ("source: reason", each once, oldest first)."""
+
+    def __init__(self, cards=None, cordons=()):
+        super().__init__(cards or {})
+        self.cordons = tuple(cordons)
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """What a pass reads of one of its Fleet's nodes to say why cards are unavailable."""
+
+    node_id: str
+    cards: int  # its placeable cards as its row keeps them (less the unhealthy)
+    unhealthy: int = 0
+    cordons: tuple[str, ...] = ()  # "source: reason"
+    leaving: bool = False  # draining, drained, or a drain not undone
+
+
+def unavailable(rows, capacities) -> Unavailable:
+    """Q8, Q9, P8: the Fleet's cards no pass can use now, by why. A node the pass may place
+    on (in ``capacities``) lends only its cards without devices; one it may not is cordoned,
+    else not connected now; a leaving node counts for nothing. Unhealthy cards are health's
+    wherever they are."""
+    found = dict.fromkeys(UNAVAILABLE, 0)
+    words: dict[str, None] = {}
+    for row in rows:
+        if row.leaving:
+            continue
+        found["health"] += row.unhealthy
+        node = capacities.get(row.node_id)
+        if node is None and row.cordons:
+            found["cordoned"] += row.cards
+            if row.cards:
+                words.update(dict.fromkeys(row.cordons))
+        elif node is None:
+            found["node_unreachable"] += row.cards
+        elif row.cards and not node.devices_by_series.get("", 0):
+            found["no_devices"] += row.cards
+    return Unavailable({why: cards for why, cards in found.items() if cards}, words)
+
+
+def _said_unavailable(reason: str, unavailable: dict) -> tuple[str, dict]:
+    """How a wait on unavailable cards names them, and the numbers it adds."""
+    cordons = list(getattr(unavailable, "cordons", ()))
+    if reason != "cordoned" or not cordons:
+        return UNAVAILABLE_SAID[reason], {}
+    more = len(cordons) - CORDONS_SAID
+    quoted = "; ".join(cordons[:CORDONS_SAID]) + (f"; and {more} more" if more > 0 else "")
+    return f"{UNAVAILABLE_SAID[reason]} ({quoted})", {"cordons": cordons}
 
 
 def unfit(
@@ -178,11 +238,11 @@ def unfit(
         )
     for reason in UNAVAILABLE:
         if unavailable.get(reason) and free + unavailable[reason] >= needs:
+            said, numbers = _said_unavailable(reason, unavailable)
             return Wait(
                 reason,
-                f"needs {needs} {what}; {free} free, {unavailable[reason]} more "
-                f"{UNAVAILABLE_SAID[reason]}",
-                {"needs": needs, "free": free, reason: unavailable[reason]},
+                f"needs {needs} {what}; {free} free, {unavailable[reason]} more {said}",
+                {"needs": needs, "free": free, reason: unavailable[reason], **numbers},
             )
     if free >= needs:
         return Wait(

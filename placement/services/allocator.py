@@ -32,14 +32,13 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from audit.services import audit_record_each
 from fleets.choices import FleetKind
 from fleets.models import Fleet
 from fleets.selectors import projects_fleet_open_to
-from nodes.choices import CommandKind, SchedulingState
+from nodes.choices import LEAVING, CommandKind, SchedulingState
 from nodes.inventory import has_container_runtime
 from nodes.models import CardAlias, Node, NodeCordon
 from nodes.selectors import nodes_placeable
@@ -155,26 +154,29 @@ def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
     return capacities
 
 
-def _unavailable(fleet: Fleet, capacities: dict[str, NodeCapacity]) -> dict[str, int]:
-    """Q8, Q9: the Fleet's cards no pass can use now, by why — on nodes cordoned, not
-    schedulable or with unhealthy cards (health), on nodes whose lease or inventory has
-    lapsed (node_unreachable), on placeable nodes that list cards without devices
-    (no_devices). One query."""
-    cordoned = NodeCordon.objects.filter(node_id=OuterRef("pk"))
-    found = dict.fromkeys(("health", "node_unreachable", "no_devices"), 0)
-    for node_id, cards, state, unhealthy, is_cordoned in (
-        Node.objects.filter(fleet=fleet)
-        .exclude(scheduling_state=SchedulingState.REMOVED)
-        .values_list("id", "card_count", "scheduling_state", "unhealthy_cards", Exists(cordoned))
+def _unavailable(fleet: Fleet, capacities: dict[str, NodeCapacity]) -> why.Unavailable:
+    """Q8, Q9, P8: the Fleet's cards no pass can use now, by why (placement.waits.unavailable),
+    with the cordons' words. Two queries."""
+    cordons: dict[str, list[str]] = {}
+    for node_id, source, reason in (
+        NodeCordon.objects.filter(node__fleet=fleet)
+        .order_by("created_at", "source")
+        .values_list("node_id", "source", "reason")
     ):
-        node = capacities.get(node_id)
-        found["health"] += len(unhealthy or {})
-        if node is None:
-            shut = is_cordoned or state != SchedulingState.SCHEDULABLE
-            found["health" if shut else "node_unreachable"] += cards
-        elif cards and not node.devices_by_series.get("", 0):
-            found["no_devices"] += cards
-    return {reason: cards for reason, cards in found.items() if cards}
+        cordons.setdefault(node_id, []).append(f"{source}: {reason}")
+    rows = [
+        why.NodeRow(
+            node_id,
+            cards,
+            len(unhealthy or {}),
+            tuple(cordons.get(node_id, ())),
+            state in LEAVING or drained is not None,
+        )
+        for node_id, cards, state, unhealthy, drained in Node.objects.filter(fleet=fleet)
+        .exclude(scheduling_state=SchedulingState.REMOVED)
+        .values_list("id", "card_count", "scheduling_state", "unhealthy_cards", "drain_started_at")
+    ]
+    return why.unavailable(rows, capacities)
 
 
 def _closed(fleet: Fleet, items: dict[Request, Waiting]) -> dict[tuple, Wait]:

@@ -19,7 +19,6 @@ from nodes.services.join import node_join
 from nodes.services.sessions import session_open
 from placement.models import Deployment, TrainingJob
 from tests.conftest import H100_INVENTORY, SERVE, SYSTEM, make_csr, with_devices
-from tuneplane.errors import PlacementRefused
 
 A100_INVENTORY = {**H100_INVENTORY, "cards": [{"name": "NVIDIA A100-SXM4-80GB", "count": 4}]}
 
@@ -303,7 +302,19 @@ def test_P6_refusals_are_the_body_the_openapi_document_promises(fleet, member_ap
         assert set(error) <= documented, set(error) - documented
 
 
-def test_L1_stale_inventory_never_fits_although_the_node_shows_schedulable(
+def queued_never_placed(response) -> dict:
+    """P8, L1: admitted, and the allocator places nothing: why it waits."""
+    from placement.services.allocator import allocate
+
+    assert response.status_code == 201, response.content
+    job = TrainingJob.objects.get(pk=response.json()["id"])
+    assert allocate(fleet_id=job.fleet_id)["allocated"] == 0
+    job.refresh_from_db()
+    assert job.state == "queued"
+    return job.waiting
+
+
+def test_L1_P8_stale_inventory_is_admitted_but_never_placed_though_the_node_shows_schedulable(
     fleet, member_api, project
 ):
     made = fleet("gpu-lab", ["train"])
@@ -311,39 +322,55 @@ def test_L1_stale_inventory_never_fits_although_the_node_shows_schedulable(
         inventory_observed_at=timezone.now() - timedelta(seconds=46)
     )
     assert Node.objects.get(fleet=made).scheduling_state == SchedulingState.SCHEDULABLE
-    refusal(submit(member_api, "training-jobs", cards=1), "inventory_fit")
+    wait = queued_never_placed(submit(member_api, "training-jobs", cards=1))
+    assert wait["reason"] == "node_unreachable"
 
 
-def test_L1_a_closed_stream_never_fits(fleet, member_api, project):
+def test_L1_P8_a_closed_stream_is_waited_for_never_placed_on(fleet, member_api, project):
     from nodes.models import ControlSession
     from nodes.services.sessions import session_close
 
     fleet("gpu-lab", ["train"])
     session_close(session_id=ControlSession.objects.get().id, reason="stream ended")
-    refusal(submit(member_api, "training-jobs", cards=1), "inventory_fit")
+    wait = queued_never_placed(submit(member_api, "training-jobs", cards=1))
+    assert wait["reason"] == "node_unreachable"
 
 
-def test_L1_a_lease_past_its_end_never_fits_though_inventory_is_fresh(fleet, member, project):
+def test_L1_P8_a_lease_past_its_end_fits_but_not_now_though_inventory_is_fresh(
+    fleet, member, project
+):
+    from fleets.models import Fleet
     from nodes.models import ControlSession
-    from placement.admission import Need, admit_automatically
+    from placement.admission import Holdings, Need
 
     fleet("gpu-lab", ["train"])
     session = ControlSession.objects.get()
     Node.objects.update(inventory_observed_at=session.lease_expires_at)
+    need, fleets = Need("train", "h100", 1), list(Fleet.objects.all())
     before = session.lease_expires_at - timedelta(seconds=1)
-    assert admit_automatically(project, Need("train", "h100", 1), now=before).fleet_id == "gpu-lab"
-    with pytest.raises(PlacementRefused) as refused:
-        admit_automatically(
-            project, Need("train", "h100", 1), now=session.lease_expires_at + timedelta(seconds=1)
-        )
-    assert refused.value.reason == "inventory_fit"
+    after = session.lease_expires_at + timedelta(seconds=1)
+    fit = Holdings(fleets, need, before).per_fleet()["gpu-lab"]
+    assert fit.fits(need) and fit.fits_now(need)
+    fit = Holdings(fleets, need, after).per_fleet()["gpu-lab"]
+    assert fit.fits(need) and not fit.fits_now(need)
 
 
-@pytest.mark.parametrize("how", ["cordoned", "draining", "gone", "storage"])
-def test_D1_a_cordoned_draining_or_gone_node_never_fits(fleet, member_api, project, how):
+@pytest.mark.parametrize(
+    "how, waits",
+    [
+        ("cordoned", "cordoned"),
+        ("storage", "cordoned"),
+        ("gone", "node_unreachable"),
+        ("draining", None),
+        ("drained", None),
+    ],
+)
+def test_D1_P8_a_cordoned_or_gone_node_is_waited_for_and_a_leaving_one_never_fits(
+    fleet, member_api, project, how, waits
+):
     from nodes.services.cordons import node_observe_storage_root
 
-    made = fleet("gpu-lab", ["train"])
+    made = fleet("gpu-lab", ["train"], delivery="shared-mount")
     node = Node.objects.get(fleet=made)
     if how == "cordoned":
         node_cordon(actor=SYSTEM, node=node, reason="fan")
@@ -351,7 +378,11 @@ def test_D1_a_cordoned_draining_or_gone_node_never_fits(fleet, member_api, proje
         node_observe_storage_root(node_id=node.id, visible=False)
     else:
         Node.objects.filter(pk=node.pk).update(scheduling_state=how)
-    refusal(submit(member_api, "training-jobs", cards=1), "inventory_fit")
+    response = submit(member_api, "training-jobs", cards=1)
+    if waits is None:
+        refusal(response, "inventory_fit")
+    else:
+        assert queued_never_placed(response)["reason"] == waits
 
 
 def test_J4_an_unmapped_card_never_fits_a_pinned_series_and_fits_once_mapped(

@@ -59,7 +59,7 @@ def test_Q9_a_refusal_caused_by_cards_without_devices_says_so_and_names_the_fix(
     fleet = make_fleet("gpu-lab", capabilities=["train", "serve"])
     node = cards_only(fleet)
     message = inventory_fit_refusal(submit(member_api, cards=1))  # chosen automatically
-    assert "A placeable node of gpu-lab reports 8 cards but no devices" in message
+    assert "A node of gpu-lab reports 8 cards but no devices" in message
     assert FIX in message and "rule Q9" in message
     named = inventory_fit_refusal(
         submit(member_api, "deployments", fleet="gpu-lab", series="h100", cards=8)
@@ -96,7 +96,7 @@ def test_Q9_a_gang_counts_only_the_nodes_that_list_devices(
     gpu_node(fleet, cards=8, address="10.0.0.1:1")
     cards_only(fleet, address="10.0.0.2:1")
     message = inventory_fit_refusal(submit(member_api, series="h100", cards=8, nodes=2))
-    assert "A placeable node of gpu-lab reports 8 h100 but no devices" in message
+    assert "A node of gpu-lab reports 8 h100 but no devices" in message
     assert FIX in message
     assert submit(member_api, series="h100", cards=8, nodes=1).status_code == 201
 

@@ -24,6 +24,7 @@ REASONS = {
     "preempting",
     "no_devices",
     "node_unreachable",
+    "cordoned",
     "fleet_closed",
 }
 
@@ -93,9 +94,54 @@ def test_Q8_cards_still_free_are_never_said_to_have_gone_ahead():
 
 def test_Q8_Q9_cards_the_pass_cannot_use_are_named_with_why():
     capacities = fleet(node("n", cards=2))
-    for reason in ("health", "node_unreachable", "no_devices"):
+    for reason in ("cordoned", "health", "node_unreachable", "no_devices"):
         [wait] = why([request(1, cards=8)], copy.deepcopy(capacities), None, {reason: 8}).values()
         assert (wait.reason, wait.numbers[reason]) == (reason, 8), reason
+
+
+def test_Q8_P8_cards_on_cordoned_nodes_wait_cordoned_and_quote_the_cordons_words():
+    from placement.waits import NodeRow, unavailable
+
+    placeable = fleet(node("n", cards=2))
+    rows = [
+        NodeRow("n", 2),
+        NodeRow("c1", 4, cordons=("operator: kernel upgrade",)),
+        NodeRow("c2", 4, cordons=("operator: kernel upgrade", "storage: storage root not visible")),
+        NodeRow("gone", 16),
+        NodeRow("leaving", 8, cordons=("operator: never quoted",), leaving=True),
+        NodeRow("sick", 0, unhealthy=2, cordons=("gpu-health: every card unhealthy",)),
+    ]
+    found = unavailable(rows, placeable)
+    assert found == {"cordoned": 8, "node_unreachable": 16, "health": 2}
+    assert found.cordons == ("operator: kernel upgrade", "storage: storage root not visible")
+    [wait] = why([request(1, cards=8)], copy.deepcopy(placeable), None, found).values()
+    assert wait.reason == "cordoned"
+    assert wait.message == (
+        "needs 8 cards; 2 free, 8 more on cordoned nodes "
+        "(operator: kernel upgrade; storage: storage root not visible)"
+    )
+    assert wait.numbers == {
+        "needs": 8,
+        "free": 2,
+        "cordoned": 8,
+        "cordons": ["operator: kernel upgrade", "storage: storage root not visible"],
+    }
+    # More than the cordons fit: the nodes not connected are why.
+    [wait] = why([request(1, cards=12)], copy.deepcopy(placeable), None, found).values()
+    assert wait.reason == "node_unreachable" and "cordons" not in wait.numbers
+
+
+def test_Q8_P8_a_leaving_node_lends_no_reason_and_many_cordons_are_cut():
+    from placement.waits import NodeRow, unavailable
+
+    rows = [NodeRow(f"c{n}", 1, cordons=(f"operator: reason {n}",)) for n in range(5)]
+    found = unavailable([*rows, NodeRow("d", 8, leaving=True)], {})
+    assert found == {"cordoned": 5}
+    [wait] = why([request(1, cards=4)], fleet(), None, found).values()
+    assert wait.message.endswith(
+        "(operator: reason 0; operator: reason 1; operator: reason 2; and 2 more)"
+    )
+    assert unavailable([NodeRow("d", 8, leaving=True)], {}) == {}
 
 
 def test_Q8_positions_in_the_project_and_the_fleet():

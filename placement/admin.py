@@ -95,7 +95,8 @@ class AttemptInline(ReadOnlyInline):
 
     model = Attempt
     fk_name = "training_job"
-    fields = ["number", "state", "reason", "created_at", "started_at", "ended_at", "members"]
+    fields = ["number", "state", "reason", "end_class", "created_at", "started_at", "ended_at"]
+    fields += ["members"]
     readonly_fields = fields
 
     def get_queryset(self, request):
@@ -136,14 +137,16 @@ class JobAdmin(WorkloadAdmin):
     )
     list_filter = ["state", *WorkloadAdmin.list_filter]
     inlines = [AttemptInline]
-    actions = ["cancel"]
+    actions = ["cancel", "clear_excluded"]
 
     def get_exclude(self, request, obj=None):
-        return [*super().get_exclude(request, obj), "waiting", "waiting_history", "preemption"]
+        hidden = ["waiting", "waiting_history", "preemption", "excluded"]
+        return [*super().get_exclude(request, obj), *hidden]
 
     def get_readonly_fields(self, request, obj=None):
         return [
             *super().get_readonly_fields(request, obj),
+            "excluded_shown",
             "waits_because",
             "waited",
             "preempted",
@@ -198,6 +201,19 @@ class JobAdmin(WorkloadAdmin):
             f"{shown['deadline'][:19]} at the latest"
         )
 
+    @admin.display(description="Excluded for its next attempts (H2)")
+    def excluded_shown(self, job) -> str:
+        excluded = job.excluded or {}
+        shown = [
+            f"node {e['node']}: {e['reason']} (attempt {e['attempt']})"
+            for e in excluded.get("nodes") or []
+        ] + [
+            f"card {e['index']} ({e['uuid']}) of {e['node']}: {e['reason']} "
+            f"(attempt {e['attempt']})"
+            for e in excluded.get("cards") or []
+        ]
+        return "; ".join(shown) or "—"
+
     @admin.display(description="Waits because (Q8)")
     def waits_because(self, job) -> str:
         if job.state != "queued" or not job.waiting:
@@ -223,6 +239,16 @@ class JobAdmin(WorkloadAdmin):
             request,
             "Cancelled: a queued job at once; a running one is stopped (SIGTERM, then SIGKILL "
             "after the grace) and its cards are released once its node has cleaned up.",
+            messages.SUCCESS,
+        )
+
+    @admin.action(description="Clear excluded nodes and cards of selected jobs (H2)")
+    def clear_excluded(self, request, queryset):
+        for job in queryset:
+            runs.job_excluded_clear(actor=Actor.of_user(request.user), job=job)
+        self.message_user(
+            request,
+            "Cleared: their next attempts may be placed on any node and card again.",
             messages.SUCCESS,
         )
 

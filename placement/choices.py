@@ -143,6 +143,18 @@ class RunState(models.TextChoices):
 
 RUN_LIVE = (RunState.STARTING, RunState.RUNNING, RunState.UNKNOWN)
 
+
+class EndClass(models.TextChoices):
+    """H1: whose an attempt's end is — the machine's (``infrastructure``: its node gone or
+    lost, a member vanished, a fatal fault on its cards, a gang peer's such end, the agent
+    unable to start it) or the job's own (``user``: its exit, its OOM, its success, a cancel).
+    Only a ``user`` end spends ``max_attempts`` (H2). "" while it runs, and for an attempt
+    preempted (Q6: neither)."""
+
+    INFRASTRUCTURE = "infrastructure", "infrastructure"
+    USER = "user", "user"
+
+
 _ATTEMPT_ENDS = {RunState.SUCCEEDED, RunState.FAILED, RunState.LOST, RunState.CANCELLED}
 ATTEMPT_LIFECYCLE = Lifecycle.of(
     "attempt",

@@ -16,7 +16,9 @@ database (tests/placement/test_decide.py, with property tests):
   that can (R2), and one that has waited past the bound (``reserve``) keeps later requests
   off the nodes closest to fitting it, so that it is not starved;
 - a node quiet for what a request needs (train, serve, env) takes none of it (L2, L3, S6);
-  a request for a container only goes to a node with a container runtime.
+  a request for a container only goes to a node with a container runtime;
+- a job is never placed on a node, nor given a card, that an infrastructure end of one of
+  its attempts was laid to (H2: its ``excluded``).
 """
 
 import heapq
@@ -54,6 +56,9 @@ class Request:
     reserve: bool = False  # it has waited past TUNEPLANE_ALLOCATION_RESERVE_AFTER (R2)
     project: int = 0  # whose quota it counts against (Q1)
     priority: int = 0  # within its project, higher first (Q3)
+    # H2: the nodes, and the cards as (node id, uuid), its earlier attempts failed on.
+    excluded_nodes: frozenset = frozenset()
+    excluded_cards: frozenset = frozenset()
 
     @property
     def total_cards(self) -> int:
@@ -71,6 +76,8 @@ class Request:
             self.port,
             self.quiet,
             self.container,
+            self.excluded_nodes,
+            self.excluded_cards,
         )
 
 
@@ -96,6 +103,13 @@ class NodeCapacity:
     def free_of(self, series: str) -> list[dict]:
         return self.free.get(series, [])
 
+    def free_for(self, request: Request) -> list[dict]:
+        """Its free cards of the request's series, less those the request excludes (H2)."""
+        free = self.free_of(request.series)
+        if not request.excluded_cards:
+            return free
+        return [d for d in free if (self.node_id, d["uuid"]) not in request.excluded_cards]
+
     def given(self, request: Request) -> tuple[float | None, int | None]:
         """R16: the CPUs and memory a member of the request gets here — what it asked, else
         its cards' share of this node's budgets (cards asked ÷ cards on the node), else,
@@ -116,7 +130,8 @@ class NodeCapacity:
     def fits(self, request: Request) -> bool:
         cpus, memory = self.given(request)
         return (
-            len(self.free_of(request.series)) >= request.cards
+            self.node_id not in request.excluded_nodes
+            and len(self.free_for(request)) >= request.cards
             and (not cpus or self.cpus is None or self.cpus >= cpus - 1e-9)
             and (not memory or self.memory is None or self.memory >= memory)
             and (request.port is None or request.port not in self.ports)
@@ -126,12 +141,14 @@ class NodeCapacity:
 
     def could_fit(self, request: Request) -> bool:
         """Once everything on it is cleaned up: whether reserving it for the request helps."""
+        if self.node_id in request.excluded_nodes:
+            return False
         return self.devices_by_series.get(request.series, 0) >= request.cards
 
     def take(self, request: Request) -> list[dict]:
         """The request's cards, from this node's free ones: no longer free to anyone, under
         any series they are listed by (an H100 is free as "h100" and as any card)."""
-        taken = self.free_of(request.series)[: request.cards]
+        taken = self.free_for(request)[: request.cards]
         for device in taken:
             for devices in self.free.values():
                 if device in devices:

@@ -14,6 +14,7 @@ from .choices import (
     RUN_LIVE,
     Cleanup,
     DeploymentState,
+    EndClass,
     EpisodeState,
     JobState,
     LifecycleKind,
@@ -89,7 +90,14 @@ class Job(Workload):
     env = models.JSONField(default=dict, blank=True)
     cpus = models.FloatField(null=True, blank=True)
     memory_bytes = models.BigIntegerField(null=True, blank=True)
+    # R9, H3: the attempts its own ends (user) may spend, retries included; and the exit codes
+    # that mean "try again" (retry.on_exit_codes): any other non-zero exit fails it at once.
     max_attempts = models.PositiveSmallIntegerField(default=3)
+    retry_on_exit_codes = models.JSONField(default=list, blank=True)
+    # H2: the nodes and cards an infrastructure end of one of its attempts was laid to; its
+    # next attempts are never placed there until an operator clears it:
+    # {"nodes": [{"node", "reason", "attempt", "at"}], "cards": [{"node", "index", "uuid", …}]}.
+    excluded = models.JSONField(default=dict, blank=True)
     # Q3: within its project, a higher priority is placed first (capped by the project's
     # max_priority); Q4: whether it may be preempted while within its project's guarantee.
     priority = models.IntegerField(default=0)
@@ -110,7 +118,8 @@ class Job(Workload):
     )
     reason = models.CharField(max_length=64, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
-    # A retry after a missed gang deadline waits a backoff: not allocated before this.
+    # A retry after a missed gang deadline or an infrastructure end (H2) waits a backoff:
+    # not allocated before this.
     not_before = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     # The manager's own record of it, once handed over: its id, its state in its words, and
@@ -273,6 +282,8 @@ class Attempt(models.Model):
     number = models.PositiveSmallIntegerField()
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.STARTING)
     reason = models.CharField(max_length=64, blank=True)
+    # H1: whose its end was — the machine's or the job's own (placement.faults decides).
+    end_class = models.CharField(max_length=16, choices=EndClass.choices, blank=True)
     created_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

@@ -20,6 +20,8 @@ MAX_CPUS = 1024
 MIN_MEMORY = 1 << 20
 MAX_ATTEMPTS = 10
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# What the agent sets on every member (R4, H3: TUNEPLANE_ATTEMPT, TUNEPLANE_RESTART_COUNT,
+# TUNEPLANE_CHECKPOINT_DIR among the TUNEPLANE_ names): a job cannot set or override them.
 RESERVED_ENV = re.compile(
     r"(TUNEPLANE_.*|CUDA_VISIBLE_DEVICES|CUDA_DEVICE_ORDER|NVIDIA_VISIBLE_DEVICES|MASTER_ADDR"
     r"|MASTER_PORT|WORLD_SIZE|RANK|NODE_RANK|LOCAL_WORLD_SIZE)"
@@ -65,6 +67,7 @@ FIELDS = (
     "priority",
     "preemptible",
     "preemption_grace_seconds",
+    "retry",
 )
 # A job's own fields, which a deployment's revision, a session and an episode do not have.
 JOB_ONLY = (
@@ -82,7 +85,49 @@ def checked_run(**fields) -> dict:
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         _refuse(unknown[0], "not a field of a job.")
-    return _checked(**fields)
+    retry = fields.pop("retry", None)
+    codes, most = checked_retry(retry, fields.get("max_attempts"))
+    if most is not None:
+        fields["max_attempts"] = most
+    return {**_checked(**fields), "retry_on_exit_codes": codes}
+
+
+MAX_RETRY_CODES = 32
+RETRY_FIELDS = ("on_exit_codes", "max_attempts")
+
+
+def checked_retry(retry, max_attempts=None) -> tuple[list[int], int | None]:
+    """H3: ``retry: {on_exit_codes: [...], max_attempts: N}`` — the exit codes that retry
+    the job (each attempt counted against max_attempts), and max_attempts said here rather
+    than beside it. Returns the codes, sorted, and the max_attempts it names (None: none)."""
+    if retry is None:
+        return [], None
+    if not isinstance(retry, dict):
+        _refuse("retry", "an object: {on_exit_codes: [whole numbers], max_attempts: N}.")
+    unknown = sorted(str(key) for key in retry if key not in RETRY_FIELDS)
+    if unknown:
+        _refuse(f"retry.{unknown[0][:64]}", "not a field of retry (on_exit_codes, max_attempts).")
+    codes = retry.get("on_exit_codes", [])
+    if (
+        not isinstance(codes, list)
+        or len(codes) > MAX_RETRY_CODES
+        or not all(isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 255 for c in codes)
+    ):
+        _refuse(
+            "retry.on_exit_codes",
+            f"a list of at most {MAX_RETRY_CODES} exit codes, each a whole number from 1 to "
+            "255 (0 is success; a member ended by signal N exits 128 + N).",
+        )
+    most = retry.get("max_attempts")
+    if most is not None:
+        if isinstance(most, bool) or not isinstance(most, int) or not 1 <= most <= MAX_ATTEMPTS:
+            _refuse("retry.max_attempts", f"a whole number from 1 to {MAX_ATTEMPTS}.")
+        if max_attempts is not None and max_attempts != most:
+            _refuse(
+                "retry.max_attempts",
+                f"{most}, but max_attempts says {max_attempts}: give it once (either place).",
+            )
+    return sorted(set(codes)), most
 
 
 def _checked(
@@ -93,7 +138,7 @@ def _checked(
     env=None,
     cpus=None,
     memory_bytes=None,
-    max_attempts=3,
+    max_attempts=None,
     gang_deadline_seconds=None,
     priority=0,
     preemptible=False,
@@ -132,6 +177,7 @@ def _checked(
         or memory_bytes > 1 << 50
     ):
         _refuse("memory_bytes", f"a whole number of bytes, at least {MIN_MEMORY}.")
+    max_attempts = 3 if max_attempts is None else max_attempts
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
         _refuse("max_attempts", f"a whole number from 1 to {MAX_ATTEMPTS}.")
     if not 1 <= max_attempts <= MAX_ATTEMPTS:

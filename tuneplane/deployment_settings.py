@@ -57,6 +57,15 @@ def _positive_whole(value) -> int:
     return value
 
 
+def _whole_up_to(most: int):
+    def check(value) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+            raise ValueError(f"must be a whole number from 0 to {most}")
+        return value
+
+    return check
+
+
 def _absolute_path(value) -> str:
     value = _string(value)
     if not PurePosixPath(value).is_absolute():
@@ -148,6 +157,14 @@ SETTINGS = {
             frozenset({"node"}),
             _positive_whole,
             "Memory a member gets when its request names none (R16; else its cards' share).",
+        ),
+        DeploymentSetting(
+            "infra_retries",
+            frozenset({"node"}),
+            _whole_up_to(100),
+            "H2: how many attempts of a job may end by the machine's fault (node lost, member "
+            "vanished, a card's fault, a start the agent could not make) and be retried; they "
+            "never spend its max_attempts (TUNEPLANE_INFRA_RETRIES, 10, when not set).",
         ),
         DeploymentSetting(
             "slurm_rest_url", frozenset({"slurm"}), _http_url, "slurmrestd base URL."

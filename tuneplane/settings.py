@@ -309,6 +309,12 @@ TUNEPLANE_PREEMPT_GRACE = env_seconds("TUNEPLANE_PREEMPT_GRACE", 120)
 # timeout is the same). A gone node's members are given up this long after gone (R8).
 TUNEPLANE_GANG_DEADLINE = env_seconds("TUNEPLANE_GANG_DEADLINE", 600)
 TUNEPLANE_RECONCILE_DEADLINE = env_seconds("TUNEPLANE_RECONCILE_DEADLINE", 600)
+# H2: an attempt ended by the machine (infrastructure) never spends the job's max_attempts;
+# it retries on a budget of its own (a node Fleet's config infra_retries, else this), after a
+# backoff from FIRST doubling to MAX, away from the node or cards that failed it.
+TUNEPLANE_INFRA_RETRIES = int(os.environ.get("TUNEPLANE_INFRA_RETRIES", "10"))
+TUNEPLANE_INFRA_BACKOFF_FIRST = env_seconds("TUNEPLANE_INFRA_BACKOFF_FIRST", 30, minimum=0)
+TUNEPLANE_INFRA_BACKOFF_MAX = env_seconds("TUNEPLANE_INFRA_BACKOFF_MAX", 1800, minimum=0)
 # A new revision not wholly Ready within this is rolled back (S2).
 TUNEPLANE_ROLLOUT_DEADLINE = env_seconds("TUNEPLANE_ROLLOUT_DEADLINE", 600)
 # A playground session's lifetime is at most this (S4); an episode's timeout at most this (S5).

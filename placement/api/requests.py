@@ -28,6 +28,24 @@ def _names():
     )
 
 
+class RetryRequest(StrictSerializer):
+    on_exit_codes = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=255),
+        max_length=32,
+        required=False,
+        help_text="Exit codes (1-255; 128 + N for a signal N) that mean try again.",
+    )
+    max_attempts = serializers.IntegerField(
+        min_value=1,
+        max_value=10,
+        required=False,
+        help_text="max_attempts said here instead of beside retry (the same number if both).",
+    )
+
+    class Meta:
+        ref_name = "RetryRequest"
+
+
 class CardsRequest(StrictSerializer):
     project = StrictCharField(max_length=50)
     name = _name()
@@ -90,8 +108,17 @@ class JobRequest(CardsRequest):
         min_value=1,
         max_value=10,
         required=False,
-        default=3,
-        help_text="Attempts in all, retries included (R9).",
+        default=None,
+        allow_null=True,
+        help_text="The attempts its own (user) ends may spend, retries included (R9, H2; 3 "
+        "when not given); an end by the machine's fault never spends one.",
+    )
+    retry = RetryRequest(
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="H3: which exit codes retry it (each retry spends one of max_attempts); "
+        "any other non-zero exit fails it at once.",
     )
     gang_deadline_seconds = serializers.IntegerField(
         min_value=1,

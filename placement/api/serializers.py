@@ -8,12 +8,14 @@ from ..choices import (
     Cleanup,
     DeploymentState,
     DeploymentStatus,
+    EndClass,
     EpisodeState,
     JobState,
     RevisionState,
     RunState,
 )
 from ..disclosure import preemption_shown, wait_shown
+from ..faults import infra_retries_of
 from ..models import (
     Attempt,
     Dataset,
@@ -121,11 +123,26 @@ class MemberSerializer(serializers.ModelSerializer):
 
 class AttemptSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=RunState.choices, read_only=True)
+    end_class = serializers.ChoiceField(
+        choices=[("", ""), *EndClass.choices],
+        read_only=True,
+        help_text="H1: whose its end was — infrastructure (the machine's: it never spends "
+        "max_attempts) or user (the job's own); empty while it runs, or when preempted.",
+    )
     members = MemberSerializer(many=True, read_only=True)
 
     class Meta:
         model = Attempt
-        fields = ["number", "state", "reason", "created_at", "started_at", "ended_at", "members"]
+        fields = [
+            "number",
+            "state",
+            "reason",
+            "end_class",
+            "created_at",
+            "started_at",
+            "ended_at",
+            "members",
+        ]
         read_only_fields = fields
 
 
@@ -173,6 +190,33 @@ class PreemptionSerializer(serializers.Serializer):
     deadline = serializers.DateTimeField(help_text="When its members get SIGKILL at the latest.")
 
 
+class RetrySerializer(serializers.Serializer):
+    on_exit_codes = serializers.ListField(child=serializers.IntegerField())
+    max_attempts = serializers.IntegerField()
+
+
+class ExcludedNodeSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    reason = serializers.CharField()
+    attempt = serializers.IntegerField()
+    at = serializers.DateTimeField()
+
+
+class ExcludedCardSerializer(ExcludedNodeSerializer):
+    index = serializers.IntegerField()
+    uuid = serializers.CharField()
+
+
+class ExcludedSerializer(serializers.Serializer):
+    nodes = ExcludedNodeSerializer(many=True)
+    cards = ExcludedCardSerializer(many=True)
+
+
+class InfraRetriesSerializer(serializers.Serializer):
+    used = serializers.IntegerField()
+    budget = serializers.IntegerField()
+
+
 class JobSerializer(WorkloadSerializer):
     volumes = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     datasets = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
@@ -188,6 +232,18 @@ class JobSerializer(WorkloadSerializer):
         help_text="Q6: its last preemption — by whom, why, when, and the deadline its members "
         "were given before SIGKILL; null if it was never preempted.",
     )
+    retry = serializers.SerializerMethodField(
+        help_text="H3: the exit codes that retry it, and the attempts its own (user) ends may "
+        "spend."
+    )
+    excluded = serializers.SerializerMethodField(
+        help_text="H2: the nodes, and the cards, its next attempts are never placed on: each "
+        "where an earlier attempt ended by the machine's fault. An administrator may clear it."
+    )
+    infra_retries = serializers.SerializerMethodField(
+        help_text="H2: its attempts ended by the machine's fault, and how many may be (its "
+        "Fleet's infra_retries, else TUNEPLANE_INFRA_RETRIES); they never spend max_attempts."
+    )
 
     class Meta(WorkloadSerializer.Meta):
         model = TrainingJob
@@ -202,6 +258,9 @@ class JobSerializer(WorkloadSerializer):
             "cpus",
             "memory_bytes",
             "max_attempts",
+            "retry",
+            "infra_retries",
+            "excluded",
             "priority",
             "preemptible",
             "preemption_grace_seconds",
@@ -224,6 +283,20 @@ class JobSerializer(WorkloadSerializer):
     @extend_schema_field(WaitingSerializer(allow_null=True))
     def get_waiting(self, job) -> dict | None:
         return waiting_while(job, job.state == JobState.QUEUED)
+
+    @extend_schema_field(RetrySerializer)
+    def get_retry(self, job) -> dict:
+        return {"on_exit_codes": list(job.retry_on_exit_codes), "max_attempts": job.max_attempts}
+
+    @extend_schema_field(ExcludedSerializer)
+    def get_excluded(self, job) -> dict:
+        excluded = job.excluded or {}
+        return {"nodes": excluded.get("nodes") or [], "cards": excluded.get("cards") or []}
+
+    @extend_schema_field(InfraRetriesSerializer)
+    def get_infra_retries(self, job) -> dict:
+        used = sum(a.end_class == EndClass.INFRASTRUCTURE for a in job.attempts.all())
+        return {"used": used, "budget": infra_retries_of(job.fleet)}
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_delivery(self, job):

@@ -18,6 +18,11 @@ urlpatterns = [
         name="training-job-cancel",
     ),
     path(
+        "training-jobs/<int:job_id>/clear-excluded",
+        views.TrainingJobExcludedClearView.as_view(),
+        name="training-job-clear-excluded",
+    ),
+    path(
         "training-jobs/<int:job_id>/logs",
         views.TrainingJobLogsView.as_view(),
         name="training-job-logs",
@@ -32,6 +37,11 @@ urlpatterns = [
         "lifecycle-jobs/<int:job_id>/logs",
         views.LifecycleJobLogsView.as_view(),
         name="lifecycle-job-logs",
+    ),
+    path(
+        "lifecycle-jobs/<int:job_id>/clear-excluded",
+        views.LifecycleJobExcludedClearView.as_view(),
+        name="lifecycle-job-clear-excluded",
     ),
     path(
         "lifecycle-jobs/<int:job_id>/cancel",

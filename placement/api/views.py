@@ -10,6 +10,7 @@ from rest_framework.response import Response
 
 from audit.services import Actor
 from fleets.rules import validate_choice
+from tuneplane.api.permissions import require_admin
 from tuneplane.api.query import query_flag
 from tuneplane.api.schema import errors
 from tuneplane.api.throttles import LogsThrottle
@@ -244,6 +245,36 @@ class TrainingJobCancelView(JobCancelView):
     responses={200: answers.LifecycleJobSerializer, **errors(401, 404, 409)},
 )
 class LifecycleJobCancelView(JobCancelView):
+    model, serializer_class = LifecycleJob, answers.LifecycleJobSerializer
+
+
+class JobExcludedClearView(JobView):
+    """H2: an administrator clears what the job's next attempts stay away from."""
+
+    def post(self, request, job_id: int):
+        job = self._job(request, job_id)
+        require_admin(request, "clear a job's excluded nodes and cards")
+        runs.job_excluded_clear(actor=Actor.of_user(request.user), job=job)
+        return Response(
+            self.serializer_class(self._job(request, job_id), context=seen_by(request)).data
+        )
+
+
+@extend_schema(
+    summary="Clear a training job's excluded nodes and cards (H2; administrators)",
+    request=None,
+    responses={200: answers.TrainingJobSerializer, **errors(401, 403, 404)},
+)
+class TrainingJobExcludedClearView(JobExcludedClearView):
+    model, serializer_class = TrainingJob, answers.TrainingJobSerializer
+
+
+@extend_schema(
+    summary="Clear a lifecycle job's excluded nodes and cards (H2; administrators)",
+    request=None,
+    responses={200: answers.LifecycleJobSerializer, **errors(401, 403, 404)},
+)
+class LifecycleJobExcludedClearView(JobExcludedClearView):
     model, serializer_class = LifecycleJob, answers.LifecycleJobSerializer
 
 

@@ -12,7 +12,8 @@ its node returns is stopped and cleaned up by the cleanup sent when it was given
 
 A gang's attempt whose members are not all ``running`` within the gang deadline fails
 ``gang_deadline``; its started members are stopped and cleaned, and the retry waits a
-backoff (60 s, doubling to an hour).
+backoff (60 s, doubling to an hour) — or, when no member had ended on its own, the machine's
+(H1, H2: placement.services.runs).
 """
 
 from datetime import timedelta
@@ -26,10 +27,10 @@ from nodes.models import NodeCommand
 from nodes.services.commands import node_command_lost
 from tuneplane.lifecycle import move
 
-from ..choices import ATTEMPT_LIFECYCLE, MEMBER_LIFECYCLE, RunState
+from ..choices import MEMBER_LIFECYCLE, RunState
 from ..models import Attempt, Member
 from .members import RUNS
-from .runs import attempt_settle, locked_run
+from .runs import attempt_end, attempt_settle, locked_run
 from .waiting import member_kind
 
 BACKOFF_FIRST = 60
@@ -127,14 +128,7 @@ def _gangs_past_deadline(now) -> int:
                 or attempt.created_at + timedelta(seconds=deadline) > now
             ):
                 continue
-            move(
-                attempt,
-                ATTEMPT_LIFECYCLE,
-                RunState.FAILED,
-                actor=RUNS,
-                reason="gang_deadline",
-                fields={"ended_at": now},
-            )
+            attempt_end(attempt, members, RunState.FAILED, "gang_deadline", now)
             job.not_before = now + backoff(attempt.number)
             job.save(update_fields=["not_before"])
             attempt_settle(attempt_id, locked=(job, attempt, members))

@@ -7,34 +7,42 @@ job follow, each move one audit event (R10, A1) through their lifecycles (placem
 every member running → the attempt and the job run; a member failing fails the attempt and
 stops the others (R3); an ended member is cleaned up, and its cards are released only when
 the node confirms it (R7), which starts an allocation pass.
+
+An attempt's end has a class (H1, placement.faults): the machine's (``infrastructure``) or
+the job's own (``user``). Only user ends spend ``max_attempts``; an infrastructure end
+retries on the job's own budget (``infra_retries``) after a backoff, away from the node or
+cards that failed it (H2); a user end retries only for an exit code the job listed, or a
+missed gang deadline (H3, R9).
 """
 
+from datetime import datetime
+
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
-from nodes.models import NodeCommand
+from nodes.choices import SchedulingState
+from nodes.models import Node, NodeCommand
 from tuneplane.errors import Conflict
 from tuneplane.lifecycle import move
 
-from ..choices import ATTEMPT_LIFECYCLE, JOB_ENDED, JOB_LIFECYCLE, RUN_LIVE, JobState, RunState
+from .. import faults
+from ..choices import (
+    ATTEMPT_LIFECYCLE,
+    JOB_ENDED,
+    JOB_LIFECYCLE,
+    RUN_LIVE,
+    EndClass,
+    JobState,
+    RunState,
+)
 from ..handover import cluster_job_cancel_on_commit
 from ..models import Attempt, LifecycleJob, Member, TrainingJob
 from .members import RUNS, member_follow, members_clean, members_stop
 from .passes import allocate_on_commit
-
-# An attempt that ended for one of these is the machine's fault, not the job's: the job
-# gets another attempt while it has attempts left (R9). A non-zero exit or an OOM is not.
-RETRIED = {
-    "lost",
-    "abandoned",
-    "vanished",
-    "node_rebooted",
-    "gang_deadline",
-    "refused",
-    "start_failed",
-}
 
 
 def locked_run(attempt_id: int):
@@ -73,23 +81,74 @@ def attempt_settle(attempt_id: int, locked=None) -> None:
     live = [m for m in members if m.state in RUN_LIVE]
     if attempt.state in RUN_LIVE:
         state, reason = attempt_state(job, attempt, members)
-        if state != attempt.state:
-            move(
-                attempt,
-                ATTEMPT_LIFECYCLE,
-                state,
-                actor=RUNS,
-                reason=reason,
-                fields={"started_at": attempt.started_at or now}
-                if state == RunState.RUNNING
-                else {"ended_at": now}
-                if state not in RUN_LIVE
-                else {},
-            )
+        if state not in RUN_LIVE:
+            attempt_end(attempt, members, state, reason, now)
+        elif state != attempt.state:
+            fields = {"started_at": attempt.started_at or now} if state == RunState.RUNNING else {}
+            move(attempt, ATTEMPT_LIFECYCLE, state, actor=RUNS, reason=reason, fields=fields)
     if attempt.state not in RUN_LIVE:
         members_stop(live, now)  # R3: one member failing stops the others
     members_clean(members, now)
-    _job_settle(job, attempt, now)
+    _job_settle(job, attempt, members, now)
+
+
+def attempt_end(attempt: Attempt, members: list[Member], state: str, reason: str, now) -> None:
+    """The attempt ends ``state`` for ``reason``, with its class (H1), audited."""
+    end = faults.end_class(state, reason, _member_ends(attempt, members, now))
+    move(
+        attempt,
+        ATTEMPT_LIFECYCLE,
+        state,
+        actor=RUNS,
+        reason=reason,
+        fields={"ended_at": now, "end_class": end},
+        after={"end_class": end},
+    )
+
+
+def _member_ends(attempt: Attempt, members: list[Member], now) -> list[faults.MemberEnd]:
+    """What placement.faults reads of each member: its end, whether its node is gone, and
+    its cards judged unhealthy since the attempt began (H1). One query for the nodes."""
+    nodes = {
+        node_id: (state, unhealthy or {}, inventory or {})
+        for node_id, state, unhealthy, inventory in Node.objects.filter(
+            pk__in={m.node_id for m in members}
+        ).values_list("id", "scheduling_state", "unhealthy_cards", "inventory")
+    }
+    ends = []
+    for member in members:
+        state, unhealthy, inventory = nodes.get(member.node_id, ("", {}, {}))
+        faulted = tuple(
+            (card["index"], card["uuid"])
+            for card in member.cards
+            if _since(unhealthy.get(card["uuid"]), attempt.created_at)
+        )
+        devices = {device.get("uuid") for device in inventory.get("devices") or []}
+        healthy = devices - set(unhealthy) - {uuid for _, uuid in faulted}
+        ends.append(
+            faults.MemberEnd(
+                node=member.node_id,
+                state=member.state,
+                reason=member.reason,
+                exit_code=member.exit_code,
+                started=member.started_at is not None,
+                runtime=faults.under_runtime(member.confinement),
+                faulted=faulted,
+                others_healthy=bool(healthy),
+                node_gone=state == SchedulingState.GONE,
+            )
+        )
+    return ends
+
+
+def _since(card: dict | None, began) -> bool:
+    """Whether a card judged unhealthy was judged so at or after ``began``."""
+    if not card:
+        return False
+    try:
+        return datetime.fromisoformat(card.get("since") or "") >= began
+    except ValueError:
+        return True  # unhealthy, when unknown: it was given to the attempt healthy
 
 
 def attempt_state(job, attempt: Attempt, members: list[Member]) -> tuple[str, str]:
@@ -117,7 +176,7 @@ def attempt_state(job, attempt: Attempt, members: list[Member]) -> tuple[str, st
     return attempt.state, attempt.reason
 
 
-def _job_settle(job, attempt: Attempt, now) -> None:
+def _job_settle(job, attempt: Attempt, members: list[Member], now) -> None:
     """The job follows its latest attempt only: two attempts never both count (R9)."""
     later = Attempt.objects.filter(
         **{Attempt.job_field(job): job}, number__gt=attempt.number
@@ -138,25 +197,88 @@ def _job_settle(job, attempt: Attempt, now) -> None:
         state, reason = JobState.QUEUED, "preempted"
         allocate_on_commit(job.fleet_id)
     elif attempt.state in (RunState.FAILED, RunState.LOST):
-        if attempt.reason in RETRIED and attempts_used(job) < job.max_attempts:
-            state, reason = JobState.QUEUED, f"retrying after {attempt.reason}"
-            allocate_on_commit(job.fleet_id)
-        else:
-            state, reason = JobState.FAILED, attempt.reason
+        return _after_failure(job, attempt, members, now)
     if (state, reason) != (job.state, job.reason):
         job_move(job, state, reason=reason, now=now)
 
 
-def attempts_used(job) -> int:
-    """R9, Q6: the attempts that count against ``max_attempts`` — a preempted one never does."""
-    return (
-        Attempt.objects.filter(**{Attempt.job_field(job): job})
-        .exclude(state=RunState.PREEMPTED)
-        .count()
+def _after_failure(job, attempt: Attempt, members: list[Member], now) -> None:
+    """H2, H3, R9: a failed or lost attempt's job is queued again or fails. An
+    infrastructure retry waits its backoff and excludes what failed it, both on the job."""
+    ends = _member_ends(attempt, members, now)
+    user_ends, infra_ends = _ends_counted(job)
+    after = faults.next_after(
+        end=attempt.end_class or faults.end_class(attempt.state, attempt.reason, ends),
+        reason=attempt.reason,
+        exit_code=faults.deciding_exit_code(attempt.reason, ends),
+        user_ends=user_ends,
+        max_attempts=job.max_attempts,
+        infra_ends=infra_ends,
+        infra_retries=faults.infra_retries_of(job.fleet),
+        on_exit_codes=job.retry_on_exit_codes or (),
+        backoff_first=settings.TUNEPLANE_INFRA_BACKOFF_FIRST,
+        backoff_max=settings.TUNEPLANE_INFRA_BACKOFF_MAX,
     )
+    if not after.retry:
+        job_move(job, JobState.FAILED, reason=after.reason, now=now)
+        return
+    fields: dict = {}
+    shown: dict = {"end_class": attempt.end_class, "attempt": attempt.number}
+    if after.backoff is not None:
+        fields["not_before"] = now + after.backoff
+        shown["not_before"] = fields["not_before"].isoformat()
+        laid = faults.excluded(attempt.reason, ends)
+        if laid.nodes or laid.cards:
+            fields["excluded"] = _excluded_with(job.excluded, laid, attempt.number, now)
+            shown["excluded"] = fields["excluded"]
+    job_move(job, JobState.QUEUED, reason=after.reason, now=now, after=shown, **fields)
+    allocate_on_commit(job.fleet_id)
 
 
-def job_move(job, state: str, *, reason: str, now, actor: Actor = RUNS, **fields) -> None:
+def attempts_used(job) -> int:
+    """R9, H2, Q6: the attempts that count against ``max_attempts`` — its user ends only."""
+    return _ends_counted(job)[0]
+
+
+def _ends_counted(job) -> tuple[int, int]:
+    """H2, Q6: the job's attempts ended ``user`` (what ``max_attempts`` counts) and ended
+    ``infrastructure`` (what ``infra_retries`` counts); a preempted one is neither. One query."""
+    counted = Attempt.objects.filter(**{Attempt.job_field(job): job}).aggregate(
+        user=Count("pk", filter=Q(end_class=EndClass.USER)),
+        infra=Count("pk", filter=Q(end_class=EndClass.INFRASTRUCTURE)),
+    )
+    return counted["user"], counted["infra"]
+
+
+def _excluded_with(current: dict, laid: faults.Excluded, attempt: int, now) -> dict:
+    """The job's exclusions with what an attempt's end laid to added (H2): each node and
+    card once, with its fault, the attempt and when."""
+    nodes = list((current or {}).get("nodes") or [])
+    cards = list((current or {}).get("cards") or [])
+    known_nodes = {entry["node"] for entry in nodes}
+    known_cards = {(entry["node"], entry["uuid"]) for entry in cards}
+    at = now.isoformat()
+    for node, fault in sorted(laid.nodes.items()):
+        if node not in known_nodes:
+            nodes.append({"node": node, "reason": fault, "attempt": attempt, "at": at})
+    for (node, index, uuid), fault in sorted(laid.cards.items()):
+        if (node, uuid) not in known_cards:
+            cards.append(
+                {
+                    "node": node,
+                    "index": index,
+                    "uuid": uuid,
+                    "reason": fault,
+                    "attempt": attempt,
+                    "at": at,
+                }
+            )
+    return {"nodes": nodes, "cards": cards}
+
+
+def job_move(
+    job, state: str, *, reason: str, now, actor: Actor = RUNS, after=None, **fields
+) -> None:
     """A job's move (JOB_LIFECYCLE), audited as ``<its model>.<state>``; an ended job's end."""
     if state in JOB_ENDED:
         fields["ended_at"] = now
@@ -168,6 +290,7 @@ def job_move(job, state: str, *, reason: str, now, actor: Actor = RUNS, **fields
         reason=reason,
         action=f"{job._meta.model_name}.{state}",
         fields=fields,
+        after=after,
     )
 
 
@@ -207,6 +330,29 @@ def job_cancel(*, actor: Actor, job):
             if latest is not None:  # locked in the one order (locked_run), the job first
                 _, _, members = locked_run(latest)
                 members_stop(members, now)
+    return job
+
+
+def job_excluded_clear(*, actor: Actor, job):
+    """H2: an administrator clears the nodes and cards a job's next attempts stay away from
+    (the machine was mended, say), audited with what was excluded; a queued job then gets an
+    allocation pass. Nothing excluded: nothing written."""
+    with transaction.atomic():
+        job = type(job).objects.select_for_update().get(pk=job.pk)
+        before = job.excluded or {}
+        if not (before.get("nodes") or before.get("cards")):
+            return job
+        job.excluded = {}
+        job.save(update_fields=["excluded"])
+        audit_record(
+            actor=actor,
+            action=f"{job._meta.model_name}.excluded_cleared",
+            target=job,
+            before={"excluded": before},
+            after={"excluded": {}},
+        )
+        if job.state == JobState.QUEUED and job.fleet.kind == FleetKind.NODE:
+            allocate_on_commit(job.fleet_id)
     return job
 
 

@@ -49,13 +49,37 @@ def _spec(run, cards, labels: dict, limits=None, *, fleet, **given) -> MemberSpe
     )
 
 
+CHECKPOINTS = "checkpoints"
+
+
+def checkpoint_dir(job) -> str:
+    """H3: where a job's attempts keep what the next one resumes from — a dir that outlives
+    each attempt on its Fleet's delivery: under the job's first volume (by name), as a path
+    under the node's storage root (shared-mount, which the member sees: its volume is
+    mounted) or the URI the member syncs to (object-pull). "" for a job with no volume (or an
+    object-pull volume without a URI): it has nowhere that outlives an attempt."""
+    volumes = sorted(job.volumes.all(), key=lambda volume: volume.name)
+    if not volumes:
+        return ""
+    volume, key = volumes[0], f"{job._meta.model_name}-{job.pk}"
+    if job.fleet.delivery == FleetDelivery.SHARED_MOUNT:
+        return f"{job.project.slug}/volumes/{volume.name}/{CHECKPOINTS}/{key}"
+    return f"{volume.uri.rstrip('/')}/{CHECKPOINTS}/{key}" if volume.uri else ""
+
+
 def job_payload(job, attempt_number: int, rank: int, cards, rendezvous, limits=None) -> dict:
+    """A job member's start (R4), with its attempt, how many came before it and its
+    checkpoint dir (H3), so that a retry resumes where the last attempt stopped."""
     labels = {
         "TUNEPLANE_JOB": f"{job._meta.model_name}-{job.pk}",
         "TUNEPLANE_ATTEMPT": attempt_number,
+        "TUNEPLANE_RESTART_COUNT": attempt_number - 1,
         "TUNEPLANE_RANK": rank,
     }
     where = delivery(job)
+    checkpoints = checkpoint_dir(job)
+    if checkpoints:
+        where["env"]["TUNEPLANE_CHECKPOINT_DIR"] = checkpoints
     return _spec(
         job,
         cards,

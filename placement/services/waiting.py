@@ -108,6 +108,7 @@ class WaitingJob(Waiting):
 
     def request(self, reserve_before: datetime) -> Request:
         job = self.owner
+        excluded = job.excluded or {}
         return self._request(
             reserve_before,
             cards=job.cards,
@@ -115,6 +116,8 @@ class WaitingJob(Waiting):
             nodes=job.nodes,
             not_before=job.not_before,
             priority=job.priority,
+            excluded_nodes=frozenset(e["node"] for e in excluded.get("nodes") or ()),
+            excluded_cards=frozenset((e["node"], e["uuid"]) for e in excluded.get("cards") or ()),
         )
 
     def member(self, attempt: Attempt | None) -> dict:

@@ -119,6 +119,23 @@ def attempt_settle(w):
     return lambda: runs.attempt_settle(member.attempt_id)
 
 
+def attempt_end(w):
+    """H1: an attempt ended with its class, by the gang-deadline sweep's path."""
+    member = _started(w)
+    job, attempt, members_ = runs.locked_run(member.attempt_id)
+    return lambda: runs.attempt_end(attempt, members_, "failed", "gang_deadline", job.created_at)
+
+
+def job_excluded_clear(w):
+    """H2: an administrator clears what a job's next attempts stay away from."""
+    job = _queued(w)
+    TrainingJob.objects.filter(pk=job.pk).update(
+        excluded={"nodes": [{"node": "n", "reason": "lost", "attempt": 1, "at": "x"}]}
+    )
+    job.refresh_from_db()
+    return lambda: runs.job_excluded_clear(actor=Actor.of_user(w.admin), job=job)
+
+
 def lifecycle_move(w):
     job = _queued(w)
     return lambda: move(
@@ -253,6 +270,10 @@ SCENARIOS = {
         (changed("attempt.failed"), changed("trainingjob.failed"), created("node_command.created")),
     ),
     "placement.services.runs.job_move": Scenario(job_move, (changed("trainingjob.cancelled"),)),
+    "placement.services.runs.attempt_end": Scenario(attempt_end, (changed("attempt.failed"),)),
+    "placement.services.runs.job_excluded_clear": Scenario(
+        job_excluded_clear, (changed("trainingjob.excluded_cleared"),)
+    ),
     "placement.services.runs.job_cancel": Scenario(
         cancel_queued, (changed("trainingjob.cancelled"),)
     ),

@@ -20,7 +20,7 @@ from placement.services import runs
 from placement.services.allocator import allocate, allocate_preview
 from tests.conftest import Api
 from tests.placement.test_quotas import QUOTAS, submit
-from tests.placement.test_running_rules import report, vanish
+from tests.placement.test_running_rules import exits, report
 from tests.tuneplane.test_metrics import scrape, value
 from tuneplane.errors import ValidationFailed
 from tuneplane.models import Project
@@ -129,7 +129,9 @@ def test_Q5_Q6_Q7_Q8_work_within_its_guarantee_preempts_borrowed_work(
 
 
 def test_Q6_a_preempted_attempt_never_uses_one_of_max_attempts(shared, member, vision):
-    victim, [stopped] = borrowed_job_running(shared, member, max_attempts=2)
+    victim, [stopped] = borrowed_job_running(
+        shared, member, max_attempts=2, retry={"on_exit_codes": [3]}
+    )
     owner = submit(vision, "cv", "owner", cards=8)
     allocate(fleet_id=shared.id)
     report(stopped, "failed", -15, "stopped", cleaned=True)
@@ -137,11 +139,11 @@ def test_Q6_a_preempted_attempt_never_uses_one_of_max_attempts(shared, member, v
     [owned] = Member.objects.filter(attempt__training_job=owner)
     report(owned, "succeeded", 0, cleaned=True)
     assert fresh(owner).state == "succeeded"
-    allocate(fleet_id=shared.id)  # the victim's second attempt; its node loses it
-    vanish(victim, 2)
+    allocate(fleet_id=shared.id)  # the victim's second attempt; it exits 3 (H3: retry)
+    exits(victim, 2)
     victim = fresh(victim)
     # Attempt 2 of 2 is the first that counts: it is retried, not failed.
-    assert (victim.state, victim.reason) == ("queued", "retrying after vanished")
+    assert (victim.state, victim.reason) == ("queued", "retrying after exit 3")
 
 
 def test_Q5_a_job_that_has_run_less_than_the_minimum_is_not_preempted(shared, member, vision):

@@ -78,6 +78,7 @@ def test_R8_back_before_the_deadline_reporting_it_finished_or_not_knowing_it(
 def test_R8_R9_past_the_deadline_the_attempt_is_lost_retried_elsewhere_and_the_leftover_stopped(
     two_nodes, node_fleet, member, settings
 ):
+    settings.TUNEPLANE_INFRA_BACKOFF_FIRST = 0  # H2's backoff: tests/placement/test_hardware_faults
     record = started(member, node_fleet)
     gone = member_of(record)
     go_gone(

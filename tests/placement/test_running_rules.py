@@ -13,7 +13,7 @@ from audit.models import AuditEvent
 from audit.services import Actor
 from nodes.choices import CommandKind
 from nodes.models import Node, NodeCommand
-from nodes.services.commands import Reported, node_command_report, node_commands_reconcile
+from nodes.services.commands import Reported, node_command_report
 from placement.models import Attempt, CardHold, Member, PlaygroundSession, TrainingJob
 from placement.services import episodes, playground, serving, submission
 from placement.services.allocator import allocate
@@ -96,34 +96,31 @@ def test_R5_two_jobs_of_300_gib_on_a_512_gib_node_do_not_both_start_across_passe
     assert len(members_of(first)) == 1 and members_of(second) == []
 
 
-def vanish(record, number: int) -> None:
-    """The attempt's member runs, its node goes away, and comes back not knowing it."""
+def exits(record, number: int, code: int = 3) -> None:
+    """The attempt's member runs and exits ``code`` on its own (a user end, H1)."""
     [one] = Member.objects.filter(attempt__training_job=record, attempt__number=number)
     report(one)
-    Node.objects.filter(pk=one.node_id).update(scheduling_state="gone")
-    members_reconcile()
-    Node.objects.filter(pk=one.node_id).update(scheduling_state="schedulable")
-    node_commands_reconcile(node_id=one.node_id, reported=[])
+    report(one, "failed", code, "exit", cleaned=True)
 
 
-def test_R9_with_one_attempt_a_vanished_member_fails_the_job(node_fleet, gpu_node, member):
+def test_R9_H3_with_one_attempt_a_retried_exit_code_fails_the_job(node_fleet, gpu_node, member):
     gpu_node(node_fleet)
-    record = submit(member, cards=1, max_attempts=1)
+    record = submit(member, cards=1, max_attempts=1, retry={"on_exit_codes": [3]})
     allocate(fleet_id=node_fleet.id)
-    vanish(record, 1)
+    exits(record, 1)
     record.refresh_from_db()
-    assert (record.state, record.reason) == ("failed", "vanished")
+    assert (record.state, record.reason) == ("failed", "exit")
     assert allocate(fleet_id=node_fleet.id)["allocated"] == 0
 
 
-def test_R9_with_three_attempts_a_fourth_is_never_made(node_fleet, gpu_node, member):
+def test_R9_H3_with_three_attempts_a_fourth_is_never_made(node_fleet, gpu_node, member):
     gpu_node(node_fleet)
-    record = submit(member, cards=1, max_attempts=3)
+    record = submit(member, cards=1, max_attempts=3, retry={"on_exit_codes": [3]})
     for number in (1, 2, 3):
         assert allocate(fleet_id=node_fleet.id)["allocated"] == 1
-        vanish(record, number)
+        exits(record, number)
     record.refresh_from_db()
-    assert (record.state, record.reason) == ("failed", "vanished")
+    assert (record.state, record.reason) == ("failed", "exit")
     assert allocate(fleet_id=node_fleet.id)["allocated"] == 0
     assert Attempt.objects.filter(training_job=record).count() == 3
 

@@ -44,6 +44,11 @@ DEPLOYMENT_FAILED = frozenset({"Failed", "ValidationFailed"})
 GONE = "STOPPED"
 # Pages of a RayJob list: the API server's limit/continue.
 LIST_PAGE = 500
+MANAGED_BY_SELECTOR = ",".join(f"{label}={value}" for label, value in MANAGED_BY.items())
+# A list as a Table of the CRD's printer columns (as kubectl get asks), JSON if not served;
+# KubeRay's RayJob CRD has these two (with ray cluster name, start time, end time, age).
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io, application/json"
+STATE_COLUMNS = ("job status", "deployment status")
 LIST_RESTARTS = 3  # a list whose continue token expired (410) is begun again, this often
 
 
@@ -164,37 +169,68 @@ class KubernetesBackend:
     def job_states(self) -> dict[str, str]:
         """Every RayJob of the console's in the KubeRay namespace, by id, with its state as
         ``job_state`` reads it: one list in pages (limit/continue) rather than a read per
-        job. A list whose continue token the API server no longer honours (410, its storage
-        compacted past it) is begun again, never continued from a gap."""
+        job, of KubeRay's printer columns only (the Table ``kubectl get`` reads), not whole
+        objects with their scripts. A list whose continue token the API server no longer
+        honours (410: etcd compacted past it) is begun again, never continued from a gap."""
         if not self.namespace:
             raise BackendError("config.kuberay_namespace is not set")
-        selector = ",".join(f"{label}={value}" for label, value in MANAGED_BY.items())
         with self._client() as client:
-            api = CustomObjectsApi(client)
             for attempt in range(LIST_RESTARTS + 1):
-                states, token = {}, ""
                 try:
-                    while True:
-                        page = api.list_namespaced_custom_object(
-                            RAY_GROUP,
-                            RAY_VERSION,
-                            self.namespace,
-                            RAYJOB_PLURAL,
-                            label_selector=selector,
-                            limit=LIST_PAGE,
-                            _continue=token or None,
-                            _request_timeout=self.timeout,
-                        )
-                        for rayjob in page["items"]:
-                            job_id = f"{self.namespace}/{rayjob['metadata']['name']}"
-                            states[job_id] = rayjob_state(rayjob)
-                        token = page["metadata"].get("continue")
-                        if not token:
-                            return states
+                    return self._list_states(client)
                 except ApiException as error:
                     if error.status != 410 or attempt == LIST_RESTARTS:
                         raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _list_states(self, client: ApiClient) -> dict[str, str]:
+        states, token, table = {}, "", True
+        while True:
+            page = self._list_page(client, token, table)
+            if page.get("kind") == "Table":
+                columns = [column["name"] for column in page["columnDefinitions"]]
+                if not set(STATE_COLUMNS) <= set(columns):
+                    # A RayJob CRD without KubeRay's columns: whole objects, from the start.
+                    states, token, table = {}, "", False
+                    continue
+                name, job, deployment = (columns.index(c) for c in ("Name", *STATE_COLUMNS))
+                found = (
+                    (
+                        row["cells"][name],
+                        {
+                            "jobStatus": row["cells"][job] or None,
+                            "jobDeploymentStatus": row["cells"][deployment] or None,
+                        },
+                    )
+                    for row in page["rows"]
+                )
+            else:
+                found = (
+                    (item["metadata"]["name"], item.get("status") or {}) for item in page["items"]
+                )
+            for rayjob, status in found:
+                states[f"{self.namespace}/{rayjob}"] = rayjob_state({"status": status})
+            token = page["metadata"].get("continue")
+            if not token:
+                return states
+
+    def _list_page(self, client: ApiClient, token: str, table: bool) -> dict:
+        """One page of the console's RayJobs: a Table of KubeRay's columns, or objects."""
+        query = [("labelSelector", MANAGED_BY_SELECTOR), ("limit", LIST_PAGE)]
+        if token:
+            query.append(("continue", token))
+        if table:
+            query.append(("includeObject", "None"))
+        return client.call_api(
+            f"/apis/{RAY_GROUP}/{RAY_VERSION}/namespaces/{self.namespace}/{RAYJOB_PLURAL}",
+            "GET",
+            query_params=query,
+            header_params={"Accept": TABLE if table else "application/json"},
+            response_types_map={200: "object"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _request_timeout=self.timeout,
+        )
 
     def cancel(self, job_id: str) -> None:
         """Delete the RayJob (KubeRay stops its cluster with it); one already gone is done,

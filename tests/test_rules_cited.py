@@ -29,15 +29,13 @@ HEADING = re.compile(r"^### ([A-Z]\d{1,2}) — (.+?)(?: \{#([^}]*)\})?$", re.M)
 # Rules no in-process test holds because they are not built yet, and why. A rule leaves once
 # an in-process test cites it (test_a_rule_listed_as_not_held_in_process_...).
 NOT_IN_PROCESS: dict[str, str] = {
-    "P8": "not built yet (issue 49: a cordoned machine is coming back, admission counts it)",
+    "H4": "not built yet (issue 48: a member's checkpoint marks, read by preemption)",
 }
 # How many rules the page numbers, per letter (F Fleets, J joining, L liveness, D draining,
-# P placement, A audit, R running work, S serving, Q sharing).
-PER_LETTER = {"F": 8, "J": 6, "L": 7, "D": 4, "P": 8, "A": 1, "R": 23, "S": 6, "Q": 9}
+# P placement, A audit, R running work, S serving, Q sharing, H hardware faults).
+PER_LETTER = {"F": 8, "J": 6, "L": 7, "D": 4, "P": 8, "A": 1, "R": 23, "S": 6, "Q": 9, "H": 4}
 # Rule letters the console may quote before the page has their section, and why.
-QUOTED_BEFORE_THE_PAGE: dict[str, str] = {
-    "H": "when hardware fails: its section of the page comes with the rules, as they are built",
-}
+QUOTED_BEFORE_THE_PAGE: dict[str, str] = {}
 # Where the console quotes rules to its users: messages, help texts, the admin's templates.
 QUOTING = ("tuneplane", "audit", "fleets", "nodes", "placement", "cli", "templates")
 QUOTE = re.compile(r"\brule[ =]+[\"']?([A-Z]\d{1,2})(?![0-9])|\(([A-Z]\d{1,2})(?![0-9])[,;)\s]")

@@ -14,7 +14,7 @@ import os
 
 # Set by the Makefile (`make quick`, `test-sqlite`, `mutate`), or read by the tests
 # themselves as knobs of the harness: never a setting of the console, the agent or the CLI.
-SCRUB_KEPT = {"TUNEPLANE_VAR_DIR", "TUNEPLANE_SLURM24_ROOT"}
+SCRUB_KEPT = {"TUNEPLANE_VAR_DIR", "TUNEPLANE_SLURM24_ROOT", "TUNEPLANE_KUBE_ROOT"}
 SCRUB_KEPT_PREFIXES = ("TUNEPLANE_BENCH_",)
 
 

@@ -77,6 +77,9 @@ EnvironmentFile=$CONF_DIR/node.env
 ExecStart=$VENV/bin/tuneplane-node --state-dir $STATE_DIR serve --target $GATEWAY
 Restart=always
 RestartSec=5
+# Exit 3: the console refused this node for good (removed, its credential dead): the agent
+# said how to join again, and starting it again cannot help.
+RestartPreventExitStatus=3
 # A restart or upgrade of the agent takes no job with it (R6): only the agent is stopped;
 # its members run in sessions and cgroups of their own and the new agent re-adopts them.
 KillMode=process

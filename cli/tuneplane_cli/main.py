@@ -1,5 +1,6 @@
 """``tuneplane``: submit work to a Tuneplane console, see where it runs or why it waits,
-follow its output, read its history; and, for administrators, cordon and drain nodes.
+follow its output, read its history; and, for administrators, cordon, drain, resume and
+remove nodes, mint join tokens and set a Fleet's quotas.
 
 Every command speaks the console's REST API with the token ``tuneplane login`` stored. An
 error the console answers is printed as its ``error.message`` (a refusal with its reason)
@@ -11,7 +12,7 @@ import time
 
 import click
 
-from . import __version__, config, render
+from . import __version__, config, operators, render
 from .client import ApiError, Client, Unreachable
 from .kinds import Kind, episode_id, kind_named, runs_on, waiting
 from .spec import SpecError, read_spec
@@ -26,6 +27,9 @@ ENDED = {"succeeded", "failed", "lost", "cancelled", "abandoned", "timed_out"}
 WAITING = {"queued", "starting"}
 # How long a follower waits for a member's node that does not answer before it gives up.
 UNANSWERED = 60.0
+# What a record is in once nothing of it runs any more: a job's, an episode's, a
+# deployment's or a playground session's end.
+DONE = ENDED | {"stopped"}
 
 
 class Commands(click.Group):
@@ -369,8 +373,19 @@ def _member_ended(record: dict, kind: Kind, attempt, rank) -> int | None:
 @cli.command()
 @click.argument("kind")
 @click.argument("record_id")
-def cancel(kind, record_id):
-    """Cancel a job or an episode, stop a deployment, end a playground session."""
+@click.option("--wait", "wait_", is_flag=True, help="Wait until it has ended; print how.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0),
+    default=600.0,
+    show_default=True,
+    help="With --wait: seconds to wait before giving up (exit 1; it goes on ending).",
+)
+def cancel(kind, record_id, wait_, timeout):
+    """Cancel a job or an episode, stop a deployment, end a playground session.
+
+    A queued job ends at once; a running one is stopped — SIGTERM, SIGKILL after its grace —
+    and prints `cancelling` until then: --wait waits for its end and prints it."""
     kind, api = kind_named(kind, has="cancel"), client()
     if kind.cancel == "post":
         record = api.post(kind.one(record_id) + "/cancel")
@@ -378,7 +393,21 @@ def cancel(kind, record_id):
         record = api.request("PATCH", kind.one(record_id), body={"state": "stopped"})
     else:
         record = api.request("DELETE", kind.one(record_id))
-    click.echo(f"{kind.name} {record_id}: {record.get('state')}")
+    state = record.get("state")
+    click.echo(f"{kind.name} {record_id}: {state if state in DONE else 'cancelling'}")
+    if not wait_ or state in DONE:
+        return
+    deadline = time.monotonic() + timeout
+    while record.get("state") not in DONE:
+        if time.monotonic() >= deadline:
+            raise click.ClickException(
+                f"{kind.name} {record_id} is still {record.get('state')} after {timeout:g} s; "
+                "it goes on ending."
+            )
+        time.sleep(POLL_SECONDS)
+        record = api.get(kind.one(record_id))
+    reason = record.get("reason") or ""
+    click.echo(f"{kind.name} {record_id}: {record['state']}" + (f" ({reason})" if reason else ""))
 
 
 @cli.command()
@@ -419,34 +448,8 @@ def _changed(event: dict) -> str:
     )
 
 
-def _node_shown(node: dict) -> None:
-    scheduling = node.get("scheduling") or {}
-    click.echo(f"node {node['id']}: {scheduling.get('state', '')}")
-
-
-@cli.command()
-@click.argument("node")
-@click.option("--reason", required=True, help="Why; shown on the node and in the audit log.")
-def cordon(node, reason):
-    """Stop placing new work on NODE (administrators)."""
-    _node_shown(client().post(f"/api/nodes/{node}/cordon", {"reason": reason}))
-
-
-@cli.command()
-@click.argument("node")
-def uncordon(node):
-    """Place work on NODE again (administrators)."""
-    _node_shown(client().post(f"/api/nodes/{node}/uncordon"))
-
-
-@cli.command()
-@click.argument("node")
-@click.option("--reason", required=True, help="Why; shown on the node and in the audit log.")
-@click.option("--deadline", help="When it should be idle (ISO 8601); nothing is stopped at it.")
-def drain(node, reason, deadline):
-    """Cordon NODE and let what runs there finish (administrators)."""
-    body = {"reason": reason, **({"deadline": deadline} if deadline else {})}
-    _node_shown(client().post(f"/api/nodes/{node}/drain", body))
+for command in operators.COMMANDS:
+    cli.add_command(command)
 
 
 def main():

@@ -102,6 +102,10 @@ def test_install_sh_installs_joins_and_configures_but_does_not_start(
     # R6: `systemctl restart tuneplane-node` stops the agent, never its members; systemd's
     # own parser takes the unit without a complaint (a misspelt KillMode is only warned of).
     assert "KillMode=process" in unit.splitlines()
+    # D4: an agent the console refused for good exits 3 and is not started again.
+    from nodes.agent.serve import EXIT_REFUSED
+
+    assert f"RestartPreventExitStatus={EXIT_REFUSED}" in unit.splitlines()
     if shutil.which("systemd-analyze"):
         verify = subprocess.run(
             [

@@ -6,6 +6,7 @@ server's: the schema a manifest must meet, the names and labels it takes, 404s, 
 and its restarts. Ray itself never runs."""
 
 import dataclasses
+import json
 import threading
 
 import pytest
@@ -21,6 +22,7 @@ from nodes.backends.kubernetes import (
     rayjob_manifest,
 )
 from tests.nodes.kube_backend import KEYED_JOB, SFT_JOB
+from tests.nodes.kube_replay import RESPONSES
 
 pytestmark = [pytest.mark.kube, pytest.mark.e2e]
 
@@ -536,3 +538,34 @@ def test_a_job_id_of_another_form_is_refused_before_any_call():
     )
     with pytest.raises(BackendError, match="not a RayJob id"):
         backend.job_state("no-namespace")
+
+
+@pytest.mark.parametrize("fixture", ["rayjob-created.json", "rayjob-running.json"])
+def test_the_replays_rayjobs_are_ones_the_crd_takes_whole(api, namespace, fixture):
+    """tests/nodes/kube_responses' RayJobs, which the replayed tests decode, are objects the
+    real server takes under the CRD's schema with strict field validation — spec and status
+    — and keeps as they are."""
+    replayed = json.loads((RESPONSES / fixture).read_text())
+    metadata = replayed["metadata"]
+    manifest = {
+        "apiVersion": replayed["apiVersion"],
+        "kind": replayed["kind"],
+        "metadata": {"name": metadata["name"], "labels": metadata["labels"]},
+        "spec": replayed["spec"],
+    }
+    created = api.create_namespaced_custom_object(
+        RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, manifest, field_validation="Strict"
+    )
+    assert _kept(replayed["spec"], created["spec"]) == []
+    if "status" in replayed:
+        created["status"] = replayed["status"]
+        moved = api.replace_namespaced_custom_object_status(
+            RAY_GROUP,
+            RAY_VERSION,
+            namespace,
+            RAYJOB_PLURAL,
+            metadata["name"],
+            created,
+            field_validation="Strict",
+        )
+        assert _kept(replayed["status"], moved["status"]) == []

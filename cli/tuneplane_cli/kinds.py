@@ -21,15 +21,24 @@ def age(stamp: str | None, now: datetime | None = None) -> str:
 
 
 def waiting(record: dict) -> str:
-    """Why it waits (Q8), for work that waits: ``reason: message``."""
+    """Why it waits (Q8), for work that waits: ``reason: message (#1 in project, #2 in
+    Fleet)``, its place in its project's queue and in its Fleet's."""
     wait = record.get("waiting")
     if isinstance(wait, dict) and wait.get("reason"):
-        return f"{wait['reason']}: {wait.get('message', '')}".strip()
+        return f"{wait['reason']}: {wait.get('message', '')}".strip() + _position(wait)
     if isinstance(wait, dict):  # a deployment's revision: by replica rank
         return "; ".join(
-            f"replica {rank} {w['reason']}: {w['message']}" for rank, w in wait.items()
+            f"replica {rank} {w['reason']}: {w['message']}{_position(w)}"
+            for rank, w in wait.items()
         )
     return ""
+
+
+def _position(wait: dict) -> str:
+    in_project, in_fleet = wait.get("position_in_project"), wait.get("position_in_fleet")
+    if not in_project or not in_fleet:
+        return ""
+    return f" (#{in_project} in project, #{in_fleet} in Fleet)"
 
 
 def _latest(listed: list | None) -> dict:
@@ -143,6 +152,7 @@ KINDS = [
             *WORKLOAD[:4],
             ("STATUS", _get("status")),
             *WORKLOAD[4:8],
+            ("ADDRESS", _get("addresses")),
             ("WAITING", _deployment_waiting),
         ],
         cancel="stop",
@@ -155,7 +165,12 @@ KINDS = [
         "playground-session",
         "playground-sessions",
         "/api/playground-sessions",
-        columns=[*WORKLOAD[:8], ("ENDS", lambda r: r.get("ends_at") or ""), WORKLOAD[8]],
+        columns=[
+            *WORKLOAD[:8],
+            ("ADDRESS", _get("address")),
+            ("ENDS", lambda r: r.get("ends_at") or ""),
+            WORKLOAD[8],
+        ],
         cancel="delete",
         events=True,
         dry_run=True,

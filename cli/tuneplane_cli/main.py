@@ -415,37 +415,16 @@ def cancel(kind, record_id, wait_, timeout):
 @click.argument("record_id")
 @click.option("-o", "--output", type=click.Choice(render.FORMATS), default="table")
 def events(kind, record_id, output):
-    """What happened to a record, oldest first: its audit events and its parts'."""
+    """What happened to a record, oldest first: its audit events and its parts', one line
+    each — when, what, to which part, by whom, and the fields it changed. `-o json` prints
+    the API's body, for scripts."""
     kind, api = kind_named(kind, has="events"), client()
     path = kind.one(record_id) + "/events"
     if output != "table":
         render.body(api.get(path), output)
         return
-    render.table(
-        api.listed(path),
-        [
-            ("TIME", lambda e: e["at"]),
-            ("ACTION", lambda e: e["action"]),
-            ("TARGET", _target),
-            ("BY", lambda e: e["actor"].get("label") or e["actor"].get("type", "")),
-            ("CHANGED", _changed),
-            ("REASON", lambda e: e.get("reason") or ""),
-        ],
-    )
-
-
-def _target(event: dict) -> str:
-    kind = event["target"]["type"].rpartition(".")[2]
-    return f"{kind} {event['target']['id']}"
-
-
-def _changed(event: dict) -> str:
-    before, after = event.get("before") or {}, event.get("after") or {}
-    keys = [key for key in {**before, **after} if before.get(key) != after.get(key)]
-    return ", ".join(
-        f"{key}: {before[key]} → {after.get(key)}" if key in before else f"{key}: {after[key]}"
-        for key in keys
-    )
+    for event in api.listed(path):
+        click.echo(render.event_line(event))
 
 
 for command in operators.COMMANDS:

@@ -27,6 +27,49 @@ def table(rows: list[dict], columns: list) -> None:
     console().print(shown)
 
 
+# How much of one changed value an event's line shows.
+VALUE_WIDTH = 48
+
+
+def event_line(event: dict) -> str:
+    """One audit event for a terminal: its time (UTC, to the second), what happened and to
+    which part, who did it, and each field it changed, old → new; values as JSON writes
+    them (true, null, [a, b]), each cut to VALUE_WIDTH."""
+    at = event["at"].replace("T", " ")[:19]
+    kind = event["target"]["type"].rpartition(".")[2]
+    actor = event["actor"].get("label") or event["actor"].get("type", "")
+    line = f"{at}  {event['action']}  {kind} {event['target']['id']}  by {actor}"
+    if event.get("forced"):
+        line += " (forced)"
+    changes = changed(event)
+    return f"{line}: {changes}" if changes else line
+
+
+def changed(event: dict) -> str:
+    """The fields an event changed, ``key: old → new`` (``key: new`` for a new one)."""
+    before, after = event.get("before") or {}, event.get("after") or {}
+    keys = [key for key in {**before, **after} if before.get(key) != after.get(key)]
+    return ", ".join(
+        f"{key}: {value(before[key])} → {value(after.get(key))}"
+        if key in before
+        else f"{key}: {value(after[key])}"
+        for key in keys
+    )
+
+
+def value(data) -> str:
+    """A changed value, short: JSON's words, a list's items, a mapping's key=value."""
+    if isinstance(data, str):
+        said = data
+    elif isinstance(data, list):
+        said = "[" + ", ".join(value(item) for item in data) + "]"
+    elif isinstance(data, dict):
+        said = "{" + ", ".join(f"{k}={value(v)}" for k, v in data.items()) + "}"
+    else:
+        said = json.dumps(data)
+    return said if len(said) <= VALUE_WIDTH else said[: VALUE_WIDTH - 1] + "…"
+
+
 def body(data, output: str) -> None:
     """The API's body as it answered, in JSON or YAML."""
     if output == "json":

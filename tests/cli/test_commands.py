@@ -82,7 +82,9 @@ def test_apply_says_why_work_waits(lab, member, signed_in, tmp_path):
         waits = tuneplane("apply", "-f", spec(tmp_path, name="b", cards=8, script="sleep 1"))
     assert waits.exit_code == 0, waits.output
     waiting = TrainingJob.objects.get(name="b").waiting
-    assert waits.stdout.splitlines()[-1] == f"waits: {waiting['reason']}: {waiting['message']}"
+    assert waits.stdout.splitlines()[-1] == (
+        f"waits: {waiting['reason']}: {waiting['message']} (#1 in project, #1 in Fleet)"
+    )
     table = tuneplane("get", "training-jobs")
     row = next(line for line in table.stdout.splitlines() if " b " in line)
     assert "queued" in row and "gpu-lab" in row and waiting["reason"] in row

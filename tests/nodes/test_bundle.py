@@ -344,3 +344,30 @@ def test_R18_a_member_whose_seccomp_profile_cannot_be_read_is_never_started(tmp_
     member = runner.start("m-1", {"cards": [], "argv": ["true"]})
     assert (member.state, member.reason) == ("failed", "start_failed")
     assert "seccomp" in member.detail and member.pid is None
+
+
+@pytest.mark.parametrize("word", [None, b"0", b"1"], ids=["pipe-closed", "wrong-word", "go"])
+def test_R18_the_keeper_runs_the_member_only_on_the_agents_word(tmp_path, word):
+    """The keeper starts before the member's network and bundle are ready and waits on a
+    pipe: the agent's word runs it; a pipe closed without it (the agent failed on the way,
+    or died) ends the keeper with START_FAILED, the runtime never run."""
+    runtime = tmp_path / "fake-runc"
+    ran = tmp_path / "ran"
+    runtime.write_text(f"#!/bin/sh\necho ran > {ran}\nexit 1\n")
+    runtime.chmod(0o755)
+    paths = sandbox.Paths(tmp_path)
+    paths.ensure()
+    paths.bundle("m-1").mkdir()
+    exit_file, log_file = tmp_path / "m-1.exit", tmp_path / "m-1.log"
+    reader, writer = os.pipe()
+    argv = sandbox.keeper_argv(paths, "m-1", exit_file, log_file, 0, go_fd=reader)
+    argv[5] = str(runtime)
+    keeper = subprocess.Popen(argv, pass_fds=(reader,), env=dict(sandbox.FIXED_ENV))
+    os.close(reader)
+    if word is not None:
+        os.write(writer, word)
+    os.close(writer)
+    assert keeper.wait(30) == 0
+    assert exit_file.read_text() == f"{shim.START_FAILED}\n"  # the fake runtime fails
+    assert ran.exists() == (word == sandbox.GO)
+    assert sandbox.GO == shim.GO

@@ -408,6 +408,31 @@ class Runner:
         else:
             own = launch.own_env(spec, scratch, self.storage_root)
             env = images.env_of(image, own, home=str(scratch))
+        # The keeper starts now and waits for the word to run the member (a byte on a pipe):
+        # its interpreter starts while the network is wired and the bundle written here. A
+        # pipe closed without the word (a failure below, the agent gone) ends it, unstarted.
+        exit_file = self.store.path(member_id, ".exit")
+        log_file = self.logs / f"{member_id}.log"
+        reader, writer = os.pipe()
+        try:
+            keeper = sandbox.keeper_argv(
+                self.sandbox, member_id, exit_file, log_file, spec.log_bytes, go_fd=reader
+            )
+            self._spawn(member, keeper, box_dir, dict(sandbox.FIXED_ENV), now, (reader,))
+        finally:
+            os.close(reader)
+        go = False
+        try:
+            if member.state == RUNNING:
+                go = self._wire_and_write(member, spec, argv, env, binds, image, box_dir)
+        finally:
+            if go:
+                os.write(writer, sandbox.GO)
+            os.close(writer)
+
+    def _wire_and_write(self, member, spec, argv, env, binds, image, box_dir) -> bool:
+        """The member's network (R19) and its bundle's config: whether it may run."""
+        member_id = member.command_id
         try:
             attached = network.attach(
                 member_id,
@@ -417,7 +442,8 @@ class Runner:
                 deny_cidrs=self.deny_cidrs,
             )
         except (network.NetworkError, ValueError, OSError) as error:
-            return self._not_started(member, f"its network: {error}")
+            self._not_started(member, f"its network: {error}")
+            return False
         member.address = attached.address
         if "MASTER_ADDR" in env:  # a gang's master on this node is reached at its mapping
             env["MASTER_ADDR"] = network.reachable_address(env["MASTER_ADDR"], attached)
@@ -425,7 +451,7 @@ class Runner:
             uid=member.uid,
             argv=tuple(argv),
             env=env,
-            cwd=str(scratch),
+            cwd=str(self.scratch / member_id),
             hostname=member_id[:63],
             cgroups_path="/tuneplane/" + self.cgroup(member_id),
             cpus=spec.cpus,
@@ -441,7 +467,11 @@ class Runner:
             host_root=image is None,
             init=bundle.INIT if image is None else images.INIT_AT,
         )
-        bundle.write(box_dir, bundle.config(box, self.seccomp), host_root=image is None)
+        try:
+            bundle.write(box_dir, bundle.config(box, self.seccomp), host_root=image is None)
+        except OSError as error:
+            self._not_started(member, f"its bundle: {error.strerror or error}")
+            return False
         member.argv = argv[:1]
         root = "read-only /usr and /etc" if image is None else f"image {spec.image}, read-only"
         member.confinement = (
@@ -452,10 +482,8 @@ class Runner:
             + (f"; pids {spec.pids}" if spec.pids else "")
             + f"; {member.scratch_fs}"
         )
-        exit_file = self.store.path(member_id, ".exit")
-        log_file = self.logs / f"{member_id}.log"
-        argv = sandbox.keeper_argv(self.sandbox, member_id, exit_file, log_file, spec.log_bytes)
-        self._spawn(member, argv, box_dir, dict(sandbox.FIXED_ENV), now)
+        self.store.save(member)
+        return True
 
     def _image_root(self, spec: MemberSpec, box_dir: Path) -> images.Image:
         """The image named, had from the node's container runtime, its filesystem mounted
@@ -495,10 +523,13 @@ class Runner:
         nothing of it is left."""
         return scratchfs.remove(self.scratch / member_id, self.images / f"{member_id}.img")
 
-    def _spawn(self, member: Member, argv: list[str], cwd: Path, env: dict, now: float) -> None:
+    def _spawn(
+        self, member: Member, argv: list[str], cwd: Path, env: dict, now: float, fds=()
+    ) -> None:
         state.ensure_private_dir(self.logs)
+        log = self.logs / f"{member.command_id}.log"
         try:
-            child = launch.spawn(argv, self.logs / f"{member.command_id}.log", cwd=cwd, env=env)
+            child = launch.spawn(argv, log, cwd=cwd, env=env, pass_fds=fds)
         except OSError as error:
             logger.warning("member %s could not start: %s", member.command_id, error)
             member.state, member.exit_code, member.reason = FAILED, policy.VANISHED, "start_failed"

@@ -71,8 +71,17 @@ KEEPER_BOOT = (
 )
 
 
+# The word the keeper waits for on its pipe before it runs the member.
+GO = b"1"
+
+
 def keeper_argv(
-    paths: Paths, member_id: str, exit_file: Path, log_file: Path, log_cap: int | None
+    paths: Paths,
+    member_id: str,
+    exit_file: Path,
+    log_file: Path,
+    log_cap: int | None,
+    go_fd: int | None = None,
 ) -> list[str]:
     """The keeper (shim.py) that starts the member and carries its output."""
     return [
@@ -88,6 +97,7 @@ def keeper_argv(
         str(exit_file),
         str(log_file),
         str(log_cap or 0),
+        *([] if go_fd is None else [str(go_fd)]),
     ]
 
 

@@ -9,11 +9,12 @@ It is run as ``python -I -m <this module>`` with a fixed environment: nothing of
 env or of the node's reaches it (R17). It is not in the member's cgroup: killing the member's
 cgroup ends the member, never its keeper, which then records the kill.
 
-    python -I -m nodes.agent.member.shim RUNTIME STATE_ROOT BUNDLE ID EXIT_FILE LOG_FILE CAP
+    python -I -S -c <boot> RUNTIME STATE_ROOT BUNDLE ID EXIT_FILE LOG_FILE CAP [GO_FD]
 
-CAP is the log's cap in bytes, 0 for none. The exit code is the member's, 128 + N for a
-member ended by signal N, and START_FAILED when the runtime could not start it (its words
-are in the log).
+CAP is the log's cap in bytes, 0 for none. With GO_FD it waits for the agent's word on that
+pipe before it runs the member (the agent wires its network meanwhile); without it, at once.
+The exit code is the member's, 128 + N for a member ended by signal N, and START_FAILED when
+the runtime could not start it (its words are in the log) or the agent never said to.
 """
 
 import contextlib
@@ -30,6 +31,7 @@ from . import logs
 
 READ = 64 * 1024  # the most one read takes from the pipe: what a log may be past its cap
 START_FAILED = 125
+GO = b"1"  # sandbox.GO: the agent's word to run the member
 PR_SET_CHILD_SUBREAPER = 36
 POLL = 0.5  # seconds between looks for the member's end while its output is quiet
 DRAIN = 2.0  # how long output still open after the member's PID 1 ended is read
@@ -138,14 +140,29 @@ def keep(runtime: str, state_root: str, bundle: Path, name: str, log: CappedLog)
     return status_code(status)
 
 
+def go_word(fd: int) -> bool:
+    """Whether the agent said to run the member: the word on the pipe it started us with
+    (started before the member's network and bundle were ready); EOF is no."""
+    try:
+        return os.read(fd, len(GO)) == GO
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def main(argv: list[str]) -> int:
-    runtime, state_root, bundle, name, exit_file, log_file, cap = argv
+    runtime, state_root, bundle, name, exit_file, log_file, cap, *go = argv
     # A stop is the agent's, sent to the member's cgroup; the keeper stays to record it.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     set_subreaper()
     log = CappedLog(Path(log_file), int(cap))
+    if go and not go_word(int(go[0])):
+        log.close()
+        write_exit(Path(exit_file), START_FAILED)
+        return 0
     try:
         code = keep(runtime, state_root, Path(bundle), name, log)
     finally:

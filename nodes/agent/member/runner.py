@@ -4,6 +4,7 @@ escalated to SIGKILL, a replica restarted after its backoff, a cleanup finished.
 happens to a member between ticks but what the console asks; reading the store changes
 nothing. Every decision is member/policy.py's; this module observes and acts."""
 
+import contextlib
 import logging
 import os
 import resource
@@ -427,7 +428,9 @@ class Runner:
                 go = self._wire_and_write(member, spec, argv, env, binds, image, box_dir)
         finally:
             if go:
-                os.write(writer, sandbox.GO)
+                # A keeper gone already (EPIPE) is seen at the next tick: no exit file of its.
+                with contextlib.suppress(OSError):
+                    os.write(writer, sandbox.GO)
             os.close(writer)
 
     def _wire_and_write(self, member, spec, argv, env, binds, image, box_dir) -> bool:

@@ -127,6 +127,9 @@ UNAVAILABLE_SAID = {
 }
 # The cordons' words a ``cordoned`` wait quotes; past this many it says how many more.
 CORDONS_SAID = 3
+# A storage cordon's source (nodes.choices.CordonSource.STORAGE): the system's, lifted by the
+# node itself (L6), which a wait on it says.
+STORAGE = "storage"
 
 
 class Unavailable(dict):
@@ -179,7 +182,13 @@ def _said_unavailable(reason: str, unavailable: dict) -> tuple[str, dict]:
         return UNAVAILABLE_SAID[reason], {}
     more = len(cordons) - CORDONS_SAID
     quoted = "; ".join(cordons[:CORDONS_SAID]) + (f"; and {more} more" if more > 0 else "")
-    return f"{UNAVAILABLE_SAID[reason]} ({quoted})", {"cordons": cordons}
+    lifts = (
+        "; a storage cordon lifts by itself when its node sees the Fleet's storage root "
+        "again (rule L6)"
+        if any(cordon.startswith(f"{STORAGE}:") for cordon in cordons)
+        else ""
+    )
+    return f"{UNAVAILABLE_SAID[reason]} ({quoted}){lifts}", {"cordons": cordons}
 
 
 def unfit(

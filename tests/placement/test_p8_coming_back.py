@@ -96,7 +96,10 @@ def test_P8_L6_a_storage_cordon_is_waited_for_and_named_on_every_path(
     job = admitted(member_api)
     wait = waiting_of(job["id"])
     assert wait["reason"] == "cordoned"
-    assert "(storage: storage root not visible)" in wait["message"]
+    assert wait["message"].endswith(
+        "2 more on cordoned nodes (storage: storage root not visible); a storage cordon lifts "
+        "by itself when its node sees the Fleet's storage root again (rule L6)"
+    )
     # A deployment names its Fleet (P2): admitted the same way.
     deployment = {"project": "ml", "name": "chat", "fleet": "gpu-lab", "cards": 2, **SERVE}
     assert admitted(member_api, deployment, path="/api/deployments")["fleet"] == "gpu-lab"

@@ -118,7 +118,8 @@ def test_Q8_P8_cards_on_cordoned_nodes_wait_cordoned_and_quote_the_cordons_words
     assert wait.reason == "cordoned"
     assert wait.message == (
         "needs 8 cards; 2 free, 8 more on cordoned nodes "
-        "(operator: kernel upgrade; storage: storage root not visible)"
+        "(operator: kernel upgrade; storage: storage root not visible); a storage cordon "
+        "lifts by itself when its node sees the Fleet's storage root again (rule L6)"
     )
     assert wait.numbers == {
         "needs": 8,

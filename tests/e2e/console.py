@@ -91,8 +91,13 @@ class Console:
     def logs(self) -> str:
         """What its processes wrote to their logs (var/log/NAME.log): the terminal has only
         their warnings."""
-        folder = Path(self.env["TUNEPLANE_VAR_DIR"]) / "log"
-        return "".join(log.read_text(errors="replace") for log in sorted(folder.glob("*.log")))
+        folder, text = Path(self.env["TUNEPLANE_VAR_DIR"]) / "log", []
+        for log in sorted(folder.glob("*.log")):
+            try:
+                text.append(log.read_text(errors="replace"))
+            except FileNotFoundError:
+                continue  # moved to NAME.log.1 as a new start began
+        return "".join(text)
 
     def wait_for(self, text: str, timeout: float = 90) -> None:
         """Until ``text`` is on the terminal or in a process's log."""

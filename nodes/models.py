@@ -318,6 +318,8 @@ class NodeCommand(models.Model):
     ready = models.BooleanField(default=False)
     restarts = models.PositiveIntegerField(default=0)
     detail = models.CharField(max_length=200, blank=True)
+    # H4: when its node last saw the member mark a checkpoint (only ever later).
+    checkpointed_at = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()

@@ -29,11 +29,11 @@ other end fails the job at once.
 
 import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from .choices import EndClass, RunState
+from .choices import RUN_LIVE, EndClass, RunState
 
 # A member's own reason that is the machine's doing (placement.services.members.reported_as).
 MACHINE_REASONS = frozenset(
@@ -191,3 +191,15 @@ def deciding_exit_code(reason: str, members: list[MemberEnd]) -> int | None:
         (m.exit_code for m in members if m.state == RunState.FAILED and m.reason == reason),
         None,
     )
+
+
+def work_lost(
+    state: str, started_at: datetime | None, checkpoints, ended_at: datetime | None
+) -> float | None:
+    """H4: what an attempt that ended without succeeding lost, in seconds — what it ran
+    since its last checkpoint (any member's; before its start none counts), or since its
+    start without one. None while it runs, when it succeeded, or never started."""
+    if state in (RunState.SUCCEEDED, *RUN_LIVE) or started_at is None or ended_at is None:
+        return None
+    kept = max((at for at in checkpoints if at is not None and at > started_at), default=None)
+    return max((ended_at - (kept or started_at)).total_seconds(), 0.0)

@@ -354,6 +354,8 @@ class Member(models.Model):
     cleanup_requested_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # H4: when its node last saw it mark a checkpoint; None: it never has.
+    checkpointed_at = models.DateTimeField(null=True, blank=True)
     # Q1: whose cards these are, and the quota they count against (its series, "" any
     # card); borrowed: placed beyond the project's guarantee (Q3, Q4).
     project = models.ForeignKey(

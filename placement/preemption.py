@@ -8,7 +8,8 @@ with what its pass left waiting, and stops the victims it answers (Q6).
   projects' borrowed work), or when a higher-priority job of its own project waits
   (victims: its project's lower-priority work that may be preempted). Only if the whole
   request, a gang included, then fits; the fewest and cheapest victims (borrowed first, then
-  lowest priority, then youngest); never a job that has run less than the minimum runtime.
+  lowest priority, then least run since its last checkpoint — H4 — which without one is the
+  youngest); never a job that has run less than the minimum runtime.
   Replicas, sessions and episodes are never victims (a deployment never drops below its
   replica count). No oscillation, by construction: another project's work is taken only for
   a request within its guarantee, so the preemptor borrows nothing afterwards (its share
@@ -42,6 +43,16 @@ class Running:
     members: tuple[tuple[str, tuple[dict, ...]], ...]  # (node, cards with "series")
     given: tuple[tuple[float | None, int | None], ...] = ()
     attempt: int = 0  # its attempt's id, for the writer that stops it
+    # H4: when it last marked a checkpoint (None: never): what a preemption loses is only
+    # what it ran since.
+    checkpointed_at: datetime | None = None
+
+    @property
+    def kept_until(self) -> datetime:
+        """Its work is kept up to here: its last checkpoint in this attempt, else its start."""
+        if self.checkpointed_at is not None and self.checkpointed_at > self.started_at:
+            return self.checkpointed_at
+        return self.started_at
 
     @property
     def cards(self) -> int:
@@ -142,7 +153,9 @@ def victims(
             or (job.project == waiter.project and job.priority < waiter.priority)
         )
     ]
-    candidates.sort(key=lambda job: (not job.borrowed, job.priority, -job.started_at.timestamp()))
+    # Borrowed first, then lowest priority, then least work lost: least run since its last
+    # checkpoint (H4), which for a job without one is the youngest.
+    candidates.sort(key=lambda job: (not job.borrowed, job.priority, -job.kept_until.timestamp()))
     chosen: list[Running] = []
     for job in candidates:
         chosen.append(job)

@@ -48,6 +48,7 @@ def wire_state(record) -> pb.CommandState:
         ready=getattr(record, "ready", False),
         restarts=getattr(record, "restarts", 0),
         detail=getattr(record, "detail", ""),
+        checkpoint_at=getattr(record, "checkpoint_at", None),
     )
 
 

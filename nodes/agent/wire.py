@@ -58,6 +58,7 @@ def command_state(
     ready: bool = False,
     restarts: int = 0,
     detail: str = "",
+    checkpoint_at: float | None = None,
 ) -> pb.CommandState:
     """A command's durable state as the agent reports it (L5); a member's with why it ended,
     whether it is cleaned up (R7) and how it is confined (R5)."""
@@ -71,6 +72,7 @@ def command_state(
         ready=ready,
         restarts=restarts or 0,
         detail=detail or "",
+        checkpoint_at=checkpoint_at or 0.0,
     )
 
 

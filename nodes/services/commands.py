@@ -7,8 +7,9 @@ Hello carries the durable state of every command it knows, and
 ``node_commands_reconcile`` settles the two views — nothing is killed for it.
 """
 
+import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import transaction
 from django.db.models import Q
@@ -60,6 +61,8 @@ class Reported:
     ready: bool = False
     restarts: int = 0
     detail: str = ""
+    # H4: when the node last saw the member mark a checkpoint (None: never).
+    checkpoint_at: datetime | None = None
 
     @classmethod
     def of(cls, command_id: str, state: str, exit_code: int, **member) -> "Reported":
@@ -79,7 +82,20 @@ class Reported:
             ready=message.ready,
             restarts=min(message.restarts, MAX_RESTARTS),
             detail=message.detail[:MAX_DETAIL],
+            checkpoint_at=checkpoint_time(message.checkpoint_at, timezone.now()),
         )
+
+
+def checkpoint_time(seconds: float, now: datetime) -> datetime | None:
+    """A node's checkpoint time as the console keeps it: none for 0 (or what is no time at
+    all), never later than the console's own now (a node's clock may run ahead)."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        return None
+    try:
+        found = datetime.fromtimestamp(seconds, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return min(found, now)
 
 
 _PAYLOADS = {
@@ -207,6 +223,8 @@ def _view(command: NodeCommand) -> dict:
         )
         if command.payload.get("serve"):
             view.update(ready=command.ready, restarts=command.restarts, detail=command.detail)
+        if command.checkpointed_at is not None:
+            view.update(checkpointed_at=command.checkpointed_at.isoformat())
     return view
 
 
@@ -230,6 +248,10 @@ def _apply(command: NodeCommand, reported: Reported, now: datetime) -> bool:
             command.ready = False
         if reported.cleaned and command.cleaned_at is None and command.state in ENDED:
             command.cleaned_at = now
+        if reported.checkpoint_at and (
+            command.checkpointed_at is None or reported.checkpoint_at > command.checkpointed_at
+        ):
+            command.checkpointed_at = reported.checkpoint_at  # H4: only ever later
     elif reported.reason and before["state"] != command.state:
         command.reason = reported.reason  # a cleanup's "unknown_member", say
     after = _view(command)
@@ -239,7 +261,7 @@ def _apply(command: NodeCommand, reported: Reported, now: datetime) -> bool:
     command.save(
         update_fields=[
             *("state", "exit_code", "reason", "confinement", "cleaned_at", "updated_at"),
-            *("ready", "restarts", "detail"),
+            *("ready", "restarts", "detail", "checkpointed_at"),
         ]
     )
     cleaned = after.get("cleaned") and not before.get("cleaned")

@@ -15,7 +15,7 @@ from ..choices import (
     RunState,
 )
 from ..disclosure import preemption_shown, wait_shown
-from ..faults import infra_retries_of
+from ..faults import infra_retries_of, work_lost
 from ..models import (
     Attempt,
     Dataset,
@@ -117,6 +117,7 @@ class MemberSerializer(serializers.ModelSerializer):
             "cleanup",
             "started_at",
             "ended_at",
+            "checkpointed_at",
         ]
         read_only_fields = fields
 
@@ -130,6 +131,10 @@ class AttemptSerializer(serializers.ModelSerializer):
         "max_attempts) or user (the job's own); empty while it runs, or when preempted.",
     )
     members = MemberSerializer(many=True, read_only=True)
+    work_lost_seconds = serializers.SerializerMethodField(
+        help_text="H4: for an attempt that ended without succeeding, what it ran since its "
+        "last checkpoint (any member's), or since its start without one; null otherwise."
+    )
 
     class Meta:
         model = Attempt
@@ -141,9 +146,15 @@ class AttemptSerializer(serializers.ModelSerializer):
             "created_at",
             "started_at",
             "ended_at",
+            "work_lost_seconds",
             "members",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_work_lost_seconds(self, attempt) -> float | None:
+        checkpoints = [member.checkpointed_at for member in attempt.members.all()]
+        return work_lost(attempt.state, attempt.started_at, checkpoints, attempt.ended_at)
 
 
 class WaitingSerializer(serializers.Serializer):

@@ -81,6 +81,8 @@ def member_follow(
     fields: dict = {}
     if command.confinement and command.confinement != member.confinement:
         fields["confinement"] = command.confinement
+    if command.checkpointed_at and command.checkpointed_at != member.checkpointed_at:
+        fields["checkpointed_at"] = command.checkpointed_at  # H4
     if moved is not None and moved[0] == RunState.RUNNING:
         fields.update(
             started_at=member.started_at or now,

@@ -252,6 +252,7 @@ def running_jobs(fleet: Fleet, capacities: dict[str, NodeCapacity]) -> list[Runn
             "attempt__lifecycle_job_id",
             "attempt_id",
             "attempt__started_at",
+            "checkpointed_at",
             "node_id",
             "cards",
             "cpus",
@@ -277,9 +278,11 @@ def running_jobs(fleet: Fleet, capacities: dict[str, NodeCapacity]) -> list[Runn
                 preemptible=preemptible,
                 priority=priority,
                 started_at=started_at,
+                # H4: a gang's checkpoint is any member's (rank 0 writes it, as a rule).
+                checkpointed_at=max((row[2] for row in rows if row[2]), default=None),
                 members=tuple(
                     (node_id, _with_series(capacities.get(node_id), cards))
-                    for _, _, node_id, cards, *_ in rows
+                    for _, _, _, node_id, cards, *_ in rows
                 ),
                 given=tuple((cpus, memory) for *_, cpus, memory, _, _ in rows),
                 attempt=attempt,

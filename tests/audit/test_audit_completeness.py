@@ -90,6 +90,7 @@ RECORDS_AUDIT = re.compile(r"audit_record|audit_auditevent|lifecycle import move
 READS = {
     "nodes.services.join.join_commands",  # formats the one-liners shown at mint
     "nodes.services.commands.checked",  # validates a node's report
+    "nodes.services.commands.checkpoint_time",  # a pure conversion of a report's time (H4)
     "nodes.services.commands.command_active",  # a predicate
     "nodes.services.commands.payload_shown",  # a payload as shown
     "nodes.services.liveness.gone_threshold",  # a pure computation (L4)

@@ -221,3 +221,26 @@ def test_R16_a_container_is_given_at_most_the_cpus_the_machine_has():
         storage_root=None,
     )
     assert argv[argv.index("--cpus") + 1] == f"{float(os.cpu_count()):g}"
+
+
+def test_H4_a_checkpoint_is_marked_when_the_mark_appears_or_changes_never_when_it_goes():
+    assert policy.checkpoint_marked(None, [1, 0, 7])
+    assert policy.checkpoint_marked([1, 0, 7], [2, 0, 7])  # touched
+    assert policy.checkpoint_marked([1, 0, 7], [1, 3, 7])  # written, same second
+    assert policy.checkpoint_marked([1, 0, 7], [1, 0, 8])  # replaced
+    assert not policy.checkpoint_marked([1, 0, 7], [1, 0, 7])
+    assert not policy.checkpoint_marked([1, 0, 7], None)  # removed: no new checkpoint
+    assert not policy.checkpoint_marked(None, None)
+
+
+def test_H4_the_mark_is_a_regular_file_never_followed(tmp_path):
+    mark = tmp_path / "mark"
+    assert policy.mark_seen(mark) is None
+    mark.write_text("x")
+    seen = policy.mark_seen(mark)
+    assert seen[1] == 1 and seen[2] == mark.stat().st_ino
+    link = tmp_path / "link"
+    link.symlink_to(mark)
+    assert policy.mark_seen(link) is None
+    (tmp_path / "dir").mkdir()
+    assert policy.mark_seen(tmp_path / "dir") is None

@@ -153,3 +153,41 @@ def test_R16_a_member_whose_scratch_dir_grows_past_its_limit_is_stopped_scratch_
         node.tick()
     ended = record(node, "m-full")
     assert (ended.state, ended.reason) == ("failed", "scratch_full")
+
+
+def test_H4_a_members_checkpoint_mark_is_noted_at_the_agents_time_and_reported(node, tmp_path):
+    """The member touches $TUNEPLANE_CHECKPOINT_MARK; the tick after notes it (at the time it
+    is given, not the file's, which the member sets) and each change again; a link planted
+    as the mark is none."""
+    go = tmp_path / "go"
+    marks = (
+        f'while [ ! -e {go}1 ]; do sleep 0.02; done; touch -d @5 "$TUNEPLANE_CHECKPOINT_MARK"; '
+        f'while [ ! -e {go}2 ]; do sleep 0.02; done; echo x >> "$TUNEPLANE_CHECKPOINT_MARK"; '
+        f'while [ ! -e {go}3 ]; do sleep 0.02; done; rm "$TUNEPLANE_CHECKPOINT_MARK"; '
+        'ln -s /etc/hostname "$TUNEPLANE_CHECKPOINT_MARK"; sleep 30'
+    )
+    node.accept("m-ck", "start", {"cards": [], "argv": ["sh", "-c", marks]})
+    mark = node.scratch / "m-ck" / ".tuneplane-checkpoint"
+    node.tick(now=1000.0)
+    assert record(node, "m-ck").checkpoint_at is None  # none marked yet
+
+    def after(step, check):
+        (tmp_path / f"go{step}").touch()
+        deadline = time.monotonic() + 10
+        while not check():
+            assert time.monotonic() < deadline, f"step {step}"
+            time.sleep(0.02)
+
+    after(1, mark.exists)
+    node.tick(now=1010.0)
+    assert record(node, "m-ck").checkpoint_at == 1010.0  # the agent's time, not the file's 5
+    node.tick(now=1020.0)
+    assert record(node, "m-ck").checkpoint_at == 1010.0  # unchanged: no new mark
+    after(2, lambda: mark.stat().st_size > 0)
+    node.tick(now=1030.0)
+    assert record(node, "m-ck").checkpoint_at == 1030.0
+    after(3, mark.is_symlink)
+    node.tick(now=1040.0)
+    assert record(node, "m-ck").checkpoint_at == 1030.0  # a link is no mark
+    reported = node.store.get("m-ck").reported()
+    assert 1030.0 in reported

@@ -51,6 +51,9 @@ def member_env(
     return env
 
 
+# H4: a member marks each checkpoint it saved by changing this file in its scratch dir.
+CHECKPOINT_MARK = ".tuneplane-checkpoint"
+
 # What a confined member keeps of the agent's environment: how text and time read, nothing
 # that names the agent's home, its tools or its credentials.
 CONFINED_KEPT = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -66,6 +69,8 @@ def own_env(spec: MemberSpec, scratch: Path, storage_root: str | None = None) ->
             "CUDA_VISIBLE_DEVICES": ",".join(str(card.index) for card in cards),
             "NVIDIA_VISIBLE_DEVICES": ",".join(card.uuid for card in cards) or "void",
             "TUNEPLANE_SCRATCH_DIR": str(scratch),
+            # H4: the member touches (or writes) this file once a checkpoint is saved.
+            "TUNEPLANE_CHECKPOINT_MARK": str(scratch / CHECKPOINT_MARK),
         }
     )
     env.update({key: str(value) for key, value in spec.labels.items()})

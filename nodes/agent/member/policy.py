@@ -2,6 +2,8 @@
 or clock of their own): whether a start is refused, how a member ended, when a stop
 escalates, when a replica restarts, and what a readiness probe's answer changes."""
 
+import os
+import stat
 from dataclasses import dataclass
 
 from ..wire import MemberSpec
@@ -140,3 +142,20 @@ def probed(ready: bool, detail: str, error: str, failures: int) -> tuple[bool, s
     if failures >= FAILURES_TO_UNREADY or not ready:
         return False, error[:MAX_DETAIL]
     return ready, detail
+
+
+def mark_seen(path) -> list | None:
+    """What the member's checkpoint mark is now — (mtime_ns, size, inode) of a regular file,
+    never through a link — or None when there is none."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(found.st_mode):
+        return None
+    return [found.st_mtime_ns, found.st_size, found.st_ino]
+
+
+def checkpoint_marked(before: list | None, now: list | None) -> bool:
+    """H4: a checkpoint was marked since the last look — the mark appeared or changed."""
+    return now is not None and now != before

@@ -54,6 +54,10 @@ class Member:
     restart_at: float | None = None
     backoff: int = 0
     launched_at: float | None = None
+    # H4: when the agent last saw its checkpoint mark change (its own clock, never the
+    # file's times, which the member sets), and what it saw: (mtime_ns, size, inode).
+    checkpoint_at: float | None = None
+    checkpoint_seen: list | None = None
     # A container member with a memory limit: the node's OOM-kill count at its launch
     # (containers.oom_ended).
     oom_kills: int | None = None
@@ -69,6 +73,7 @@ class Member:
             self.ready,
             self.restarts,
             self.detail,
+            self.checkpoint_at,
         )
 
     @property

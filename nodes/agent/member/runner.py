@@ -195,6 +195,7 @@ class Runner:
         outcome = policy.ended(seen)
         if outcome is None:
             self._watch_scratch(member, now)
+            self._watch_checkpoint(member, now)
             return self._escalate(member, now)
         code, reason = outcome
         if member.limit_hit and reason == "stopped":
@@ -259,6 +260,17 @@ class Runner:
             )
             member.limit_hit, member.detail = "scratch_full", "its scratch dir is full"
             self.stop(member, member.grace, now)
+
+    def _watch_checkpoint(self, member: Member, now: float) -> None:
+        """H4: the member's checkpoint mark changed since the last tick — a checkpoint saved,
+        noted at the agent's own time. Never followed: a link the member planted there is
+        no mark (and tells it nothing of what it names)."""
+        seen = policy.mark_seen(self.scratch / member.command_id / launch.CHECKPOINT_MARK)
+        if policy.checkpoint_marked(member.checkpoint_seen, seen):
+            member.checkpoint_at = now
+        if seen != member.checkpoint_seen or member.checkpoint_at == now:
+            member.checkpoint_seen = seen
+            self.store.save(member)
 
     def _escalate(self, member: Member, now: float) -> Member:
         """A stop under way: SIGKILL once the grace is over; unkillable a minute after."""

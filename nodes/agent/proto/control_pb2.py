@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftuneplane/node/v1/control.proto\x12\x11tuneplane.node.v1\"\xcb\x02\n\x0bNodeMessage\x12)\n\x05hello\x18\x01 \x01(\x0b\x32\x18.tuneplane.node.v1.HelloH\x00\x12\x31\n\theartbeat\x18\x02 \x01(\x0b\x32\x1c.tuneplane.node.v1.HeartbeatH\x00\x12\x37\n\tinventory\x18\x03 \x01(\x0b\x32\".tuneplane.node.v1.InventoryReportH\x00\x12:\n\x0e\x63ommand_update\x18\x04 \x01(\x0b\x32 .tuneplane.node.v1.CommandUpdateH\x00\x12.\n\x08log_tail\x18\x05 \x01(\x0b\x32\x1a.tuneplane.node.v1.LogTailH\x00\x12\x31\n\ttelemetry\x18\x06 \x01(\x0b\x32\x1c.tuneplane.node.v1.TelemetryH\x00\x42\x06\n\x04\x62ody\"b\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x31\n\x08\x63ommands\x18\x03 \x03(\x0b\x32\x1f.tuneplane.node.v1.CommandState\"U\n\tHeartbeat\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x1c\n\x14storage_root_visible\x18\x02 \x01(\x08\x12\x18\n\x10inventory_digest\x18\x03 \x01(\t\"#\n\x04\x43\x61rd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"3\n\x06\x44\x65vice\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xdf\x01\n\x0fInventoryReport\x12&\n\x05\x63\x61rds\x18\x01 \x03(\x0b\x32\x17.tuneplane.node.v1.Card\x12\x0e\n\x06\x64river\x18\x02 \x01(\t\x12\x19\n\x11\x63ontainer_runtime\x18\x03 \x01(\t\x12\x1c\n\x14storage_root_visible\x18\x04 \x01(\x08\x12\x12\n\ncpu_budget\x18\x05 \x01(\r\x12\x1b\n\x13memory_budget_bytes\x18\x06 \x01(\x04\x12*\n\x07\x64\x65vices\x18\x07 \x03(\x0b\x32\x19.tuneplane.node.v1.Device\"\xab\x01\n\x0c\x43ommandState\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07\x63leaned\x18\x05 \x01(\x08\x12\x13\n\x0b\x63onfinement\x18\x06 \x01(\t\x12\r\n\x05ready\x18\x07 \x01(\x08\x12\x10\n\x08restarts\x18\x08 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t\"?\n\rCommandUpdate\x12.\n\x05state\x18\x01 \x01(\x0b\x32\x1f.tuneplane.node.v1.CommandState\"\x82\x01\n\x07LogTail\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x13\n\x06offset\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x04\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x42\t\n\x07_offset\"\x95\x01\n\tTelemetry\x12\x0e\n\x06source\x18\x01 \x01(\t\x12,\n\x05\x63\x61rds\x18\x02 \x03(\x0b\x32\x1d.tuneplane.node.v1.CardSample\x12\x13\n\x0b\x63pu_percent\x18\x03 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x04 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x04\"\xe1\x02\n\nCardSample\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x1b\n\x13utilization_percent\x18\x04 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x06 \x01(\x04\x12\x1b\n\x13temperature_celsius\x18\x07 \x01(\x01\x12\x13\n\x0bpower_watts\x18\x08 \x01(\x01\x12\x15\n\recc_corrected\x18\t \x01(\x04\x12\x17\n\x0f\x65\x63\x63_uncorrected\x18\n \x01(\x04\x12@\n\nxid_counts\x18\x0b \x03(\x0b\x32,.tuneplane.node.v1.CardSample.XidCountsEntry\x1a\x30\n\x0eXidCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x91\x02\n\x0e\x43ontrolMessage\x12-\n\x07welcome\x18\x01 \x01(\x0b\x32\x1a.tuneplane.node.v1.WelcomeH\x00\x12-\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x1a.tuneplane.node.v1.CommandH\x00\x12)\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x18.tuneplane.node.v1.CloseH\x00\x12\x38\n\rheartbeat_ack\x18\x04 \x01(\x0b\x32\x1f.tuneplane.node.v1.HeartbeatAckH\x00\x12\x34\n\x0blog_request\x18\x05 \x01(\x0b\x32\x1d.tuneplane.node.v1.LogRequestH\x00\x42\x06\n\x04\x62ody\"g\n\nLogRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x12\n\ntail_bytes\x18\x03 \x01(\r\x12\x13\n\x06offset\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\t\n\x07_offset\"\x9a\x01\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\r\x12\x19\n\x11lease_ttl_seconds\x18\x03 \x01(\r\x12\"\n\x1atelemetry_interval_seconds\x18\x04 \x01(\r\x12\x18\n\x10inventory_digest\x18\x06 \x01(\t\" \n\x0cHeartbeatAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\"A\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x14\n\x0cpayload_json\x18\x03 \x01(\t\"\x17\n\x05\x43lose\x12\x0e\n\x06reason\x18\x01 \x01(\t\"&\n\x17RotateCredentialRequest\x12\x0b\n\x03\x63sr\x18\x01 \x01(\t\"N\n\x18RotateCredentialResponse\x12\x13\n\x0b\x63\x65rtificate\x18\x01 \x01(\t\x12\x1d\n\x15\x63redential_expires_at\x18\x02 \x01(\t2\xcc\x01\n\x0bNodeControl\x12P\n\x07\x43onnect\x12\x1e.tuneplane.node.v1.NodeMessage\x1a!.tuneplane.node.v1.ControlMessage(\x01\x30\x01\x12k\n\x10RotateCredential\x12*.tuneplane.node.v1.RotateCredentialRequest\x1a+.tuneplane.node.v1.RotateCredentialResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftuneplane/node/v1/control.proto\x12\x11tuneplane.node.v1\"\xcb\x02\n\x0bNodeMessage\x12)\n\x05hello\x18\x01 \x01(\x0b\x32\x18.tuneplane.node.v1.HelloH\x00\x12\x31\n\theartbeat\x18\x02 \x01(\x0b\x32\x1c.tuneplane.node.v1.HeartbeatH\x00\x12\x37\n\tinventory\x18\x03 \x01(\x0b\x32\".tuneplane.node.v1.InventoryReportH\x00\x12:\n\x0e\x63ommand_update\x18\x04 \x01(\x0b\x32 .tuneplane.node.v1.CommandUpdateH\x00\x12.\n\x08log_tail\x18\x05 \x01(\x0b\x32\x1a.tuneplane.node.v1.LogTailH\x00\x12\x31\n\ttelemetry\x18\x06 \x01(\x0b\x32\x1c.tuneplane.node.v1.TelemetryH\x00\x42\x06\n\x04\x62ody\"b\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x31\n\x08\x63ommands\x18\x03 \x03(\x0b\x32\x1f.tuneplane.node.v1.CommandState\"U\n\tHeartbeat\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x1c\n\x14storage_root_visible\x18\x02 \x01(\x08\x12\x18\n\x10inventory_digest\x18\x03 \x01(\t\"#\n\x04\x43\x61rd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"3\n\x06\x44\x65vice\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xdf\x01\n\x0fInventoryReport\x12&\n\x05\x63\x61rds\x18\x01 \x03(\x0b\x32\x17.tuneplane.node.v1.Card\x12\x0e\n\x06\x64river\x18\x02 \x01(\t\x12\x19\n\x11\x63ontainer_runtime\x18\x03 \x01(\t\x12\x1c\n\x14storage_root_visible\x18\x04 \x01(\x08\x12\x12\n\ncpu_budget\x18\x05 \x01(\r\x12\x1b\n\x13memory_budget_bytes\x18\x06 \x01(\x04\x12*\n\x07\x64\x65vices\x18\x07 \x03(\x0b\x32\x19.tuneplane.node.v1.Device\"\xc2\x01\n\x0c\x43ommandState\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07\x63leaned\x18\x05 \x01(\x08\x12\x13\n\x0b\x63onfinement\x18\x06 \x01(\t\x12\r\n\x05ready\x18\x07 \x01(\x08\x12\x10\n\x08restarts\x18\x08 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t\x12\x15\n\rcheckpoint_at\x18\n \x01(\x01\"?\n\rCommandUpdate\x12.\n\x05state\x18\x01 \x01(\x0b\x32\x1f.tuneplane.node.v1.CommandState\"\x82\x01\n\x07LogTail\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x13\n\x06offset\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x04\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x42\t\n\x07_offset\"\x95\x01\n\tTelemetry\x12\x0e\n\x06source\x18\x01 \x01(\t\x12,\n\x05\x63\x61rds\x18\x02 \x03(\x0b\x32\x1d.tuneplane.node.v1.CardSample\x12\x13\n\x0b\x63pu_percent\x18\x03 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x04 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x04\"\xe1\x02\n\nCardSample\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x1b\n\x13utilization_percent\x18\x04 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x06 \x01(\x04\x12\x1b\n\x13temperature_celsius\x18\x07 \x01(\x01\x12\x13\n\x0bpower_watts\x18\x08 \x01(\x01\x12\x15\n\recc_corrected\x18\t \x01(\x04\x12\x17\n\x0f\x65\x63\x63_uncorrected\x18\n \x01(\x04\x12@\n\nxid_counts\x18\x0b \x03(\x0b\x32,.tuneplane.node.v1.CardSample.XidCountsEntry\x1a\x30\n\x0eXidCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x91\x02\n\x0e\x43ontrolMessage\x12-\n\x07welcome\x18\x01 \x01(\x0b\x32\x1a.tuneplane.node.v1.WelcomeH\x00\x12-\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x1a.tuneplane.node.v1.CommandH\x00\x12)\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x18.tuneplane.node.v1.CloseH\x00\x12\x38\n\rheartbeat_ack\x18\x04 \x01(\x0b\x32\x1f.tuneplane.node.v1.HeartbeatAckH\x00\x12\x34\n\x0blog_request\x18\x05 \x01(\x0b\x32\x1d.tuneplane.node.v1.LogRequestH\x00\x42\x06\n\x04\x62ody\"g\n\nLogRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x12\n\ntail_bytes\x18\x03 \x01(\r\x12\x13\n\x06offset\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\t\n\x07_offset\"\x9a\x01\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\r\x12\x19\n\x11lease_ttl_seconds\x18\x03 \x01(\r\x12\"\n\x1atelemetry_interval_seconds\x18\x04 \x01(\r\x12\x18\n\x10inventory_digest\x18\x06 \x01(\t\" \n\x0cHeartbeatAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\"A\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x14\n\x0cpayload_json\x18\x03 \x01(\t\"\x17\n\x05\x43lose\x12\x0e\n\x06reason\x18\x01 \x01(\t\"&\n\x17RotateCredentialRequest\x12\x0b\n\x03\x63sr\x18\x01 \x01(\t\"N\n\x18RotateCredentialResponse\x12\x13\n\x0b\x63\x65rtificate\x18\x01 \x01(\t\x12\x1d\n\x15\x63redential_expires_at\x18\x02 \x01(\t2\xcc\x01\n\x0bNodeControl\x12P\n\x07\x43onnect\x12\x1e.tuneplane.node.v1.NodeMessage\x1a!.tuneplane.node.v1.ControlMessage(\x01\x30\x01\x12k\n\x10RotateCredential\x12*.tuneplane.node.v1.RotateCredentialRequest\x1a+.tuneplane.node.v1.RotateCredentialResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,33 +46,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INVENTORYREPORT']._serialized_start=666
   _globals['_INVENTORYREPORT']._serialized_end=889
   _globals['_COMMANDSTATE']._serialized_start=892
-  _globals['_COMMANDSTATE']._serialized_end=1063
-  _globals['_COMMANDUPDATE']._serialized_start=1065
-  _globals['_COMMANDUPDATE']._serialized_end=1128
-  _globals['_LOGTAIL']._serialized_start=1131
-  _globals['_LOGTAIL']._serialized_end=1261
-  _globals['_TELEMETRY']._serialized_start=1264
-  _globals['_TELEMETRY']._serialized_end=1413
-  _globals['_CARDSAMPLE']._serialized_start=1416
-  _globals['_CARDSAMPLE']._serialized_end=1769
-  _globals['_CARDSAMPLE_XIDCOUNTSENTRY']._serialized_start=1721
-  _globals['_CARDSAMPLE_XIDCOUNTSENTRY']._serialized_end=1769
-  _globals['_CONTROLMESSAGE']._serialized_start=1772
-  _globals['_CONTROLMESSAGE']._serialized_end=2045
-  _globals['_LOGREQUEST']._serialized_start=2047
-  _globals['_LOGREQUEST']._serialized_end=2150
-  _globals['_WELCOME']._serialized_start=2153
-  _globals['_WELCOME']._serialized_end=2307
-  _globals['_HEARTBEATACK']._serialized_start=2309
-  _globals['_HEARTBEATACK']._serialized_end=2341
-  _globals['_COMMAND']._serialized_start=2343
-  _globals['_COMMAND']._serialized_end=2408
-  _globals['_CLOSE']._serialized_start=2410
-  _globals['_CLOSE']._serialized_end=2433
-  _globals['_ROTATECREDENTIALREQUEST']._serialized_start=2435
-  _globals['_ROTATECREDENTIALREQUEST']._serialized_end=2473
-  _globals['_ROTATECREDENTIALRESPONSE']._serialized_start=2475
-  _globals['_ROTATECREDENTIALRESPONSE']._serialized_end=2553
-  _globals['_NODECONTROL']._serialized_start=2556
-  _globals['_NODECONTROL']._serialized_end=2760
+  _globals['_COMMANDSTATE']._serialized_end=1086
+  _globals['_COMMANDUPDATE']._serialized_start=1088
+  _globals['_COMMANDUPDATE']._serialized_end=1151
+  _globals['_LOGTAIL']._serialized_start=1154
+  _globals['_LOGTAIL']._serialized_end=1284
+  _globals['_TELEMETRY']._serialized_start=1287
+  _globals['_TELEMETRY']._serialized_end=1436
+  _globals['_CARDSAMPLE']._serialized_start=1439
+  _globals['_CARDSAMPLE']._serialized_end=1792
+  _globals['_CARDSAMPLE_XIDCOUNTSENTRY']._serialized_start=1744
+  _globals['_CARDSAMPLE_XIDCOUNTSENTRY']._serialized_end=1792
+  _globals['_CONTROLMESSAGE']._serialized_start=1795
+  _globals['_CONTROLMESSAGE']._serialized_end=2068
+  _globals['_LOGREQUEST']._serialized_start=2070
+  _globals['_LOGREQUEST']._serialized_end=2173
+  _globals['_WELCOME']._serialized_start=2176
+  _globals['_WELCOME']._serialized_end=2330
+  _globals['_HEARTBEATACK']._serialized_start=2332
+  _globals['_HEARTBEATACK']._serialized_end=2364
+  _globals['_COMMAND']._serialized_start=2366
+  _globals['_COMMAND']._serialized_end=2431
+  _globals['_CLOSE']._serialized_start=2433
+  _globals['_CLOSE']._serialized_end=2456
+  _globals['_ROTATECREDENTIALREQUEST']._serialized_start=2458
+  _globals['_ROTATECREDENTIALREQUEST']._serialized_end=2496
+  _globals['_ROTATECREDENTIALRESPONSE']._serialized_start=2498
+  _globals['_ROTATECREDENTIALRESPONSE']._serialized_end=2576
+  _globals['_NODECONTROL']._serialized_start=2579
+  _globals['_NODECONTROL']._serialized_end=2783
 # @@protoc_insertion_point(module_scope)

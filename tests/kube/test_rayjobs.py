@@ -8,6 +8,7 @@ and its restarts. Ray itself never runs."""
 import dataclasses
 import json
 import threading
+from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -21,6 +22,7 @@ from nodes.backends.kubernetes import (
     KubernetesBackend,
     rayjob_manifest,
 )
+from tests.kube_apiserver import versions
 from tests.nodes.kube_backend import KEYED_JOB, SFT_JOB
 from tests.nodes.kube_replay import RESPONSES
 
@@ -569,3 +571,13 @@ def test_the_replays_rayjobs_are_ones_the_crd_takes_whole(api, namespace, fixtur
             field_validation="Strict",
         )
         assert _kept(replayed["status"], moved["status"]) == []
+
+
+def test_the_versions_proven_against_are_the_ones_the_operators_guide_names(kube):
+    """Debian unstable moves on: a chroot built from newer packages is named in the guide
+    before its tests stand as proof of it."""
+    guide = (Path(__file__).parents[2] / "docs" / "operator" / "fleets.md").read_text()
+    built = versions(kube.root)
+    for package in ("golang-k8s-apiextensions-apiserver-dev", "etcd-server"):
+        upstream = built[package].split(":")[-1].split("-")[0]
+        assert f"**{upstream}**" in guide, f"{package} {built[package]}"

@@ -10,6 +10,7 @@ the 5,000 took to create.
 
 import dataclasses
 import os
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ def kube_server():
         skip_missing("the apiextensions-apiserver and etcd (an unstable chroot)", BUILD)
     with KubeApiServer() as server:
         yield server
+    shutil.rmtree(server.scratch, ignore_errors=True)
 
 
 def test_bench_5000_rayjobs_listed_in_pages(kube_server, monkeypatch):

@@ -50,6 +50,11 @@ MANAGED_BY_SELECTOR = ",".join(f"{label}={value}" for label, value in MANAGED_BY
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io, application/json"
 STATE_COLUMNS = ("job status", "deployment status")
 LIST_RESTARTS = 3  # a list whose continue token expired (410) is begun again, this often
+# "Not now": 429 (an API server whose storage is re-initializing after a restart says
+# "storage is (re)initializing", with Retry-After; its priority and fairness, too many
+# requests) and 503. Never a refusal of the request: a handover is resumed on the next pass
+# under the same key (OutcomeUnknown), not failed.
+LATER = frozenset({429, 503})
 
 
 @dataclass(frozen=True)
@@ -258,6 +263,8 @@ class KubernetesBackend:
         try:
             yield client
         except ApiException as error:
+            if error.status in LATER:
+                raise OutcomeUnknown(self._refusal(host, error)) from error
             raise BackendError(self._refusal(host, error)) from error
         except urllib3.exceptions.HTTPError as error:
             reason = getattr(error, "reason", None) or error

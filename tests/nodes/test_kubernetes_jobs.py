@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from nodes.backends.base import BackendError
+from nodes.backends.base import BackendError, OutcomeUnknown
 from nodes.backends.kubernetes import KubernetesBackend, rayjob_name_prefix, rayjob_naming
 
 from .kube_backend import (  # noqa: F401 -- no_proxy: an autouse fixture
@@ -228,3 +228,22 @@ def test_job_state_of_a_rayjob_kuberay_gave_up_on_is_failed(replay, deployment):
     replay.serve("GET", RAYJOB, rayjob)
 
     assert backend_at(replay.url).job_state("ml-jobs/llama-sft-7b-x9k2p") == "FAILED"
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_an_api_server_that_says_not_now_leaves_the_handover_to_be_resumed(replay, status):
+    """A real API server answers 429 "storage is (re)initializing" while it starts again
+    (seen in tests/kube): the job is not refused, and its handover is resumed next pass."""
+    later = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": "storage is (re)initializing",
+        "reason": "TooManyRequests",
+        "details": {"retryAfterSeconds": 1},
+        "code": status,
+    }
+    replay.serve("POST", RAYJOBS, later, status=status)
+
+    with pytest.raises(OutcomeUnknown, match=f"answered {status} .*storage is"):
+        backend_at(replay.url).submit(KEYED_JOB)

@@ -4,9 +4,13 @@ UUID (Q9: what admission counts is what the allocator can hold, R1); examples/jo
 read as ``tuneplane apply`` reads it, is admitted on a Fleet whose one node has that
 inventory and is allocated both its cards; examples/train.sh runs and exits 0."""
 
+import json
 import subprocess
+from io import StringIO
 from pathlib import Path
 
+import pytest
+from django.core.management import call_command
 from tuneplane_cli.spec import read_spec
 
 from nodes.agent import inventory
@@ -14,6 +18,7 @@ from nodes.models import Node
 from placement.models import Member, TrainingJob
 from placement.services.allocator import allocate
 from tests.conftest import placeable_node
+from tests.docs.reference_hook import load
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -71,3 +76,40 @@ def test_the_example_script_prints_and_exits_0(tmp_path):
     lines = ran.stdout.splitlines()
     assert len(lines) >= 4 and lines[-1] == "train.sh: done"
     assert "CUDA_VISIBLE_DEVICES=0,1, LR=3e-4" in ran.stdout
+
+
+SPEC_PATHS = {
+    "training-job": "/api/training-jobs",
+    "deployment": "/api/deployments",
+    "playground-session": "/api/playground-sessions",
+}
+
+
+@pytest.mark.parametrize("name", ["job.yaml", "deployment.yaml", "playground-session.yaml"])
+def test_each_example_spec_is_taken_whole_by_the_api_and_every_field_is_on_the_fields_page(
+    name, make_fleet, mint, member_api
+):
+    """Issue 49: a session's fields were nowhere in the docs (`fleet` refused as unknown). Each
+    example spec is read as `tuneplane apply` reads it and its dry run answered without a
+    refusal of any field; every field it names is in the generated fields page's table."""
+    fleet = make_fleet("gpu-lab", delivery="object-pull", capabilities=["train", "serve", "env"])
+    placeable_node(mint, fleet, example_inventory(), "10.0.0.1:1")
+    kind, body = read_spec(str(EXAMPLES / name))
+    response = member_api.post(f"{SPEC_PATHS[kind.name]}?dry_run=true", body)
+    assert response.status_code == 200, response.content
+    assert response.json()["dry_run"] is True and response.json()["fleet"] == "gpu-lab"
+    table = fields_table(kind.name)
+    assert set(body) <= set(table), sorted(set(body) - set(table))
+
+
+def fields_table(kind: str) -> set[str]:
+    """The fields the docs' generated table lists for ``kind``."""
+    rendered = load().render_fields(json.loads(openapi_json()))
+    section = rendered.split(f"### {kind} ")[1].split("\n### ")[0]
+    return {line.split("`")[1] for line in section.splitlines() if line.startswith("| `")}
+
+
+def openapi_json() -> str:
+    out = StringIO()
+    call_command("spectacular", "--format", "openapi-json", stdout=out)
+    return out.getvalue()

@@ -10,6 +10,8 @@ An MkDocs hook (mkdocs.yml's ``hooks:``). A page in docs/ holds a marker, an HTM
 - ``cli``: ``tuneplane``'s commands and options, from its own click group;
 - ``api``: the API's paths and operations, from ``manage.py spectacular`` run at build time
   (the document itself is written beside the page as reference/openapi.json);
+- ``fields``: every field a spec file takes for each kind, from the API's request bodies in
+  the same document (the serializers' own);
 - ``control-proto``: proto/tuneplane/node/v1/control.proto, whole.
 
 tests/docs/ holds that every setting is on the page and that the defaults are the code's.
@@ -348,6 +350,75 @@ def render_api(document: dict) -> str:
     return head + "\n".join(out) + "\n"
 
 
+# Each kind a spec file (or the API) makes: the path whose POST makes it, and its name.
+SPEC_KINDS = (
+    ("training-job", "/api/training-jobs", "A training job"),
+    ("lifecycle-job", "/api/lifecycle-jobs", "A lifecycle job"),
+    ("deployment", "/api/deployments", "A deployment"),
+    ("playground-session", "/api/playground-sessions", "A playground session"),
+    ("environment", "/api/environments", "An environment"),
+    ("episode", "/api/environments/{environment_id}/episodes", "An episode"),
+    ("volume", "/api/volumes", "A volume"),
+    ("dataset", "/api/datasets", "A dataset"),
+)
+
+
+def _schema(document: dict, schema: dict) -> dict:
+    ref = schema.get("$ref") or next(
+        (part["$ref"] for part in schema.get("allOf", []) if "$ref" in part), None
+    )
+    if ref:
+        return document["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    return schema
+
+
+def _type(document: dict, schema: dict) -> str:
+    schema = _schema(document, schema) if ("$ref" in schema or "allOf" in schema) else schema
+    if "enum" in schema:
+        return "one of " + ", ".join(f"`{value}`" for value in schema["enum"] if value)
+    kind = schema.get("type", "object")
+    if kind == "array":
+        return f"list of {_type(document, schema.get('items', {}))}"
+    if kind == "object" and "properties" in schema:
+        return "{" + ", ".join(f"`{name}`" for name in schema["properties"]) + "}"
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return "names to " + _type(document, schema["additionalProperties"])
+    bounds = []
+    if "minimum" in schema or "maximum" in schema:
+        bounds.append(f"{schema.get('minimum', '')}–{schema.get('maximum', '')}")
+    if "maxLength" in schema and kind == "string":
+        bounds.append(f"at most {schema['maxLength']} characters")
+    if "maxItems" in schema:
+        bounds.append(f"at most {schema['maxItems']}")
+    word = {"integer": "integer", "number": "number", "string": "text", "boolean": "boolean"}
+    return word.get(kind, kind) + (f" ({', '.join(bounds)})" if bounds else "")
+
+
+def render_fields(document: dict) -> str:
+    """Every field a spec file (or the API's create) takes for each kind, from the request
+    bodies of the OpenAPI document: the serializers' own, so this page cannot drift."""
+    out = []
+    for kind, path, name in SPEC_KINDS:
+        operation = document["paths"][path]["post"]
+        body = operation["requestBody"]["content"]["application/json"]["schema"]
+        schema = _schema(document, body)
+        required = set(schema.get("required", []))
+        out += [f"\n### {kind} {{#{kind}}}\n", f"{name}: `POST {path}`.\n"]
+        out += ["| field | required | type | default | what it is |", "| - | - | - | - | - |"]
+        for field, spec in schema["properties"].items():
+            if spec.get("readOnly"):
+                continue
+            default = spec.get("default")
+            shown = "" if default in (None, "", [], {}) else f"`{json.dumps(default)}`"
+            said = spec.get("description") or _schema(document, spec).get("description", "")
+            said = "" if said.startswith("A request body") else said
+            out.append(
+                f"| `{field}` | {'yes' if field in required else ''} | "
+                f"{_cell(_type(document, spec))} | {shown} | {_cell(said)} |"
+            )
+    return "\n".join(out) + "\n"
+
+
 def render_proto(path: Path = PROTO) -> str:
     return f"```protobuf\n{path.read_text()}```\n"
 
@@ -367,6 +438,7 @@ GENERATORS = {
     "agent": render_agent,
     "cli": render_cli,
     "api": lambda: render_api(_api_document()),
+    "fields": lambda: render_fields(_api_document()),
     "control-proto": render_proto,
 }
 

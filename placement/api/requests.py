@@ -22,9 +22,13 @@ def _name():
     return StrictCharField(max_length=200)
 
 
-def _names():
+def _names(help_text: str = ""):
     return serializers.ListField(
-        child=StrictCharField(max_length=63), required=False, default=list, max_length=64
+        child=StrictCharField(max_length=63),
+        required=False,
+        default=list,
+        max_length=64,
+        help_text=help_text,
     )
 
 
@@ -47,19 +51,39 @@ class RetryRequest(StrictSerializer):
 
 
 class CardsRequest(StrictSerializer):
-    project = StrictCharField(max_length=50)
+    project = StrictCharField(
+        max_length=50, help_text="The project's slug: its quotas and the Fleets it sees (F8)."
+    )
     name = _name()
-    series = StrictCharField(max_length=63, required=False, allow_blank=True, default="")
-    cards = serializers.IntegerField(min_value=1, max_value=MAX_CARDS, required=False, default=1)
+    series = StrictCharField(
+        max_length=63,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text='A hardware series (`h100`…) its cards must be of (J4); "" any card.',
+    )
+    cards = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_CARDS,
+        required=False,
+        default=1,
+        help_text="Cards for each member, all on its one node (R1, R4).",
+    )
 
 
 class JobRequest(CardsRequest):
     """The run fields are checked by placement.runspec (the one place that knows them), so
     the API, the admin and a script refuse the same input with the same words."""
 
-    nodes = serializers.IntegerField(min_value=1, max_value=MAX_NODES, required=False, default=1)
-    volumes = _names()
-    datasets = _names()
+    nodes = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_NODES,
+        required=False,
+        default=1,
+        help_text="Members, one per node: more than 1 is a gang, started all or none (R3).",
+    )
+    volumes = _names("The project's volumes it reads and writes, by name.")
+    datasets = _names("The project's datasets it reads, by name.")
     command = serializers.ListField(
         child=StrictCharField(max_length=4096, allow_blank=True),
         max_length=64,

@@ -288,7 +288,7 @@ SERVE = {"command": ["python3", "-m", "http.server"], "port": 8000, "readiness_p
 # Folders whose every test starts real processes (gateways, agents, Celery, a browser, Slurm,
 # a live server fuzzed from outside): marked e2e, so `-m "not e2e"` is the quick loop. Tests
 # elsewhere that start a process carry the mark themselves.
-E2E_FOLDERS = {"e2e", "browser", "slurm", "slurm24", "bench", "attacks"}
+E2E_FOLDERS = {"e2e", "browser", "slurm", "slurm24", "bench", "attacks", "kube"}
 # ... and single tests in modules that do not import pytest (their imports are left alone).
 E2E_TESTS = {
     "tests/nodes/test_control.py::test_generated_protobuf_modules_are_up_to_date",
@@ -314,6 +314,7 @@ SLOW_TESTS = {
 XDIST_GROUPS = {
     "tests/slurm/": "slurm",
     "tests/slurm24/": "slurm24",
+    "tests/kube/": "kube",  # one etcd and API server for the folder, not one per worker
     "tests/nodes/test_install_sh.py": "agent-wheels",
     "tests/e2e/test_make_run.py": "agent-wheels",
     "tests/e2e/test_make_run_supervised.py": "agent-wheels",

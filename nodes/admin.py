@@ -17,6 +17,7 @@ from tuneplane.errors import ApplicationError
 
 from . import admin_hardware  # noqa: F401  (registers the hardware registry's pages)
 from .choices import CordonSource, SchedulingState
+from .health_shown import tripped_breakers
 from .models import (
     ControlSession,
     JoinToken,
@@ -25,7 +26,7 @@ from .models import (
     StrayCommand,
 )
 from .selectors import addresses_shared, commands_active_on, live_sessions_of
-from .services import cordons, drains, join, removal
+from .services import cordons, drains, health, join, removal
 
 # What the admin's actions on nodes call: the same services as the API's verbs.
 NODE_VERBS = {
@@ -198,6 +199,54 @@ def drain_machines(fleet_admin, request, queryset):
 register_fleet_action(drain_machines)
 
 
+@admin.action(description="Reset the health breaker of selected Fleets (H7)")
+def reset_health_breaker(fleet_admin, request, queryset):
+    """Automatic quarantine runs again on each selected Fleet, audited (health_breaker_reset)."""
+    for fleet in queryset:
+        try:
+            health.health_breaker_reset(fleet_id=fleet.pk, actor=Actor.of_user(request.user))
+        except ApplicationError as error:
+            fleet_admin.message_user(request, f"{fleet.id}: {error.message}", messages.ERROR)
+        else:
+            fleet_admin.message_user(
+                request, f"{fleet.id}: health breaker reset.", messages.SUCCESS
+            )
+
+
+register_fleet_action(reset_health_breaker)
+
+
+def _breaker_banner(request, fleet_ids=None) -> None:
+    """H7: a banner for each tripped health breaker (of these Fleets)."""
+    for breaker in tripped_breakers(fleet_ids):
+        messages.error(
+            request,
+            f"Health breaker tripped on Fleet {breaker.fleet_id} "
+            f"({breaker.tripped_at:%Y-%m-%d %H:%M:%S}): {breaker.tripped_reason}. Automatic "
+            "quarantine is stopped there; new card faults are recorded only. Reset it from "
+            "the Fleets list.",
+        )
+
+
+@admin.action(description="Return the selected nodes' quarantined cards to service (H6)")
+def return_quarantined_cards(node_admin, request, queryset):
+    """Every quarantined card of each selected node returned, each audited (card_return)."""
+    returned = []
+    for node in queryset:
+        for uuid, card in sorted(node.unhealthy_cards.items(), key=lambda c: c[1]["index"]):
+            try:
+                health.card_return(node_id=node.pk, uuid=uuid, actor=Actor.of_user(request.user))
+            except ApplicationError as error:
+                node_admin.message_user(request, f"{node.id}: {error.message}", messages.ERROR)
+            else:
+                returned.append(f"{node.hostname or node.id} card {card['index']}")
+    node_admin.message_user(
+        request,
+        f"Returned to service: {', '.join(returned)}." if returned else "No card was quarantined.",
+        messages.SUCCESS if returned else messages.WARNING,
+    )
+
+
 @admin.register(Node)
 class NodeAdmin(ReadOnlyAdmin):
     list_display = [
@@ -222,7 +271,7 @@ class NodeAdmin(ReadOnlyAdmin):
     ]
     search_fields = ["id", "hostname", "address"]
     list_select_related = ["fleet"]
-    actions = ["cordon", "uncordon", "drain", "resume", "remove"]
+    actions = ["cordon", "uncordon", "drain", "resume", "remove", return_quarantined_cards]
 
     def get_queryset(self, request):
         return super().get_queryset(request).prefetch_related("cordons")
@@ -291,6 +340,16 @@ class NodeAdmin(ReadOnlyAdmin):
     @admin.display(description="liveness")
     def liveness(self, node: Node) -> str:
         return " ".join(f"{c}:{state}" for c, state in node.liveness().items())
+
+    def changelist_view(self, request, extra_context=None):
+        _breaker_banner(request)
+        return super().changelist_view(request, extra_context)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        node = self.get_object(request, object_id)
+        if node is not None and node.fleet_id:
+            _breaker_banner(request, [node.fleet_id])
+        return super().change_view(request, object_id, form_url, extra_context)
 
     def _each(self, request, queryset, verb: str, **kwargs) -> None:
         done = []

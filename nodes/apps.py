@@ -13,12 +13,14 @@ class NodesConfig(AppConfig):
         from tuneplane.metrics import register_scrape_collector
 
         from .fleet_page import fleet_cluster_section, fleet_nodes_section
+        from .health_shown import fleet_health_section
         from .metrics import NodesCollector
         from .selectors import fleet_nodes_blocking_deletion
         from .services.removal import removed_nodes_detach
 
         register_deletion_blocker(fleet_nodes_blocking_deletion)
         register_deletion_release(removed_nodes_detach)
+        register_fleet_page_section(fleet_health_section)  # H7's banner first
         register_fleet_page_section(fleet_nodes_section)
         register_fleet_page_section(fleet_cluster_section)
         register_scrape_collector(NodesCollector())

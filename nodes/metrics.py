@@ -8,7 +8,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from .choices import LIVENESS_CAPABILITIES, SchedulingState
-from .models import Node, NodeCordon
+from .models import HealthBreaker, Node, NodeCordon
 from .selectors import nodes_placeable
 
 JOINS = Counter(
@@ -55,7 +55,7 @@ class NodesCollector:
                 quiet_family.add_metric([row["fleet_id"], capability], row[f"quiet_{capability}"])
         cards = GaugeMetricFamily(
             "tuneplane_gpu_cards",
-            "Cards of the Fleet's machines, by health (unhealthy: judged so by telemetry).",
+            "Cards of the Fleet's machines, by health (unhealthy: quarantined, H6).",
             labels=["fleet", "health"],
         )
         counted: dict[tuple[str, str], int] = {}
@@ -83,4 +83,11 @@ class NodesCollector:
             .annotate(n=Count("id"))
         ):
             cordons.add_metric([row["node__fleet_id"], row["source"]], row["n"])
-        yield from (connected, quiet_family, cards, placeable, cordons)
+        breakers = GaugeMetricFamily(
+            "tuneplane_health_breaker_tripped",
+            "1 while a Fleet's health breaker is tripped: automatic card quarantine stopped (H7).",
+            labels=["fleet"],
+        )
+        for fleet_id, tripped_at in HealthBreaker.objects.values_list("fleet_id", "tripped_at"):
+            breakers.add_metric([fleet_id], 0 if tripped_at is None else 1)
+        yield from (connected, quiet_family, cards, placeable, cordons, breakers)

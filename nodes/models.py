@@ -396,3 +396,44 @@ class LogFetch(models.Model):
     data_offset = models.PositiveBigIntegerField(null=True, blank=True)
     next_offset = models.PositiveBigIntegerField(null=True, blank=True)
     truncated = models.BooleanField(default=False)
+
+
+class CardFault(models.Model):
+    """H6, H7: a fault judged on a node's card by its telemetry — quarantined automatically,
+    or, the Fleet's health breaker tripped, recorded and shown only. The breaker counts a
+    Fleet's quarantined rows within its window."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="card_faults")
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="+")
+    uuid = models.CharField(max_length=200)
+    index = models.PositiveSmallIntegerField()
+    reason = models.CharField(max_length=200)
+    at = models.DateTimeField()
+    quarantined = models.BooleanField()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["fleet", "at"], name="card_fault_fleet_at")]
+
+    def __str__(self) -> str:
+        return f"card {self.index} of {self.node_id}: {self.reason}"
+
+
+class HealthBreaker(models.Model):
+    """H7: a Fleet's circuit breaker on automatic quarantine: tripped when one more would pass
+    TUNEPLANE_HEALTH_BREAKER_SHARE of its cards within TUNEPLANE_HEALTH_BREAKER_WINDOW, reset
+    by an operator only. The row is the lock a quarantine takes on its Fleet."""
+
+    fleet = models.OneToOneField(
+        Fleet, on_delete=models.CASCADE, primary_key=True, related_name="health_breaker"
+    )
+    tripped_at = models.DateTimeField(null=True, blank=True)
+    tripped_reason = models.CharField(max_length=200, blank=True)
+    reset_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"health breaker of {self.fleet_id}"
+
+    @property
+    def tripped(self) -> bool:
+        return self.tripped_at is not None

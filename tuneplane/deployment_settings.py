@@ -66,6 +66,12 @@ def _whole_up_to(most: int):
     return check
 
 
+def _healthy_samples(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
+        raise ValueError("must be a whole number from 1 to 100")
+    return value
+
+
 def _absolute_path(value) -> str:
     value = _string(value)
     if not PurePosixPath(value).is_absolute():
@@ -229,6 +235,19 @@ SETTINGS = {
             frozenset({"kubernetes"}),
             _matching(_DNS_LABEL, "a Kubernetes namespace name"),
             "Namespace KubeRay clusters run in.",
+        ),
+        DeploymentSetting(
+            "on_card_fault",
+            frozenset({"node"}),
+            _one_of(("stop", "continue")),
+            "H6: a member on a card just quarantined is stopped (stop) or left running "
+            "(continue); unset: stop for training, continue for serving.",
+        ),
+        DeploymentSetting(
+            "health_returns_after",
+            frozenset({"node"}),
+            _healthy_samples,
+            "H6: healthy telemetry samples in a row a quarantined card needs to return (2).",
         ),
     ]
 }

@@ -347,6 +347,13 @@ TUNEPLANE_GATEWAY_BIND = os.environ.get("TUNEPLANE_GATEWAY_BIND", "127.0.0.1:844
 TUNEPLANE_TELEMETRY_INTERVAL = env_seconds("TUNEPLANE_TELEMETRY_INTERVAL", 15)
 TUNEPLANE_TELEMETRY_FLUSH_INTERVAL = env_seconds("TUNEPLANE_TELEMETRY_FLUSH_INTERVAL", 2)
 TUNEPLANE_GPU_HEALTH_QUIET = env_seconds("TUNEPLANE_GPU_HEALTH_QUIET", 300)
+# H7: a Fleet's automatic quarantine of failed cards stops (its health breaker trips, until an
+# operator resets it) once one more would pass this share of its cards quarantined within the
+# window; at least one card may always be.
+TUNEPLANE_HEALTH_BREAKER_SHARE = float(os.environ.get("TUNEPLANE_HEALTH_BREAKER_SHARE", "0.2"))
+if not 0 <= TUNEPLANE_HEALTH_BREAKER_SHARE <= 1:
+    raise ImproperlyConfigured("TUNEPLANE_HEALTH_BREAKER_SHARE must be a number from 0 to 1")
+TUNEPLANE_HEALTH_BREAKER_WINDOW = env_seconds("TUNEPLANE_HEALTH_BREAKER_WINDOW", 600)
 # Prometheus (R23: configured scrapers only). The web's /metrics, a gateway's (on
 # TUNEPLANE_GATEWAY_METRICS_BIND, grpcserve --metrics-bind) and a worker's (on
 # TUNEPLANE_WORKER_METRICS_BIND; empty: none) answer a request bearing this token

@@ -8,8 +8,11 @@ from .hardware import (
 )
 from .views import (
     FleetDrainView,
+    FleetHealthBreakerResetView,
+    FleetHealthBreakerView,
     FleetJoinTokensView,
     JoinTokenDetailView,
+    NodeCardReturnView,
     NodeCommandsView,
     NodeCordonView,
     NodeDetailView,
@@ -42,4 +45,19 @@ urlpatterns = [
     path("nodes/<str:node_id>/drain", NodeDrainView.as_view(), name="node-drain"),
     path("nodes/<str:node_id>/resume", NodeResumeView.as_view(), name="node-resume"),
     path("nodes/<str:node_id>/commands", NodeCommandsView.as_view(), name="node-commands"),
+    path(
+        "nodes/<str:node_id>/cards/<str:uuid>/return",
+        NodeCardReturnView.as_view(),
+        name="node-card-return",
+    ),
+    path(
+        "fleets/<str:fleet_id>/health-breaker",
+        FleetHealthBreakerView.as_view(),
+        name="fleet-health-breaker",
+    ),
+    path(
+        "fleets/<str:fleet_id>/health-breaker/reset",
+        FleetHealthBreakerResetView.as_view(),
+        name="fleet-health-breaker-reset",
+    ),
 ]

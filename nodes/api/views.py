@@ -17,6 +17,7 @@ from tuneplane.api.throttles import WindowThrottle
 from tuneplane.client_address import client_address
 from tuneplane.errors import NotFound
 
+from ..health_shown import health_breaker_of
 from ..models import JoinToken
 from ..selectors import (
     addresses_shared,
@@ -26,9 +27,10 @@ from ..selectors import (
     nodes_visible_to,
     work_left_on,
 )
-from ..services import commands, cordons, drains, join, removal
+from ..services import commands, cordons, drains, health, join, removal
 from ..services.join import join_commands
 from ..telemetry_shown import telemetry_of
+from .health import HealthBreakerSerializer
 from .serializers import (
     CommandRequestSerializer,
     CommandSerializer,
@@ -348,3 +350,50 @@ class NodeCommandsView(GenericAPIView):
             actor=Actor.of_user(request.user), node=node, **serializer.validated_data
         )
         return Response(CommandSerializer(command).data, status=status.HTTP_201_CREATED)
+
+
+class NodeCardReturnView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = NodeSerializer
+
+    @extend_schema(
+        summary="Return a quarantined card to service (H6)",
+        description="Audited as node.card_returned; the node's gpu-health cordon is lifted "
+        "with it. A card that is not quarantined is a 409.",
+        request=None,
+        responses={200: NodeSerializer, **errors(401, 403, 404, 409)},
+    )
+    def post(self, request, node_id: str, uuid: str):
+        node = _node(request, node_id)
+        health.card_return(node_id=node.pk, uuid=uuid, actor=Actor.of_user(request.user))
+        return _shown(node.pk, request.user)
+
+
+class FleetHealthBreakerView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = HealthBreakerSerializer
+
+    @extend_schema(
+        summary="A Fleet's health breaker and its latest card faults (H7)",
+        responses={200: HealthBreakerSerializer, **errors(401, 403, 404)},
+    )
+    def get(self, request, fleet_id: str):
+        fleet = fleet_get_visible(request.user, fleet_id)
+        return Response(HealthBreakerSerializer(health_breaker_of(fleet.pk)).data)
+
+
+class FleetHealthBreakerResetView(GenericAPIView):
+    permission_classes = [IsAdmin]
+    serializer_class = HealthBreakerSerializer
+
+    @extend_schema(
+        summary="Reset a Fleet's tripped health breaker: automatic quarantine runs again (H7)",
+        description="Audited as fleet.health_breaker_reset; quarantines before it no longer "
+        "count. A breaker not tripped is a 409.",
+        request=None,
+        responses={200: HealthBreakerSerializer, **errors(401, 403, 404, 409)},
+    )
+    def post(self, request, fleet_id: str):
+        fleet = fleet_get_visible(request.user, fleet_id)
+        health.health_breaker_reset(fleet_id=fleet.pk, actor=Actor.of_user(request.user))
+        return Response(HealthBreakerSerializer(health_breaker_of(fleet.pk)).data)

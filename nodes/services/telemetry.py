@@ -15,9 +15,10 @@ from django.db import connection, transaction
 
 from tuneplane.errors import ValidationFailed
 
+from .. import quarantine
 from ..choices import SchedulingState
 from ..models import Node, NodeTelemetry
-from .health import node_cards_health
+from .health import health_breakers_lock, node_cards_health
 
 logger = logging.getLogger("tuneplane.nodes")
 
@@ -102,13 +103,35 @@ def _new_fatal_xids(card: dict, before: dict | None) -> list[int]:
     )
 
 
-def judge(previous: list[dict], sample: dict, devices: list[dict], unhealthy: dict, now):
+def _passes(earlier: dict | None, fault_at: str | None, now) -> int:
+    """A card's healthy samples in a row, this one counted: one more than the stored sample's,
+    or the intervals since its last fault where more — a node sends no sample while its cards
+    stay as they were, so each interval it was silent was a healthy one."""
+    counted = (earlier or {}).get("passes", 0) + 1
+    if fault_at is None:
+        return counted
+    elapsed = now - datetime.fromisoformat(fault_at)
+    return max(counted, int(elapsed.total_seconds() // settings.TUNEPLANE_TELEMETRY_INTERVAL))
+
+
+def judge(
+    previous: list[dict],
+    sample: dict,
+    devices: list[dict],
+    unhealthy: dict,
+    now,
+    returns_after: int = quarantine.HEALTH_RETURNS_AFTER,
+):
     """The cards to store and the health changes a sample brings: a pure computation.
 
     A card is unhealthy on a new fatal XID, on uncorrectable ECC errors rising, or when it
-    is missing from a sample while the stored one had it. It is healthy again once present
-    with no fault for TUNEPLANE_GPU_HEALTH_QUIET (a missing card's counted from its return).
-    Returns (cards, became_unhealthy: {uuid: view}, became_healthy: {uuid: why})."""
+    is missing from a sample while the stored one had it. Each stored card counts its
+    healthy samples in a row (``passes``: the intervals since its last fault where more, as a
+    node's silence is its cards as they were; a fault or a return from missing sets it to 0).
+    A quarantined card is healthy again (H6) after ``returns_after`` of them (its Fleet's
+    health_returns_after) and no fault for TUNEPLANE_GPU_HEALTH_QUIET (a missing card's
+    counted from its return). Returns (cards, became_unhealthy: {uuid: view},
+    became_healthy: {uuid: why})."""
     before = {card["uuid"]: card for card in previous}
     in_inventory = {device["uuid"] for device in devices}
     quiet = timedelta(seconds=settings.TUNEPLANE_GPU_HEALTH_QUIET)
@@ -125,16 +148,24 @@ def judge(previous: list[dict], sample: dict, devices: list[dict], unhealthy: di
         # knows: a node sends a sample when its card set changes, and none in between.
         back = bool(earlier and earlier.get("missing"))
         fault_at = stamp if faults or back else (earlier or {}).get("fault_at")
-        cards.append({**card, "fault_at": fault_at, "missing": False})
+        passes = 0 if faults or back else _passes(earlier, fault_at, now)
+        cards.append({**card, "fault_at": fault_at, "missing": False, "passes": passes})
         view = {"index": card["index"], "name": card["name"]}
         if faults and card["uuid"] not in unhealthy:
             sick[card["uuid"]] = {**view, "reason": "; ".join(faults), "since": stamp}
         elif (
             not faults
             and card["uuid"] in unhealthy
-            and (fault_at is None or now - datetime.fromisoformat(fault_at) >= quiet)
+            and quarantine.returns(
+                passes=passes,
+                needed=returns_after,
+                quiet_for=None if fault_at is None else now - datetime.fromisoformat(fault_at),
+                quiet=quiet,
+            )
         ):
-            well[card["uuid"]] = f"no fault for {quiet.total_seconds():g} s"
+            well[card["uuid"]] = (
+                f"{passes} healthy samples in a row, no fault for {quiet.total_seconds():g} s"
+            )
     present = {card["uuid"] for card in sample["cards"]}
     for uuid, earlier in before.items():
         if uuid in present:
@@ -143,7 +174,7 @@ def judge(previous: list[dict], sample: dict, devices: list[dict], unhealthy: di
             if uuid in unhealthy:
                 well[uuid] = "no longer in the node's inventory"
             continue
-        cards.append({**earlier, "fault_at": stamp, "missing": True})
+        cards.append({**earlier, "fault_at": stamp, "missing": True, "passes": 0})
         if uuid not in unhealthy:
             view = {"index": earlier["index"], "name": earlier["name"]}
             sick[uuid] = {**view, "reason": "missing from the sample", "since": stamp}
@@ -207,18 +238,31 @@ def telemetry_store(*, samples: dict[str, tuple[float, dict]]) -> dict:
         Node.objects.filter(pk__in=list(checked))
         .exclude(scheduling_state=SchedulingState.REMOVED)
         .values_list(
-            "id", "inventory", "unhealthy_cards", "telemetry__cards", "telemetry__cards_observed_at"
+            "id",
+            "inventory",
+            "unhealthy_cards",
+            "telemetry__cards",
+            "telemetry__cards_observed_at",
+            "fleet_id",
+            "fleet__config",
         )
     )
-    stored, changes = [], []
-    for node_id, inventory, unhealthy, previous, cards_at in rows:
+    stored, changes, faulted_fleets = [], [], set()
+    for node_id, inventory, unhealthy, previous, cards_at, fleet_id, config in rows:
         at, sample = checked[node_id]
         if sample["source"]:
             cards, sick, well = judge(
-                previous or [], sample, inventory.get("devices") or [], unhealthy, at
+                previous or [],
+                sample,
+                inventory.get("devices") or [],
+                unhealthy,
+                at,
+                quarantine.health_returns_after(config),
             )
             if sick or well:
-                changes.append((node_id, sick, well))
+                changes.append((node_id, sick, well, at))
+            if sick:
+                faulted_fleets.add(fleet_id)
             cards_at = at
         else:  # the probe failed this time: the cards stay as last read, judged as then
             cards = previous or []
@@ -235,8 +279,10 @@ def telemetry_store(*, samples: dict[str, tuple[float, dict]]) -> dict:
     stored.sort(key=lambda row: row.node_id)  # one lock order for every flush
     with transaction.atomic():
         _upsert(stored)
-        for node_id, sick, well in sorted(changes, key=lambda change: change[0]):
-            node_cards_health(node_id=node_id, unhealthy=sick, healthy=well)
+        if faulted_fleets:  # H7: the breakers before any node, in one order (health.py)
+            health_breakers_lock(faulted_fleets)
+        for node_id, sick, well, at in sorted(changes, key=lambda change: change[0]):
+            node_cards_health(node_id=node_id, unhealthy=sick, healthy=well, now=at)
     return {
         "stored": len(stored),
         "refused": refused,

@@ -108,6 +108,7 @@ READS = {
     "nodes.services.cordons.operator_reason",  # validates a cordon's or a drain's reason
     "nodes.services.drains.drain_deadline",  # validates a drain's deadline
     "fleets.services.fleet_hold",  # a row lock against deletion, taken before a join
+    "nodes.services.health.health_breakers_lock",  # row locks (made where missing), H7
 }
 # Writes that are observations, not changes, in their own (or their module's) words.
 NOT_AUDITED = {

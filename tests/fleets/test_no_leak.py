@@ -58,6 +58,12 @@ CALLS = {
         "OPTIONS": [None],
         "POST": [None, {}, {"unknown": 1}],
     },
+    "api/fleets/<str:fleet_id>/health-breaker": {
+        "GET": [None],
+        "HEAD": [None],
+        "OPTIONS": [None],
+    },
+    "api/fleets/<str:fleet_id>/health-breaker/reset": {"OPTIONS": [None], "POST": [None, {}]},
     "api/fleets/<str:fleet_id>/drain": {
         "OPTIONS": [None],
         "POST": [None, {}, {"reason": "x"}, {"reason": "x", "deadline": "yesterday"}],

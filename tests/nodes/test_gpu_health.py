@@ -3,8 +3,9 @@ fatal XID, rising uncorrectable ECC errors, or missing from a sample that had it
 unhealthy and out of new work at once — admission's fit (P7) and the allocator (R1) both —
 while the rest of the node works on; every card unhealthy cordons the node (source
 gpu-health), lifted by itself once a card is healthy again; an operator's cordon is never
-lifted by it (L6); nothing running is stopped (D1). The real stream is
-tests/e2e/test_telemetry.py."""
+lifted by it (L6); a Fleet whose on_card_fault is continue stops nothing running (D1, H6).
+The quarantine's own rules (H6, H7) are tests/nodes/test_h6_h7_quarantine.py; the real
+stream is tests/e2e/test_telemetry.py."""
 
 import pytest
 from django.utils import timezone
@@ -121,6 +122,9 @@ def test_a_card_back_from_missing_is_quiet_from_its_return_not_its_last_missing_
 
 
 def test_every_card_unhealthy_cordons_the_node_and_a_healthy_card_lifts_it(sampled_node, settings):
+    """H6: a node with every card quarantined is cordoned by the system, the cordon lifted by
+    the system as a card returns (after health_returns_after healthy samples)."""
+    settings.TUNEPLANE_HEALTH_BREAKER_SHARE = 1  # H7 is tests/nodes/test_h6_h7_quarantine.py
     xids = {i: {"xid_counts": {"79": 1}} for i in range(8)}
     send(sampled_node, {i: xids[i] for i in range(7)})
     assert not NodeCordon.objects.filter(node=sampled_node).exists()  # one card still works
@@ -131,22 +135,33 @@ def test_every_card_unhealthy_cordons_the_node_and_a_healthy_card_lifts_it(sampl
     assert cordon.source == CordonSource.GPU_HEALTH and "every card unhealthy" in cordon.reason
     assert not nodes_placeable([sampled_node.fleet_id]).filter(pk=sampled_node.pk).exists()
     settings.TUNEPLANE_GPU_HEALTH_QUIET = 0
-    send(sampled_node, xids)  # no new XID: healthy again
+    send(sampled_node, xids)  # no new XID: cards 0-6 healthy twice in a row, card 7 once
     assert not NodeCordon.objects.filter(node=sampled_node).exists()
+    assert refreshed(sampled_node).card_count == 7
+    send(sampled_node, xids)
     assert refreshed(sampled_node).card_count == 8
 
 
 def test_L6_an_operator_cordon_outlives_the_gpu_health_one(sampled_node, settings, admin_user):
     settings.TUNEPLANE_GPU_HEALTH_QUIET = 0
+    settings.TUNEPLANE_HEALTH_BREAKER_SHARE = 1
     send(sampled_node, {i: {"xid_counts": {"79": 1}} for i in range(8)})
     node_cordon(actor=Actor.of_user(admin_user), node=sampled_node, reason="bad riser")
-    send(sampled_node, {i: {"xid_counts": {"79": 1}} for i in range(8)})  # healthy again
+    for _ in range(2):  # healthy again after two healthy samples in a row (H6)
+        send(sampled_node, {i: {"xid_counts": {"79": 1}} for i in range(8)})
     sources = set(NodeCordon.objects.filter(node=sampled_node).values_list("source", flat=True))
     assert sources == {CordonSource.OPERATOR}
     assert not nodes_placeable([sampled_node.fleet_id]).filter(pk=sampled_node.pk).exists()
 
 
-def test_D1_nothing_running_is_stopped_by_a_card_going_unhealthy(sampled_node, member, settings):
+def test_H6_a_fleet_that_says_continue_stops_nothing_running_on_a_quarantined_card(
+    sampled_node, member, settings
+):
+    """D1 as H6 leaves it: on_card_fault: continue keeps the member running."""
+    settings.TUNEPLANE_HEALTH_BREAKER_SHARE = 1
+    fleet = sampled_node.fleet
+    fleet.config = {**fleet.config, "on_card_fault": "continue"}
+    fleet.save(update_fields=["config"])
     job = submit(member, 8)
     allocate(fleet_id=job.fleet_id)
     member_record = Member.objects.get(attempt__training_job=job)

@@ -15,7 +15,7 @@ import click
 from . import __version__, config, operators, render
 from .client import ApiError, Client, Unreachable
 from .kinds import Kind, episode_id, kind_named, runs_on, waiting
-from .spec import SpecError, read_spec
+from .spec import SpecError, read_spec, spec_line, spec_lines
 
 # How long apply waits for the allocator's first decision, and how often it looks.
 DECISION_WAIT = 10.0
@@ -46,12 +46,25 @@ class Commands(click.Group):
             ctx.exit(1)
 
 
-def _said(error: ApiError) -> str:
+def _said(error: ApiError, lines: dict[str, int] | None = None) -> str:
+    """An error as the terminal shows it: every field the API refused, each once, with the
+    line of the spec file that holds it when there is one."""
     details = error.error
     if details.get("reason"):
         return f"refused ({details['reason']}): {error.message}"
-    field = f" [{details['field']}]" if details.get("field") else ""
-    return f"error{field}: {error.message}"
+    fields = details.get("fields") or {}
+    if not fields:
+        field = f" [{details['field']}]" if details.get("field") else ""
+        return f"error{field}: {error.message}"
+
+    def one(field: str, messages: list) -> str:
+        line = spec_line(lines or {}, field)
+        return f"[{field}]: {f'line {line}: ' if line else ''}{' '.join(map(str, messages))}"
+
+    if len(fields) == 1:
+        return "error " + one(*next(iter(fields.items())))
+    said = [f"error: {len(fields)} fields refused; nothing was changed:"]
+    return "\n".join(said + [f"  {one(field, messages)}" for field, messages in fields.items()])
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -150,6 +163,14 @@ def apply(path, dry_run, output, wait):
     reads the script from a file beside the spec. Prints the id and the Fleet that admitted
     it, then where it runs or why it waits; a refusal prints its reason and exits 1."""
     kind, body = read_spec(path)
+    try:
+        _apply(kind, body, dry_run, output, wait)
+    except ApiError as error:
+        click.echo(_said(error, spec_lines(path)), err=True)
+        click.get_current_context().exit(1)
+
+
+def _apply(kind, body: dict, dry_run: bool, output: str, wait: float) -> None:
     api = client()
     target = kind.path
     if kind.name == "episode":

@@ -68,3 +68,42 @@ def _script_file(spec: Path, script: dict) -> str:
 
 def _applied() -> list[str]:
     return [kind.name for kind in KINDS if kind.applied]
+
+
+def spec_lines(path: str) -> dict[str, int]:
+    """The line of each key of a spec file, by the API's name for it (``retry.max_attempts``;
+    a lifecycle job's ``lifecycle_kind`` is its ``kind``): where an error points. Empty when
+    the file cannot be read again."""
+    try:
+        root = yaml.compose(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    found: dict[str, int] = {}
+
+    def walk(node, prefix: str) -> None:
+        if not isinstance(node, yaml.MappingNode):
+            return
+        for key, value in node.value:
+            name = str(key.value)
+            if not prefix and name == "kind":
+                continue
+            if not prefix and name == "lifecycle_kind":
+                name = "kind"
+            dotted = f"{prefix}.{name}" if prefix else name
+            found[dotted] = key.start_mark.line + 1
+            walk(value, dotted)
+
+    walk(root, "")
+    return found
+
+
+def spec_line(lines: dict[str, int], field: str) -> int | None:
+    """The line of the field an API error names (``env.LR``, ``command[2]``), else of the
+    nearest key above it that the file has."""
+    parts = field.replace("[", ".[").split(".")
+    while parts:
+        line = lines.get(".".join(parts).replace(".[", "["))
+        if line:
+            return line
+        parts.pop()
+    return None

@@ -115,7 +115,34 @@ def test_a_spec_file_is_checked_before_anything_is_sent(member, signed_in, tmp_p
     )
     path.write_text("kind: training-job\nproject: ml\nname: x\ncards: lots\n")
     invalid = tuneplane("apply", "-f", path)
-    assert invalid.exit_code == 1 and invalid.stderr.startswith("error [cards]: ")
+    assert invalid.exit_code == 1 and invalid.stderr.startswith("error [cards]: line 4: ")
+    assert "cards: " not in invalid.stderr.removeprefix("error [cards]: ")  # said once
+
+
+def test_issue_49_every_error_of_a_spec_at_once_each_with_its_line_and_a_near_miss_named(
+    member, signed_in, tmp_path
+):
+    """The review's: errors came one at a time and repeated the field (`error [card]: card:
+    Unknown field`). Now a near-miss name, an unknown one and a bad value are told together,
+    each with the line that holds it, nothing made."""
+    signed_in(member)
+    path = tmp_path / "typos.yaml"
+    path.write_text(
+        "kind: training-job\nproject: ml\nname: x\ncard: 2\nscript: 'true'\n"
+        "retry:\n  on_exit_codes: [75]\n  max_atempts: 3\ncpus: many\nflavour: large\n"
+    )
+    result = tuneplane("apply", "-f", path)
+    assert result.exit_code == 1, result.stdout
+    lines = result.stderr.splitlines()
+    assert lines[0] == "error: 4 fields refused; nothing was changed:", result.stderr
+    said = "\n".join(lines[1:])
+    assert '[card]: line 4: Unknown field; nothing was changed. Did you mean "cards"?' in said
+    assert "[flavour]: line 10: Unknown field; nothing was changed." in said
+    assert "Did you mean" not in said.split("[flavour]")[1].split("\n")[0]  # none near
+    assert "[cpus]: line 9: " in said
+    near = 'Did you mean "max_attempts"?'
+    assert f"[retry.max_atempts]: line 8: Unknown field; nothing was changed. {near}" in said
+    assert not TrainingJob.objects.exists()
 
 
 def test_dry_run_prints_what_admission_would_decide_and_makes_nothing(

@@ -100,6 +100,7 @@ def test_R8_R9_past_the_deadline_it_is_retried_elsewhere_and_the_leftover_stoppe
 ):
     start, kill = restartable_agents
     settings.TUNEPLANE_RECONCILE_DEADLINE = 2
+    settings.TUNEPLANE_INFRA_BACKOFF_FIRST = 0  # H2: a lost attempt's retry waits none here
     job = submit(member_api, cards=1, command=["sleep", "600"])
     member, _ = running_member(member_api, job["id"])
     kill(member.node_id)

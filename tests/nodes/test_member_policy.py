@@ -82,6 +82,18 @@ def test_R1_cards_the_node_lacks_or_another_member_holds_are_refused_never_subst
         "refused: an image, and no container runtime on this node"
     )
     assert policy.refusal(image, DEVICES, set(), runtime="docker") == ""
+    # A caller that names no runtime has none (mutmut: the default "" survived).
+    assert policy.refusal(image, DEVICES, set()).startswith("refused: an image")
+
+
+def test_R10_something_that_outlived_its_sigkill_a_minute_is_unkillable_not_before():
+    """DESIGN §7: a minute after the SIGKILL, not a moment sooner (mutmut: `>=` → `>` and
+    `+` → `-` survived, no test reached it in process)."""
+    killed = 1000.0
+    assert not policy.unkillable(killed, killed)
+    assert not policy.unkillable(killed, killed + policy.UNKILLABLE_AFTER - 0.001)
+    assert policy.unkillable(killed, killed + policy.UNKILLABLE_AFTER)
+    assert policy.unkillable(killed, killed + 3600)
 
 
 # How a member ended (R6, R10) ------------------------------------------------------------------

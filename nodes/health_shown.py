@@ -25,14 +25,15 @@ def fleet_card_total(fleet_id: str) -> int:
     )
 
 
-def quarantined_in_window(fleet_id: str, reset_at, now) -> int:
-    """H7: the Fleet's automatic quarantines its breaker counts now (nodes.quarantine.in_window
-    on the rows): less than a window old, and from its last reset on."""
+def quarantined_in_window(fleet_id: str, reset_at, now) -> set:
+    """H7: the Fleet's cards, as (node, uuid), its breaker counts now (nodes.quarantine.
+    in_window on the rows): quarantined automatically less than a window ago, from its last
+    reset on."""
     window = timedelta(seconds=settings.TUNEPLANE_HEALTH_BREAKER_WINDOW)
     recent = CardFault.objects.filter(fleet_id=fleet_id, quarantined=True, at__gt=now - window)
     if reset_at is not None:
         recent = recent.filter(at__gte=reset_at)
-    return recent.count()
+    return set(recent.values_list("node_id", "uuid").distinct())
 
 
 def health_breaker_of(fleet_id: str, now=None) -> dict:
@@ -51,7 +52,7 @@ def health_breaker_of(fleet_id: str, now=None) -> dict:
         "window_seconds": settings.TUNEPLANE_HEALTH_BREAKER_WINDOW,
         "cards": cards,
         "limit": quarantine.breaker_limit(cards, settings.TUNEPLANE_HEALTH_BREAKER_SHARE),
-        "quarantined_in_window": quarantined_in_window(fleet_id, breaker.reset_at, now),
+        "quarantined_in_window": len(quarantined_in_window(fleet_id, breaker.reset_at, now)),
         "faults": list(CardFault.objects.filter(fleet_id=fleet_id)[:LATEST_FAULTS]),
     }
 

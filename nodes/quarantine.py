@@ -3,9 +3,10 @@ it does, and when it comes back — pure functions of plain data, with no databa
 clock of their own (tests/nodes/test_quarantine.py). nodes.services.health reads the rows,
 asks here, and writes the answer, audited.
 
-H7, the circuit breaker: within any window of TUNEPLANE_HEALTH_BREAKER_WINDOW seconds, a
-Fleet's automatic quarantines are at most its limit — TUNEPLANE_HEALTH_BREAKER_SHARE of its
-cards, rounded down, but never less than one card (a Fleet may always lose one card). The
+H7, the circuit breaker: within any window of TUNEPLANE_HEALTH_BREAKER_WINDOW seconds, the
+cards of a Fleet quarantined automatically are at most its limit — TUNEPLANE_HEALTH_BREAKER_SHARE
+of its cards, rounded down, but never less than one card (a Fleet may always lose one card);
+a card quarantined twice in the window is one card. The
 fault that would pass the limit is recorded and shown but not quarantined, and it trips the
 breaker: from then on no fault is quarantined automatically until an operator resets it.
 Quarantines before the last reset are not counted.
@@ -30,31 +31,45 @@ def breaker_limit(total_cards: int, share) -> int:
     return max(1, math.floor(Decimal(str(share)) * total_cards))
 
 
-def in_window(quarantined_at: list[datetime], now: datetime, window: timedelta, since=None) -> int:
-    """How many automatic quarantines count now: those less than ``window`` old (one exactly
-    ``window`` old has left it), and from the breaker's last reset (``since``) on."""
-    return sum(1 for at in quarantined_at if now - at < window and (since is None or at >= since))
+def in_window(quarantined: list[tuple], now: datetime, window: timedelta, since=None) -> set:
+    """The cards the breaker counts now, of ``(at, card)`` automatic quarantines: those less
+    than ``window`` old (one exactly ``window`` old has left it), from the breaker's last
+    reset (``since``) on. A card quarantined twice counts once: it is one of the cards."""
+    return {
+        card for at, card in quarantined if now - at < window and (since is None or at >= since)
+    }
 
 
 @dataclass(frozen=True)
 class Decision:
-    """H7: of the new faults, in order, how many are quarantined (the first ``quarantine``)
-    and whether the breaker trips now (the rest are recorded only)."""
+    """H7: of the new faults' cards, those quarantined (in order), and whether the breaker
+    trips now (the others are recorded only)."""
 
-    quarantine: int
+    quarantine: tuple
     trips: bool
 
 
 def breaker_decide(
-    *, tripped: bool, total_cards: int, counted: int, faults: int, share
+    *, tripped: bool, total_cards: int, counted: set, faults: list, share
 ) -> Decision:
-    """H7: ``faults`` new faults on a Fleet of ``total_cards`` whose breaker is ``tripped`` or
-    not, with ``counted`` automatic quarantines in the window already."""
-    if tripped or faults <= 0:
-        return Decision(0, False)
-    room = max(0, breaker_limit(total_cards, share) - counted)
-    taken = min(faults, room)
-    return Decision(taken, taken < faults)
+    """H7: faults on the cards ``faults`` (in order) on a Fleet of ``total_cards`` whose
+    breaker is ``tripped`` or not, with the cards ``counted`` in the window already. A card
+    counted already is quarantined again without taking room; a new one while there is room;
+    the first that finds none trips the breaker."""
+    if tripped:
+        return Decision((), False)
+    room = max(0, breaker_limit(total_cards, share) - len(counted))
+    taken: list = []
+    trips = False
+    for card in dict.fromkeys(faults):
+        if card in counted:
+            taken.append(card)
+        elif room > 0:
+            taken.append(card)
+            room -= 1
+        else:
+            trips = True
+    return Decision(tuple(taken), trips)
 
 
 def on_card_fault(config: dict, serving: bool) -> str:

@@ -73,16 +73,16 @@ def _breaker_admits(node: Node, unhealthy: dict, now) -> dict:
     window = timedelta(seconds=settings.TUNEPLANE_HEALTH_BREAKER_WINDOW)
     share = settings.TUNEPLANE_HEALTH_BREAKER_SHARE
     total = fleet_card_total(node.fleet_id)
+    ordered = sorted(unhealthy.items(), key=lambda item: item[1]["index"])
     decision = quarantine.breaker_decide(
         tripped=breaker.tripped,
         total_cards=total,
         counted=quarantined_in_window(node.fleet_id, breaker.reset_at, now),
-        faults=len(unhealthy),
+        faults=[(node.id, uuid) for uuid, _ in ordered],
         share=share,
     )
-    ordered = sorted(unhealthy.items(), key=lambda item: item[1]["index"])
-    taken = dict(ordered[: decision.quarantine])
-    shown = dict(ordered[decision.quarantine :])
+    taken = {uuid: card for uuid, card in ordered if (node.id, uuid) in decision.quarantine}
+    shown = {uuid: card for uuid, card in ordered if uuid not in taken}
     already = set()
     if shown and breaker.tripped_at is not None:
         already = set(
@@ -110,7 +110,7 @@ def _breaker_admits(node: Node, unhealthy: dict, now) -> dict:
         breaker.tripped_at = now
         breaker.tripped_reason = (
             f"{limit} of {total} cards quarantined within {window.total_seconds():g} s, "
-            f"the most share {share:g} allows; card {ordered[decision.quarantine][1]['index']} "
+            f"the most share {share:g} allows; card {next(iter(shown.values()))['index']} "
             f"of {node.id} not quarantined"
         )[:MAX_REASON]
         breaker.save(update_fields=["tripped_at", "tripped_reason"])

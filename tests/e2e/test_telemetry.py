@@ -83,6 +83,8 @@ def test_telemetry_rides_the_stream_and_a_fake_xid_moves_the_card_out_and_back(
         "TUNEPLANE_TELEMETRY_INTERVAL": "1",
         "TUNEPLANE_TELEMETRY_FLUSH_INTERVAL": "1",
         "TUNEPLANE_GPU_HEALTH_QUIET": "4",
+        # Every card of the one node fails below: past any share of H7's breaker but 1.
+        "TUNEPLANE_HEALTH_BREAKER_SHARE": "1",
     }
     # Healthy again needs a sample after the quiet period: a steady node's next is its
     # refresh, 20 intervals (20 s here) after the fault's.

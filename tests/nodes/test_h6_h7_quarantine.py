@@ -298,3 +298,21 @@ def test_H6_H1_the_attempt_of_a_member_stopped_for_its_card_ends_infrastructure(
     attempt.refresh_from_db()
     assert attempt.end_class == "infrastructure"
     assert attempt.training_job.state == "queued"  # max_attempts not spent
+
+
+def test_H7_a_card_quarantined_again_within_the_window_is_still_one_card(
+    node_fleet, gpu_node, settings
+):
+    settings.TUNEPLANE_GPU_HEALTH_QUIET = 0
+    node = gpu_node(node_fleet, cards=4)  # the limit: one card
+    at = timezone.now().timestamp()
+    send(node, at=at)
+    send(node, {0: XID}, at=at + 1)
+    send(node, {0: XID}, at=at + 2)
+    send(node, {0: XID}, at=at + 3)  # two healthy samples: back
+    assert refreshed(node).unhealthy_cards == {}
+    send(node, {0: {"xid_counts": {"79": 2}}}, at=at + 4)  # it fails again
+    assert uuid_of(node, 0) in refreshed(node).unhealthy_cards
+    assert not HealthBreaker.objects.get(fleet=node_fleet).tripped
+    send(node, {0: {"xid_counts": {"79": 2}}, 1: XID}, at=at + 5)  # another card: past it
+    assert HealthBreaker.objects.get(fleet=node_fleet).tripped

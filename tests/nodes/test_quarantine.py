@@ -28,41 +28,50 @@ def test_H7_the_limit_is_the_share_rounded_down_but_one_card_always_and_none_of_
     assert breaker_limit(8, 0) == 1
 
 
+def decide(*, counted=0, faults=1, tripped=False, total_cards=10, share=0.2):
+    """Faults on new cards, with ``counted`` other cards in the window."""
+    return breaker_decide(
+        tripped=tripped,
+        total_cards=total_cards,
+        counted={("old", n) for n in range(counted)},
+        faults=[("new", n) for n in range(faults)],
+        share=share,
+    )
+
+
 def test_H7_exactly_at_the_share_quarantines_one_more_trips():
-    at_share = breaker_decide(tripped=False, total_cards=10, counted=1, faults=1, share=0.2)
-    assert at_share == quarantine.Decision(1, False)  # 2 of 10: exactly 20 %, allowed
-    past = breaker_decide(tripped=False, total_cards=10, counted=2, faults=1, share=0.2)
-    assert past == quarantine.Decision(0, True)
+    assert decide(counted=1) == quarantine.Decision((("new", 0),), False)  # 2 of 10: 20 %
+    assert decide(counted=2) == quarantine.Decision((), True)
 
 
 def test_H7_a_burst_quarantines_up_to_the_limit_and_trips_on_the_rest():
-    assert breaker_decide(
-        tripped=False, total_cards=10, counted=0, faults=5, share=0.2
-    ) == quarantine.Decision(2, True)
+    assert decide(faults=5) == quarantine.Decision((("new", 0), ("new", 1)), True)
 
 
 def test_H7_a_tripped_breaker_quarantines_nothing_and_trips_no_more():
-    assert breaker_decide(
-        tripped=True, total_cards=100, counted=0, faults=1, share=0.2
-    ) == quarantine.Decision(0, False)
+    assert decide(tripped=True, total_cards=100) == quarantine.Decision((), False)
 
 
 def test_H7_one_card_and_no_card():
-    one = breaker_decide(tripped=False, total_cards=1, counted=0, faults=1, share=0.2)
-    assert one == quarantine.Decision(1, False)
-    none = breaker_decide(tripped=False, total_cards=0, counted=0, faults=1, share=0.2)
-    assert none == quarantine.Decision(0, True)
-    assert breaker_decide(
-        tripped=False, total_cards=0, counted=0, faults=0, share=0.2
-    ) == quarantine.Decision(0, False)
+    assert decide(total_cards=1) == quarantine.Decision((("new", 0),), False)
+    assert decide(total_cards=0) == quarantine.Decision((), True)
+    assert decide(total_cards=0, faults=0) == quarantine.Decision((), False)
+
+
+def test_H7_a_card_counted_in_the_window_is_quarantined_again_without_taking_room():
+    again = breaker_decide(
+        tripped=False, total_cards=10, counted={"a", "b"}, faults=["b", "c", "b"], share=0.2
+    )
+    assert again == quarantine.Decision(("b",), True)
 
 
 def test_H7_the_windows_edge_and_a_reset():
     now = T0 + timedelta(hours=1)
-    edge = [now - WINDOW, now - WINDOW + timedelta(seconds=1), now]
-    assert in_window(edge, now, WINDOW) == 2  # exactly a window old has left it
-    assert in_window(edge, now, WINDOW, since=now - timedelta(seconds=1)) == 1
-    assert in_window(edge, now, WINDOW, since=now) == 1  # from the reset on, itself included
+    edge = [(now - WINDOW, "a"), (now - WINDOW + timedelta(seconds=1), "b"), (now, "c")]
+    assert in_window(edge, now, WINDOW) == {"b", "c"}  # exactly a window old has left it
+    assert in_window(edge, now, WINDOW, since=now - timedelta(seconds=1)) == {"c"}
+    assert in_window(edge, now, WINDOW, since=now) == {"c"}  # from the reset on, itself included
+    assert in_window([(now, "c"), (now, "c")], now, WINDOW) == {"c"}  # one card, once
 
 
 def test_H6_on_card_fault_defaults_stop_for_training_continue_for_serving_else_the_fleets():
@@ -84,7 +93,7 @@ def test_H6_a_card_returns_after_its_passes_and_the_quiet():
 events = st.lists(
     st.tuples(
         st.integers(0, 400),  # seconds since the last event
-        st.integers(0, 6),  # faults at once
+        st.lists(st.integers(0, 59), max_size=6),  # the cards that fail at once
         st.booleans(),  # an operator resets the breaker first
     ),
     max_size=40,
@@ -100,27 +109,31 @@ events = st.lists(
 def test_H7_property_automatic_quarantine_never_passes_the_limit_within_a_window(
     total, share, sequence
 ):
-    """As health.py drives it: each batch of faults asks with the quarantines counted in the
-    window since the last reset; in every window between two resets, at most the limit."""
+    """As health.py drives it: each batch of faults asks with the cards counted in the window
+    since the last reset; in every window between two resets, at most the limit of cards."""
     limit = breaker_limit(total, share)
     now, tripped, reset_at = T0, False, None
-    taken: list[datetime] = []
-    segments: list[list[datetime]] = [[]]
-    for gap, faults, reset in sequence:
+    taken: list[tuple] = []
+    segments: list[list[tuple]] = [[]]
+    for gap, cards, reset in sequence:
         now += timedelta(seconds=gap)
         if reset and tripped:
             tripped, reset_at = False, now
             segments.append([])
-        counted = in_window(taken, now, WINDOW, since=reset_at)
+        cards = [card for card in cards if card < total]
         decision = breaker_decide(
-            tripped=tripped, total_cards=total, counted=counted, faults=faults, share=share
+            tripped=tripped,
+            total_cards=total,
+            counted=in_window(taken, now, WINDOW, since=reset_at),
+            faults=cards,
+            share=share,
         )
-        assert 0 <= decision.quarantine <= faults
-        taken += [now] * decision.quarantine
-        segments[-1] += [now] * decision.quarantine
+        assert set(decision.quarantine) <= set(cards)
+        taken += [(now, card) for card in decision.quarantine]
+        segments[-1] += [(now, card) for card in decision.quarantine]
         tripped = tripped or decision.trips
         if decision.trips:
-            assert decision.quarantine < faults  # it trips only on a fault it refused
+            assert set(decision.quarantine) < set(cards)  # it trips only on a card it refused
     for segment in segments:
-        for end in segment:
-            assert sum(1 for at in segment if end - WINDOW < at <= end) <= limit
+        for end, _ in segment:
+            assert len({card for at, card in segment if end - WINDOW < at <= end}) <= limit

@@ -43,7 +43,7 @@ def wide(settings):
 
 
 def test_H6_a_fatal_xid_quarantines_the_card_at_that_sample_with_its_reason(
-    sampled_node, admin_api, wide
+    sampled_node, admin_api, client, admin_user, wide
 ):
     send(sampled_node, {2: XID})
     node = refreshed(sampled_node)
@@ -54,6 +54,11 @@ def test_H6_a_fatal_xid_quarantines_the_card_at_that_sample_with_its_reason(
     body = admin_api.get(f"/api/nodes/{node.id}").json()
     (card,) = [c for c in body["telemetry"]["cards"] if c["index"] == 2]
     assert (card["health"], card["health_reason"]) == ("unhealthy", "XID 79")
+    client.force_login(admin_user)
+    page = client.get(f"/admin/nodes/node/{node.id}/change/").content.decode()
+    assert "XID 79" in page  # the node's page
+    metrics = client.get("/metrics").content.decode()
+    assert 'tuneplane_gpu_cards{fleet="gpu-lab",health="unhealthy"} 1.0' in metrics
 
 
 def test_H6_the_sample_interval_quarantines_within_a_minute(settings):

@@ -2,8 +2,10 @@
 carries at least 0.8 of what host loopback carries, requests per second on one core, same
 server): one TCP echo server pinned to one core, asked by one client on the other, on host
 loopback and through the port mapping from another namespace (another machine, as far as the
-node can tell) — both with a new connection per request (what conntrack and DNAT cost most)
-and with one connection kept; and what attach() plus detach() take. Printed, not asserted."""
+node can tell) and, as the fair base for the mapping's own cost, from that namespace to a
+process of the node's own — both with a new connection per request (what conntrack and DNAT
+cost most) and with one connection kept; and what attach() plus detach() take. Printed, not
+asserted."""
 
 import os
 import statistics
@@ -107,6 +109,15 @@ def test_bench_a_mapped_port_carries(members, outside, state_dir, capsys):  # no
         # Another port on loopback: the mapped one leads from the host's 127.0.0.1 to the member.
         "host loopback": (None, None, "127.0.0.1", "127.0.0.1", free_port()),
         "host to the member's address": (netns_name(member), None, "0.0.0.0", member.address, port),
+        # The same other machine to a process of the node's own, unmapped: what the wall's
+        # mapping (DNAT, the member's link) adds is the difference to the next line.
+        "another machine, to the node": (
+            None,
+            outside["netns"],
+            "0.0.0.0",
+            outside["node"],
+            free_port(),
+        ),
         "another machine, mapped": (
             netns_name(member),
             outside["netns"],
@@ -134,6 +145,9 @@ def test_bench_a_mapped_port_carries(members, outside, state_dir, capsys):  # no
             for path, found in rates.items():
                 best = max(found[mode])
                 print(f"    {path:>30}: {best:8.0f}/s ({best / base:.2f} of loopback)")
+            mapped = max(rates["another machine, mapped"][mode])
+            unmapped = max(rates["another machine, to the node"][mode])
+            print(f"    the mapping carries {mapped / unmapped:.2f} of the unmapped path")
         print(
             f"attach()+detach(), one port, {ROUNDS} rounds: p50 "
             f"{statistics.median(took) * 1000:.0f} ms, max {max(took) * 1000:.0f} ms"

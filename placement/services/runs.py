@@ -170,6 +170,10 @@ def attempt_state(job, attempt: Attempt, members: list[Member]) -> tuple[str, st
     if job.state == JobState.PREEMPTING and not live:
         # Q6: stopped for a preemptor; neither a failure nor an attempt used.
         return RunState.PREEMPTED, "preempted"
+    if not live and any(m.state == RunState.CANCELLED for m in members):
+        # Stopped by what no cancel or preemption asked (H6: its card failed; an operator's
+        # stop): the attempt is over, and H1 says whose its end was.
+        return RunState.FAILED, "stopped"
     if members and all(m.started_at is not None for m in members):
         # Every member started (a fast one may have finished already): it runs.
         return RunState.RUNNING, attempt.reason

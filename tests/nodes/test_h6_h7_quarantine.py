@@ -278,11 +278,6 @@ def test_H7_the_window_counts_time_not_samples(node_fleet, gpu_node):
     assert HealthBreaker.objects.get(fleet=node_fleet).tripped
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="H6 needs placement's hook: a member stopped for its card's fault ends cancelled "
-    "'stopped', and attempt_state (placement/services/runs.py) leaves its attempt running",
-)
 def test_H6_H1_the_attempt_of_a_member_stopped_for_its_card_ends_infrastructure(
     node_fleet, gpu_node, member, settings
 ):

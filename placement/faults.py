@@ -203,3 +203,72 @@ def work_lost(
         return None
     kept = max((at for at in checkpoints if at is not None and at > started_at), default=None)
     return max((ended_at - (kept or started_at)).total_seconds(), 0.0)
+
+
+# H8: a cluster Fleet's manager (Slurm, KubeRay) runs the job; its own words say how an
+# attempt there ended. Slurm's base states (and, as v0.0.38 spells one word, its flags).
+SLURM_LIVE = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "SUSPENDED",
+        "CONFIGURING",
+        "COMPLETING",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "POWER_UP_NODE",
+        "UPDATE_DB",
+        "RESV_DEL_HOLD",
+    }
+)
+# The manager put it back in its queue itself — Slurm's requeue after a node failure (and
+# `scontrol requeue`, RequeueExit, RequeueExitHold's SPECIAL_EXIT): the same attempt, never a
+# class, never an attempt spent.
+SLURM_REQUEUED = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT"})
+# The machine's: a node that failed under the job, one that never booted for it, a launch
+# slurmd could not make.
+SLURM_MACHINE_ENDS = frozenset({"NODE_FAIL", "BOOT_FAIL", "LAUNCH_FAILED"})
+# The job's own: its non-zero exit, its memory, its time limit, its deadline.
+SLURM_OWN_ENDS = frozenset({"FAILED", "OUT_OF_MEMORY", "TIMEOUT", "DEADLINE"})
+# Slurm's state_reason for a job FAILED by its node rather than by its own exit: the node
+# went down under it, its launch failed there, the node's prolog failed.
+SLURM_MACHINE_REASONS = frozenset({"NodeDown", "JobLaunchFailure", "Prolog", "NodeFail"})
+# KubeRay's status.reason for a RayJob it failed: the submitter could not hand the Ray job to
+# its cluster (SubmissionFailed) is the manager's, as an agent unable to start a member is;
+# the app's own failure (AppFailed), the job's deadline, a manifest KubeRay refused and a
+# status KubeRay lost track of (JobDeploymentStatusTransitionGracePeriodExceeded: the job may
+# have run to its end) are not.
+KUBERAY_MACHINE_REASONS = frozenset({"SubmissionFailed"})
+# What Kubernetes and Ray say of a pod or node lost under the job, in the RayJob's
+# status.message (Ray's job message, which KubeRay copies): a pod evicted (the kubelet's
+# "Evicted", "The node was low on resource"; the taint manager's DeletionByTaintManager; a
+# DisruptionTarget), a Ray node dead with its pod (NodeDiedError, "its node has died", "the
+# actor's node was terminated"), the job's supervisor actor gone with its node.
+KUBERAY_NODE_LOST = re.compile(
+    r"evicted|the node was low on resource|DeletionByTaintManager|DisruptionTarget"
+    r"|TerminationByKubelet|NodeDiedError|node (?:has )?died|node was terminated"
+    r"|Job supervisor actor died|node .{0,40}(?:not ready|lost|unreachable)",
+    re.IGNORECASE,
+)
+
+
+def manager_end_class(state: str, *, reason: str = "", message: str = "") -> str:
+    """H1 on a cluster Fleet (H8): the class of a job's end as its manager reads it —
+    ``state`` in the manager's words (Slurm's job_state, KubeRay's jobStatus), with its
+    ``reason`` (Slurm's state_reason, KubeRay's status.reason) and ``message`` (KubeRay's
+    status.message). "" while it is live or requeued by the manager, and for a preemption
+    (Q6: neither)."""
+    word = (state or "").upper()
+    if word in ("COMPLETED", "SUCCEEDED", "COMPLETE", "CANCELLED", "STOPPED"):
+        # It did its work, or it was asked to stop (KubeRay's STOPPED: a RayJob deleted).
+        return EndClass.USER
+    if word in SLURM_MACHINE_ENDS:
+        return EndClass.INFRASTRUCTURE
+    if word in SLURM_OWN_ENDS:
+        if reason in SLURM_MACHINE_REASONS or reason in KUBERAY_MACHINE_REASONS:
+            return EndClass.INFRASTRUCTURE
+        if word == "FAILED" and KUBERAY_NODE_LOST.search(message or ""):
+            return EndClass.INFRASTRUCTURE
+        return EndClass.USER
+    return ""  # live, requeued, preempted, or a word not known

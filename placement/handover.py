@@ -12,16 +12,20 @@ import uuid
 from datetime import timedelta
 
 from celery import current_app
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
 from nodes.backends import BackendError, JobSpec, OutcomeUnknown, backend_for, job_state_is_final
+from nodes.backends.base import JobRead
 from nodes.selectors import card_series
 
-from .choices import JOB_ENDED, JOB_LIFECYCLE, JobState
-from .models import LifecycleJob, TrainingJob
+from . import faults
+from .choices import JOB_ENDED, JOB_LIFECYCLE, EndClass, JobState, RunState
+from .models import Attempt, LifecycleJob, TrainingJob
 
 # A job's kind as tasks name it (its model's name), and back.
 JOB_MODELS = {model._meta.model_name: model for model in (TrainingJob, LifecycleJob)}
@@ -150,14 +154,16 @@ def _duplicate(job: Job, orphan: str) -> None:
 
 
 def cluster_jobs_track() -> dict:
-    """Hand over what is still waiting, then read back the state of every handed-over job
-    not yet finished; record each change."""
+    """Hand over what is still waiting (a retry once its backoff is past, H8), then read
+    back the state of every handed-over job not yet finished; record each change."""
     changed = failed = 0
+    now = timezone.now()
     for kind, model in JOB_MODELS.items():
         waiting = (
             model.objects.filter(
                 backend_job_id="", backend_error="", cancel_requested_at__isnull=True
             )
+            .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
             .exclude(fleet__kind=FleetKind.NODE)
             .values_list("id", flat=True)
         )
@@ -174,14 +180,22 @@ def cluster_jobs_track() -> dict:
             if job.cancel_requested_at is not None and job.backend_cancel_sent_at is None:
                 cluster_job_cancel(job.pk, kind)
             try:
-                state = backend_for(job.fleet).job_state(job.backend_job_id)
+                read = _job_read(backend_for(job.fleet), job.backend_job_id)
             except Exception as exc:  # one job's trouble never stops the others
                 failed += 1
                 logger.warning("%s %s on %s: %s", kind, job.pk, job.fleet_id, exc)
                 continue
-            if state != job.backend_state:
-                changed += _record_state(model, job.pk, state)
+            if read.state != job.backend_state:
+                changed += _record_state(model, job.pk, read)
     return {"changed": changed, "failed": failed}
+
+
+def _job_read(backend, job_id: str) -> JobRead:
+    """The manager's state of a job with its reason, message and restarts; a backend that
+    reads the state only gives that."""
+    if hasattr(backend, "job_read"):
+        return backend.job_read(job_id)
+    return JobRead(backend.job_state(job_id))
 
 
 # A manager's job states (Slurm's, KubeRay's jobStatus and jobDeploymentStatus) in the
@@ -195,6 +209,9 @@ MANAGER_STATES = {
         ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"),
         JobState.FAILED,
     ),
+    # H8: the manager requeued it itself (Slurm's requeue after a node failure, RequeueExit):
+    # queued again, the same attempt, nothing spent.
+    **dict.fromkeys(faults.SLURM_REQUEUED, JobState.QUEUED),
     # Q6: the manager preempted it. Requeued (Slurm's PreemptMode=REQUEUE) it reads PENDING
     # next, and is queued again; cancelled by the preemption, it stays preempting.
     "PREEMPTED": JobState.PREEMPTING,
@@ -212,8 +229,13 @@ def followed(state: str, backend_state: str) -> str:
     return mapped if mapped == state or JOB_LIFECYCLE.allows(state, mapped) else state
 
 
-def _record_state(model, job_id: int, state: str) -> int:
-    """The manager's state, and the job's own (DESIGN §7's words) read from it."""
+def _record_state(model, job_id: int, read: JobRead | str) -> int:
+    """The manager's state, and the job's own (DESIGN §7's words) read from it. A failure
+    is an attempt of the job with its class (H1, H8); an infrastructure one is handed to the
+    manager again after its backoff, on the job's infra_retries, never spending
+    max_attempts (H2)."""
+    read = read if isinstance(read, JobRead) else JobRead(read)
+    state, now = read.state, timezone.now()
     with transaction.atomic():
         job = model.objects.select_for_update().get(pk=job_id)
         if job.backend_state == state:
@@ -221,6 +243,9 @@ def _record_state(model, job_id: int, state: str) -> int:
         before = {"backend_state": job.backend_state, "state": job.state}
         job.backend_state = state
         moved = followed(job.state, state)
+        shown: dict = {"restarts": read.restarts} if read.restarts else {}
+        if moved == JobState.FAILED:
+            moved, shown = _after_manager_failure(job, read, now, before)
         if moved != job.state:
             JOB_LIFECYCLE.check(job.state, moved, target=job.pk)
             job.state = moved
@@ -229,16 +254,89 @@ def _record_state(model, job_id: int, state: str) -> int:
             if moved == JobState.CANCELLED:
                 job.reason = "cancelled"
             if moved in JOB_ENDED:
-                job.ended_at = timezone.now()
+                job.ended_at = now
+        if shown.get("reason"):
+            job.reason = shown["reason"]
         audit_record(
             actor=SYSTEM,
             action=f"{job._meta.model_name}.backend_state",
             target=job,
             before=before,
-            after={"backend_state": state, "state": job.state},
+            after={"backend_state": state, "state": job.state, **shown},
         )
-        job.save(update_fields=["backend_state", "state", "reason", "ended_at"])
+        job.save(
+            update_fields=[
+                "backend_state",
+                "state",
+                "reason",
+                "ended_at",
+                "backend_job_id",
+                "handover_key",
+                "handover_started_at",
+                "backend_cancel_sent_at",
+                "not_before",
+            ]
+        )
     return 1
+
+
+def _after_manager_failure(job: Job, read: JobRead, now, before: dict) -> tuple[str, dict]:
+    """H1, H2, H8: the manager says the job failed. Its attempt is recorded with the class
+    the manager's words give (placement.faults.manager_end_class). A ``user`` end fails the
+    job, as before. An ``infrastructure`` end (a node failure under it) within the job's
+    infra_retries queues it again, to be handed to the manager anew — a new submission under
+    a new key — once its backoff has passed; past its budget the job fails."""
+    end = faults.manager_end_class(read.state, reason=read.reason, message=read.message)
+    end = end or EndClass.USER
+    field = Attempt.job_field(job)
+    counted = Attempt.objects.filter(**{field: job}).aggregate(
+        number=Count("pk"),
+        user=Count("pk", filter=Q(end_class=EndClass.USER)),
+        infra=Count("pk", filter=Q(end_class=EndClass.INFRASTRUCTURE)),
+    )
+    attempt = Attempt.objects.create(
+        **{field: job},
+        fleet_id=job.fleet_id,
+        number=counted["number"] + 1,
+        state=RunState.FAILED,
+        reason=read.state.lower()[:64],
+        end_class=end,
+        created_at=now,
+        ended_at=now,
+    )
+    infra = counted["infra"] + (end == EndClass.INFRASTRUCTURE)
+    after = faults.next_after(
+        end=end,
+        reason=read.state.lower(),
+        exit_code=None,
+        user_ends=counted["user"] + (end == EndClass.USER),
+        max_attempts=job.max_attempts,
+        infra_ends=infra,
+        infra_retries=faults.infra_retries_of(job.fleet),
+        backoff_first=settings.TUNEPLANE_INFRA_BACKOFF_FIRST,
+        backoff_max=settings.TUNEPLANE_INFRA_BACKOFF_MAX,
+    )
+    shown = {
+        "attempt": attempt.number,
+        "end_class": end,
+        **({"manager_reason": read.reason} if read.reason else {}),
+        **({"restarts": read.restarts} if read.restarts else {}),
+    }
+    if not after.retry or job.cancel_requested_at is not None:
+        if end == EndClass.INFRASTRUCTURE and not after.retry:
+            shown["reason"] = after.reason  # "node_fail; infra_retries spent"
+        return JobState.FAILED, shown
+    # Handed over anew: the failed job is the manager's record, named in the audit event.
+    before["backend_job_id"] = job.backend_job_id
+    job.backend_job_id, job.handover_key = "", ""
+    job.handover_started_at = job.backend_cancel_sent_at = None
+    job.not_before = now + after.backoff
+    return JobState.QUEUED, {
+        **shown,
+        "reason": after.reason,
+        "not_before": job.not_before.isoformat(),
+        "infra_retries": {"used": infra, "budget": faults.infra_retries_of(job.fleet)},
+    }
 
 
 def cluster_job_cancel_on_commit(job: Job) -> None:

@@ -70,6 +70,17 @@ class JobSpec:
     key: str = ""  # the console's key for it, the same at every attempt (see Backend.resume)
 
 
+@dataclass(frozen=True)
+class JobRead:
+    """A job as its manager reports it: its state in the manager's words, and what says whose
+    its end was (H8: placement.faults.manager_end_class reads these)."""
+
+    state: str
+    reason: str = ""  # Slurm's state_reason, KubeRay's status.reason
+    message: str = ""  # KubeRay's status.message (Ray's job message)
+    restarts: int = 0  # Slurm's restart_cnt: the times the manager requeued it itself
+
+
 class Backend(Protocol):
     """Reads a cluster and hands it jobs. Every call may raise BackendError."""
 
@@ -86,6 +97,9 @@ class Backend(Protocol):
 
     def job_state(self, job_id: str) -> str:
         """The manager's state of a job it was handed, in its own words (COMPLETED, …)."""
+
+    def job_read(self, job_id: str) -> JobRead:
+        """``job_state`` with the manager's reason and message, and its own restarts."""
 
     def cancel(self, job_id: str) -> None:
         """Asks the manager to stop a job it was handed (R10); one already gone is done.

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException, new_client_from_config
 
 from ..choices import SchedulingState
-from .base import BackendError, JobSpec, Machine, OutcomeUnknown, job_state_is_final
+from .base import BackendError, JobRead, JobSpec, Machine, OutcomeUnknown, job_state_is_final
 from .credentials import read_token
 
 REQUEST_TIMEOUT = (3.0, 10.0)  # (connect, read) seconds: a dead API server fails a read fast
@@ -151,6 +151,9 @@ class KubernetesBackend:
         return self.submit(job)
 
     def job_state(self, job_id: str) -> str:
+        return self.job_read(job_id).state
+
+    def job_read(self, job_id: str) -> JobRead:
         """KubeRay's jobStatus (RUNNING, SUCCEEDED, FAILED, STOPPED ...), else its
         jobDeploymentStatus (Initializing ...), else PENDING; FAILED for a RayJob KubeRay gave
         up on (DEPLOYMENT_FAILED); STOPPED for one the API server no longer has (GONE)."""
@@ -167,9 +170,9 @@ class KubernetesBackend:
                 )
             except ApiException as error:
                 if object_not_found(error, name):
-                    return GONE
+                    return JobRead(GONE)
                 raise
-        return rayjob_state(rayjob)
+        return rayjob_read(rayjob)
 
     def job_states(self) -> dict[str, str]:
         """Every RayJob of the console's in the KubeRay namespace, by id, with its state as
@@ -341,6 +344,17 @@ def rayjob_state(rayjob: dict) -> str:
     if deployment in DEPLOYMENT_FAILED and not job_state_is_final(job or ""):
         return "FAILED"
     return job or deployment or "PENDING"
+
+
+def rayjob_read(rayjob: dict) -> JobRead:
+    """A RayJob's state with KubeRay's reason and message (Ray's job message, which names a
+    node that died or a pod evicted under the job: H8)."""
+    status = rayjob.get("status") or {}
+    return JobRead(
+        state=rayjob_state(rayjob),
+        reason=str(status.get("reason") or ""),
+        message=str(status.get("message") or "")[:2000],
+    )
 
 
 def _status(error: ApiException) -> dict:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import httpx
 
 from ..choices import SchedulingState
-from .base import BackendError, JobSpec, Machine, OutcomeUnknown
+from .base import BackendError, JobRead, JobSpec, Machine, OutcomeUnknown
 from .credentials import read_token
 from .slurm_api import DIALECTS, Dialect, Submission
 
@@ -105,11 +105,16 @@ class SlurmBackend:
         return self.submit(job)
 
     def job_state(self, job_id: str) -> str:
+        return self.job_read(job_id).state
+
+    def job_read(self, job_id: str) -> JobRead:
+        """The job's state, its state_reason (NodeDown, NonZeroExitCode, …) and restart_cnt:
+        how often Slurm requeued it itself (a node failure under a requeueable job)."""
         dialect = self._dialect()
         jobs = self._call("GET", f"job/{job_id}", dialect=dialect).get("jobs") or []
         if not jobs:
             raise BackendError(f"slurmrestd knows no job {job_id}")
-        return dialect.job_state(jobs[0])
+        return job_read_of(jobs[0], dialect)
 
     def cancel(self, job_id: str) -> None:
         """Ask Slurm to cancel the job, as scancel does (slurmrestd's job delete). A job
@@ -228,6 +233,32 @@ class SlurmBackend:
                 f"{_describe(errors) or response.text[:200]}"
             )
         return body
+
+
+def job_read_of(job: dict, dialect: Dialect) -> JobRead:
+    """One job of slurmrestd's answer as the console reads it (H8). A requeued job's state
+    is the word REQUEUED (v0.0.38), or its flag beside PENDING (["PENDING", "REQUEUED"],
+    v0.0.40 on): REQUEUED either way, so it reads as the manager's own requeue."""
+    state = dialect.job_state(job)
+    words = job.get("job_state")
+    flags = {str(word).upper() for word in words[1:]} if isinstance(words, list) else set()
+    if state == "PENDING" and flags & {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}:
+        state = "REQUEUED"
+    return JobRead(
+        state=state,
+        reason=str(job.get("state_reason") or ""),
+        restarts=_number(job.get("restart_cnt")),
+    )
+
+
+def _number(value) -> int:
+    """An integer as slurmrestd spells it: 3, or {"set": true, "number": 3} (v0.0.40 on)."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else 0
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def scheduling_state_of(node: dict) -> tuple[str, str]:

@@ -392,13 +392,42 @@ def machine_from_node(node) -> Machine:
     name = (node.metadata.labels or {}).get(GPU_PRODUCT_LABEL, GPU_RESOURCE)
     cards = [{"name": name, "count": count}] if count else []
     state, reason = _scheduling(node)
+    conditions = node_problems(node)
+    if conditions and state == SchedulingState.SCHEDULABLE:
+        # H8: health as Kubernetes says it, shown; what keeps pods away is its own (taints).
+        reason = "Kubernetes: " + "; ".join(
+            f"{c['type']}"
+            + (f" ({c['message'] or c['reason']})" if c["message"] or c["reason"] else "")
+            for c in conditions
+        )
     return Machine(
         name=node.metadata.name,
         cards=cards,
         state=state,
-        reason=reason,
-        detail={"gpu_capacity": capacity or 0, "gpu_allocatable": allocatable or 0},
+        reason=reason[:500],
+        detail={
+            "gpu_capacity": capacity or 0,
+            "gpu_allocatable": allocatable or 0,
+            **({"conditions": conditions} if conditions else {}),
+        },
     )
+
+
+def node_problems(node) -> list[dict]:
+    """H8: a node's conditions that say something is wrong, as Kubernetes (and a node problem
+    detector's own condition types, a GPU's among them) says it: any but Ready that is True
+    (MemoryPressure, DiskPressure, PIDPressure, NetworkUnavailable, KernelDeadlock, …).
+    Read and shown only: the console never cordons or uncordons a cluster's node."""
+    return [
+        {
+            "type": c.type,
+            "status": c.status,
+            "reason": c.reason or "",
+            "message": (c.message or "")[:200],
+        }
+        for c in node.status.conditions or []
+        if c.type != "Ready" and c.status == "True"
+    ]
 
 
 def _gpu_count(resources: dict | None) -> int | None:

@@ -236,3 +236,58 @@ def test_H8_past_infra_retries_a_node_loss_fails_the_job(running, settings):
     job = TrainingJob.objects.get(pk=job.pk)
     assert (job.state, job.reason) == ("failed", "failed; infra_retries spent")
     assert Attempt.objects.get(training_job=job).end_class == INFRA
+
+
+# -- health as the manager says it, shown and never fought ---------------------------------
+
+
+def test_H8_a_slurm_nodes_drain_and_down_reasons_are_shown_as_slurm_gives_them():
+    from nodes.backends.slurm import scheduling_state_of
+
+    drained = {"state": "idle", "state_flags": ["DRAIN"], "reason": "xid 79 on gpu2"}
+    assert scheduling_state_of(drained) == ("cordoned", "Slurm drain: xid 79 on gpu2")
+    down = {"state": "down", "state_flags": [], "reason": "Not responding"}
+    assert scheduling_state_of(down) == ("gone", "Slurm: down Not responding")
+
+
+def test_H8_a_kubernetes_nodes_conditions_are_shown_and_it_stays_kubernetes_to_keep_pods_off():
+    from kubernetes.client import V1Node, V1NodeCondition, V1NodeStatus, V1ObjectMeta
+
+    from nodes.backends.kubernetes import machine_from_node
+
+    def node(*conditions):
+        return V1Node(
+            metadata=V1ObjectMeta(name="gpu-1"),
+            status=V1NodeStatus(
+                capacity={"nvidia.com/gpu": "8"},
+                allocatable={"nvidia.com/gpu": "8"},
+                conditions=[V1NodeCondition(type="Ready", status="True"), *conditions],
+            ),
+        )
+
+    healthy = machine_from_node(
+        node(V1NodeCondition(type="MemoryPressure", status="False", reason="KubeletHasSufficient"))
+    )
+    assert (healthy.state, healthy.reason, "conditions" in healthy.detail) == (
+        "schedulable",
+        "",
+        False,
+    )
+    sick = machine_from_node(
+        node(
+            V1NodeCondition(type="GpuProblem", status="True", reason="XID79", message="fell off"),
+            V1NodeCondition(type="DiskPressure", status="True", reason="KubeletHasDiskPressure"),
+        )
+    )
+    assert sick.state == "schedulable"  # Kubernetes' taints keep pods off, not the console
+    assert sick.reason == "Kubernetes: GpuProblem (fell off); DiskPressure (KubeletHasDiskPressure)"
+    assert [c["type"] for c in sick.detail["conditions"]] == ["GpuProblem", "DiskPressure"]
+
+
+def test_H8_the_console_never_fights_a_managers_health_no_backend_cordons_or_drains():
+    from nodes.backends.kubernetes import KubernetesBackend
+    from nodes.backends.slurm import SlurmBackend
+
+    for backend in (SlurmBackend, KubernetesBackend):
+        verbs = [n for n in dir(backend) if any(w in n for w in ("cordon", "drain", "taint"))]
+        assert verbs == [], backend

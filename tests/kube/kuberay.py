@@ -68,6 +68,29 @@ class KubeRayStandIn:
             name, jobDeploymentStatus=deployment, jobStatus=job_status, endTime=_now(), **extra
         )
 
+    def lose_node(self, name: str, *, head: bool = False) -> dict:
+        """A node lost under the running job — its pod evicted for it, or the node gone: Ray's
+        job FAILED, with Ray's words for it, which KubeRay copies into status.message; the
+        RayJob Failed, reason AppFailed (what the console reads to call it infrastructure,
+        H8). The head's node lost takes the job's supervisor actor with it; a worker's, the
+        driver's actor on it."""
+        died = "The actor died because its node has died. Node Id: 3f9c0d1e"
+        message = (
+            f"Job supervisor actor died: {died}"
+            if head
+            else "Job entrypoint command failed with exit code 1, last available logs "
+            f"(truncated to 20,000 chars):\nray.exceptions.ActorDiedError: {died}\n"
+            "\tthe actor's node was terminated unexpectedly: its pod was evicted"
+        )
+        return self.move(
+            name,
+            jobDeploymentStatus="Failed",
+            jobStatus="FAILED",
+            reason="AppFailed",
+            message=message,
+            endTime=_now(),
+        )
+
     def give_up(self, name: str, reason: str = "DeadlineExceeded") -> dict:
         """Past activeDeadlineSeconds or backoffLimit: Failed, the jobStatus left as it was."""
         return self.move(name, jobDeploymentStatus="Failed", reason=reason, endTime=_now())

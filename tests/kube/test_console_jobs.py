@@ -99,3 +99,40 @@ def test_the_api_server_down_for_a_pass_is_retried_on_the_next(on_real_server, k
     cluster_jobs_track()
 
     assert (_reread(job).backend_state, _reread(job).state) == ("RUNNING", "running")
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["worker", "head"])
+def test_H8_a_node_lost_under_a_rayjob_is_handed_to_kuberay_again_on_its_infra_budget(
+    on_real_server, kuberay, head
+):
+    """A pod evicted for its node (a worker's, or the head's with the job's supervisor) ends
+    the attempt ``infrastructure``: the job is queued again, and once its backoff is past a
+    new RayJob is made under a new key; max_attempts: 1 is not spent."""
+    from datetime import timedelta
+
+    from placement.models import Attempt
+
+    TrainingJob.objects.filter(pk=on_real_server.pk).update(max_attempts=1)
+    job = _reread(cluster_job_handover(on_real_server.pk))
+    first = job.backend_job_id.partition("/")[2]
+    kuberay.admit(first)
+    kuberay.run(first)
+    cluster_jobs_track()
+    kuberay.lose_node(first, head=head)
+    cluster_jobs_track()
+
+    job = _reread(job)
+    assert (job.state, job.backend_job_id) == ("queued", "") and job.not_before
+    assert Attempt.objects.get(training_job=job).end_class == "infrastructure"
+    TrainingJob.objects.filter(pk=job.pk).update(not_before=job.not_before - timedelta(hours=1))
+    cluster_jobs_track()  # handed over anew
+
+    job = _reread(job)
+    second = job.backend_job_id.partition("/")[2]
+    assert second and second != first and second.endswith(job.handover_key)
+    assert kuberay.get(first)["status"]["jobStatus"] == "FAILED"  # the failed one is kept
+    kuberay.admit(second)
+    kuberay.run(second)
+    kuberay.finish(second, "SUCCEEDED")
+    cluster_jobs_track()
+    assert _reread(job).state == "succeeded"

@@ -17,7 +17,7 @@ class QuotaCollector:
         ("guaranteed", "Cards guaranteed to the project"),
         ("limit", "The most cards the project may hold; -1 unlimited"),
         ("in_use", "Cards the project holds"),
-        ("borrowed", "Of those, cards beyond its guarantee"),
+        ("borrowed", "Of those, cards above its guarantee now: in use - guaranteed, or 0"),
         ("queued", "Cards the project's queued jobs ask"),
         ("fair_share", "Cards held now plus recent average, per weight: lower goes first"),
     )

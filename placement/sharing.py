@@ -12,6 +12,10 @@ allocator reads the rows and brings each project's use forward (placement.servic
   slip in before its use moves) plus its decayed use in card-seconds divided by the decay's
   time constant (so both are in cards: its recent average), divided by its weight. Lower
   goes first.
+- What a quota borrows is what it holds above its guarantee now (``borrowed``): the one
+  number the quotas' API, the admin's Fleet page and the ``tuneplane_quota_borrowed`` gauge
+  report. Which running work is on borrowed cards — what preemption may take (Q4, Q5) — is
+  each member's, decided when it was placed (``Member.borrowed``), and not this number.
 """
 
 import math
@@ -32,6 +36,11 @@ Key = tuple[int, str]  # (project id, series; "" any card)
 def time_constant(half_life_seconds: float) -> float:
     """The decay's time constant τ: use decays as e^(-t/τ), halving every half-life."""
     return half_life_seconds / math.log(2)
+
+
+def borrowed(held: int, guaranteed: int) -> int:
+    """Q3: the cards a quota borrows now: what it holds above its guarantee, never below 0."""
+    return max(0, held - guaranteed)
 
 
 def brought_forward(card_seconds: float, cards_held: int, elapsed: float, tau: float) -> float:
@@ -68,6 +77,11 @@ class Book:
     def within_limit(self, key: Key, cards: int) -> bool:
         limit = self.row(key).limit
         return limit is None or self.held.get(key, 0) + cards <= limit
+
+    def borrowed(self, key: Key) -> int:
+        """The cards quota ``key`` borrows now (``borrowed``); a project without a quota row
+        is guaranteed 0, so all it holds is borrowed."""
+        return borrowed(self.held.get(key, 0), self.row(key).guaranteed)
 
     def project_held(self, project: int) -> int:
         return sum(cards for (owner, _), cards in self.held.items() if owner == project)

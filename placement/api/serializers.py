@@ -609,7 +609,7 @@ class QuotaSerializer(serializers.Serializer):
     limit = serializers.IntegerField(allow_null=True, help_text="null: unlimited.")
     weight = serializers.IntegerField()
     in_use = serializers.IntegerField()
-    borrowed = serializers.IntegerField(help_text="Of in_use, the cards beyond its guarantee.")
+    borrowed = serializers.IntegerField(help_text="Q3: max(0, in_use - guaranteed), now.")
     queued = serializers.IntegerField(help_text="Cards its queued jobs ask.")
     fair_share = serializers.FloatField(
         help_text="Q3: cards held now plus its recent average, per weight; lower goes first."

@@ -11,20 +11,17 @@ from ..models import Member, Quota, Usage
 from ..sharing import Book, QuotaRow, brought_forward, time_constant
 
 
-def holdings(fleet: Fleet) -> tuple[dict, dict]:
-    """The cards each quota of the Fleet holds now, and of those the borrowed ones (beyond
-    its guarantee), by (project, series): one query, what the allocator and the quotas'
-    readers both count."""
+def holdings(fleet: Fleet) -> dict:
+    """The cards each quota of the Fleet holds now, by (project, series): one query, what
+    the allocator and the quotas' readers both count. What a quota borrows is computed from
+    it (placement.sharing.borrowed), never summed from members placed as borrowed."""
     held: dict = {}
-    borrowed: dict = {}
-    for project_id, series, cards, lent in Member.objects.filter(
+    for project_id, series, cards in Member.objects.filter(
         node__fleet=fleet, cleanup=Cleanup.PENDING, project__isnull=False
-    ).values_list("project_id", "quota_series", "cards", "borrowed"):
+    ).values_list("project_id", "quota_series", "cards"):
         key = (project_id, series)
         held[key] = held.get(key, 0) + len(cards)
-        if lent:
-            borrowed[key] = borrowed.get(key, 0) + len(cards)
-    return held, borrowed
+    return held
 
 
 def fair_share_tau() -> float:
@@ -44,7 +41,7 @@ def pass_book(fleet: Fleet, now) -> Book | None:
     if not rows:
         return None
     tau = fair_share_tau()
-    held, _ = holdings(fleet)
+    held = holdings(fleet)
     book = Book(rows=rows, held=held, tau=tau)
     by_project: dict[int, int] = {}
     for (project_id, _), cards in held.items():

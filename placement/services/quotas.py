@@ -133,10 +133,12 @@ def _view(quota: Quota) -> dict:
 
 def quota_rows(fleet: Fleet, projects=None) -> list[dict]:
     """Q1: each quota (of ``projects``, or all) with the cards it holds now, how many of
-    them are borrowed (beyond its guarantee), how many its queued jobs ask, and its project's
-    fair share (Q3: lower goes first): four queries, whatever the number of quotas."""
+    them it borrows (what it holds above its guarantee now: placement.sharing.borrowed), how
+    many its queued jobs ask, and its project's fair share (Q3: lower goes first): four
+    queries, whatever the number of quotas. The API, the admin's Fleet page and the
+    ``tuneplane_quota_*`` gauges all read these rows."""
     quotas = fleet_quotas(fleet, projects)
-    held, borrowed = holdings(fleet)
+    held = holdings(fleet)
     book = Book(
         rows={(q.project_id, q.series): QuotaRow(q.guaranteed, q.limit, q.weight) for q in quotas},
         held=held,
@@ -154,7 +156,7 @@ def quota_rows(fleet: Fleet, projects=None) -> list[dict]:
         {
             **_view(quota),
             "in_use": held.get(key, 0),
-            "borrowed": borrowed.get(key, 0),
+            "borrowed": book.borrowed(key),
             "queued": queued.get(key, 0),
             "fair_share": round(book.share(key), 3),
         }

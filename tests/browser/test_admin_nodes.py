@@ -173,9 +173,11 @@ def test_D1_a_fleets_machines_drain_with_one_reason_and_the_page_shows_progress(
 
     page.goto(f"{live_server.url}/admin/fleets/fleet/gpu-lab/change/")
     expect(page.locator("#drain-progress")).to_contain_text("1 of 2 machine(s) drained")
-    expect(page.locator("#drain-progress")).to_contain_text("work left: 1 run")
+    expect(page.locator("#drain-progress")).to_contain_text(
+        "still to finish on them: 1 command run through the node API"
+    )
     drain = page.locator(f"#group-scheduling tr[data-node='{busy.id}'] .drain")
     expect(drain).to_contain_text("moving to rack 7")
     expect(drain).to_contain_text("by 2999-01-01 12:00")
-    expect(drain).to_contain_text("still running: 1 run")
+    expect(drain).to_contain_text("still to finish: 1 command run through the node API")
     page.screenshot(path=str(ARTIFACTS / "fleet-page-draining.png"), full_page=True)

@@ -153,7 +153,8 @@ def test_D1_the_fleet_page_shows_each_drain_and_the_fleets_progress(
     page = client.get("/admin/fleets/fleet/gpu-lab/change/").content.decode()
     progress = re.search(r'<p id="drain-progress">(.*?)</p>', page, re.S).group(1)
     assert "1 of 2 machine(s) drained" in progress and "1 drain overdue" in progress
-    assert "work left: 1 run" in " ".join(progress.split())
+    shown = " ".join(progress.split())
+    assert "still to finish on them: 1 command run through the node API" in shown
     busy_row = re.search(rf'data-node="{busy.id}">\s*<td>gpu-01</td>.*?</tr>', page, re.S)
     assert "decommission" in busy_row.group(0) and "drain overdue" in busy_row.group(0)
 

@@ -217,6 +217,7 @@ KINDS = [
             ("STATE", _get("state")),
             ("AGE", _age),
         ],
+        applied=True,  # an administrator's: `kind: fleet` makes one
     ),
     Kind(
         "node",

@@ -203,8 +203,10 @@ def _apply(kind, body: dict, dry_run: bool, output: str, wait: float) -> None:
     record_id = f"{made['environment']}/{made['number']}" if kind.name == "episode" else made["id"]
     fleet = made.get("fleet")
     admitted = f" admitted to Fleet {fleet}" if fleet else " admitted"
+    if kind.name == "fleet":
+        admitted = f" made ({made.get('kind')}, {made.get('state')})"
     click.echo(f"{kind.name} {record_id}{admitted}")
-    if kind.name in ("environment",):
+    if kind.name in ("environment", "fleet"):
         return
     decided = _decision(api, kind, record_id, made, wait)
     if decided is None:

@@ -5,7 +5,8 @@ are the file's own:
 - ``script: {file: train.sh}`` reads the script from that file (relative to the spec file)
   and sends its text as ``script``;
 - a lifecycle job's API field ``kind`` (``finetune``, ...) is written ``lifecycle_kind``,
-  since ``kind`` names the record;
+  and a Fleet's (``node``, ``slurm``, ``kubernetes``) ``fleet_kind``, since ``kind`` names
+  the record;
 - an episode names its environment by id (``environment: 7``): it is made under it.
 """
 
@@ -19,6 +20,11 @@ from .kinds import KINDS, Kind, kind_named
 
 class SpecError(Exception):
     pass
+
+
+# A record whose API has a field `kind` of its own: the spec spells it so (`kind` names the
+# record), and it is sent as `kind`.
+OWN_KINDS = {"lifecycle_kind": "lifecycle-job", "fleet_kind": "fleet"}
 
 
 def read_spec(path: str) -> tuple[Kind, dict]:
@@ -42,10 +48,11 @@ def read_spec(path: str) -> tuple[Kind, dict]:
         kind = None
     if kind is None or not kind.applied:
         raise SpecError(f"{path}: `kind: {named}` is not one of {', '.join(_applied())}.")
-    if "lifecycle_kind" in body:
-        if kind.name != "lifecycle-job":
-            raise SpecError(f"{path}: `lifecycle_kind` is for a lifecycle-job only.")
-        body["kind"] = body.pop("lifecycle_kind")
+    for own, owner in OWN_KINDS.items():  # the record's API `kind`, spelled apart in a spec
+        if own in body:
+            if kind.name != owner:
+                raise SpecError(f"{path}: `{own}` is for a {owner} only.")
+            body["kind"] = body.pop(own)
     script = body.get("script")
     if isinstance(script, dict):
         body["script"] = _script_file(source, script)
@@ -87,7 +94,7 @@ def spec_lines(path: str) -> dict[str, int]:
             name = str(key.value)
             if not prefix and name == "kind":
                 continue
-            if not prefix and name == "lifecycle_kind":
+            if not prefix and name in OWN_KINDS:
                 name = "kind"
             dotted = f"{prefix}.{name}" if prefix else name
             found[dotted] = key.start_mark.line + 1

@@ -360,6 +360,7 @@ SPEC_KINDS = (
     ("episode", "/api/environments/{environment_id}/episodes", "An episode"),
     ("volume", "/api/volumes", "A volume"),
     ("dataset", "/api/datasets", "A dataset"),
+    ("fleet", "/api/fleets", "A Fleet, an administrator's (its `kind` is `fleet_kind` in a spec)"),
 )
 
 
@@ -412,6 +413,7 @@ def render_fields(document: dict) -> str:
             shown = "" if default in (None, "", [], {}) else f"`{json.dumps(default)}`"
             said = spec.get("description") or _schema(document, spec).get("description", "")
             said = "" if said.startswith("A request body") else said
+            said = re.split(r"(?:^|\n\n)\* `", said)[0]  # the enum's list: in the type
             out.append(
                 f"| `{field}` | {'yes' if field in required else ''} | "
                 f"{_cell(_type(document, spec))} | {shown} | {_cell(said)} |"

@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 
 from audit.models import AuditEvent
+from fleets.models import Fleet
 from nodes.models import JoinToken, Node
 from nodes.services.commands import Reported, node_command_report
 from placement.models import Member, Quota, TrainingJob
@@ -171,3 +172,25 @@ def test_R10_cancel_wait_gives_up_after_its_timeout(lab, member, signed_in, tmp_
     assert waited.exit_code == 1
     assert waited.stdout == f"training-job {job.pk}: cancelling\n"
     assert "still running after 0.5 s" in waited.stderr
+
+
+def test_F1_a_fleet_is_made_from_a_spec_file_and_listed_by_get(
+    admin_user, member, signed_in, tmp_path
+):
+    """Issue 49: Fleets were curl only. `kind: fleet` in `apply -f` makes one (an
+    administrator's; a member is refused), and `get fleets` lists it."""
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "kind: Fleet\nid: gpu-west\nfleet_kind: node\ndelivery: object-pull\n"
+        "capabilities: [train, serve]\n"
+    )
+    signed_in(member)
+    refused = tuneplane("apply", "-f", path)
+    assert refused.exit_code == 1 and not Fleet.objects.filter(pk="gpu-west").exists()
+    signed_in(admin_user)
+    made = tuneplane("apply", "-f", path)
+    assert made.exit_code == 0, made.stderr
+    assert made.stdout.startswith("fleet gpu-west made (node, active)"), made.stdout
+    assert sorted(Fleet.objects.get(pk="gpu-west").capabilities) == ["serve", "train"]
+    listed = tuneplane("get", "fleets")
+    assert listed.exit_code == 0 and "gpu-west" in listed.stdout

@@ -33,7 +33,7 @@ NOT_IN_PROCESS: dict[str, str] = {
 }
 # How many rules the page numbers, per letter (F Fleets, J joining, L liveness, D draining,
 # P placement, A audit, R running work, S serving, Q sharing, H hardware faults).
-PER_LETTER = {"F": 8, "J": 6, "L": 7, "D": 4, "P": 8, "A": 1, "R": 23, "S": 6, "Q": 9, "H": 7}
+PER_LETTER = {"F": 8, "J": 6, "L": 7, "D": 4, "P": 8, "A": 1, "R": 23, "S": 6, "Q": 9, "H": 8}
 # Rule letters the console may quote before the page has their section, and why.
 QUOTED_BEFORE_THE_PAGE: dict[str, str] = {}
 # Where the console quotes rules to its users: messages, help texts, the admin's templates.

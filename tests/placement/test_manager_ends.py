@@ -178,7 +178,9 @@ def _posts(replay):
     return [r for r in replay.requests if r.method == "POST" and r.path == RAYJOBS]
 
 
-def test_H8_a_node_lost_under_a_rayjob_is_handed_to_the_manager_again_unspent(running):
+def test_H8_a_node_lost_under_a_rayjob_is_handed_to_the_manager_again_unspent(
+    running, member_api, admin_client
+):
     job, replay = running
     key = job.handover_key
     replay.serve("GET", RAYJOB, NODE_LOST)
@@ -191,6 +193,11 @@ def test_H8_a_node_lost_under_a_rayjob_is_handed_to_the_manager_again_unspent(ru
     event = AuditEvent.objects.filter(action="trainingjob.backend_state").latest("id")
     assert event.after["end_class"] == INFRA and event.after["infra_retries"]["used"] == 1
     assert event.before["backend_job_id"] == "ml-jobs/llama-sft-7b-x9k2p"
+    shown = member_api.get(f"/api/training-jobs/{job.pk}").json()
+    assert [a["end_class"] for a in shown["attempts"]] == [INFRA]
+    assert shown["infra_retries"]["used"] == 1 and shown["state"] == "queued"
+    page = admin_client.get(f"/admin/placement/trainingjob/{job.pk}/change/")
+    assert page.status_code == 200 and INFRA in page.content.decode()
     cluster_jobs_track()
     assert len(_posts(replay)) == 1  # its backoff (H2) still runs: not handed over yet
     TrainingJob.objects.filter(pk=job.pk).update(not_before=job.not_before - timedelta(hours=1))

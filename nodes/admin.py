@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db.models import Exists, OuterRef
-from django.http import Http404
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -25,6 +25,7 @@ from .models import (
     NodeCommand,
     StrayCommand,
 )
+from .node_page import VERBS, node_page
 from .selectors import addresses_shared, commands_active_on, live_sessions_of
 from .services import cordons, drains, health, join, removal
 
@@ -165,7 +166,8 @@ def _with_reason(admin_view, request, queryset, verb: str, form_class, title: st
             "nodes": queryset,
             "form": form,
             "opts": meta,
-            "cancel_url": reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist"),
+            "cancel_url": getattr(request, "node_page_url", None)
+            or reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist"),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         },
     )
@@ -271,7 +273,20 @@ class NodeAdmin(ReadOnlyAdmin):
     ]
     search_fields = ["id", "hostname", "address"]
     list_select_related = ["fleet"]
-    actions = ["cordon", "uncordon", "drain", "resume", "remove", return_quarantined_cards]
+    actions = [*VERBS, return_quarantined_cards]
+    # The page reads as an operator asks (issue 49): the machine, its connection and liveness
+    # in words, the record; its cards, cordons, drain and what runs there are tables above
+    # (templates/admin/nodes/node/change_form.html), so no raw JSON and no False flag shown
+    # as a red cross.
+    fieldsets = [
+        (None, {"fields": ["id", "hostname", "fleet_of", "address_flagged", "agent_version"]}),
+        (
+            "Connection and liveness",
+            {"fields": ["connection", "liveness_shown", "last_seen_at", "inventory_observed_at"]},
+        ),
+        ("Machine", {"fields": ["driver", "container_runtime", "storage_root"]}),
+        ("Record", {"fields": ["fingerprint", "created_at", "removed_at", "strays_dropped"]}),
+    ]
 
     def get_queryset(self, request):
         return super().get_queryset(request).prefetch_related("cordons")
@@ -286,6 +301,26 @@ class NodeAdmin(ReadOnlyAdmin):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)  # removal goes through D2-D4, never a delete
         return actions
+
+    def get_urls(self):
+        verb = path(
+            "<path:object_id>/verb/<str:verb>/",
+            self.admin_site.admin_view(self.node_verb),
+            name="nodes_node_verb",
+        )
+        return [verb, *super().get_urls()]
+
+    def node_verb(self, request, object_id: str, verb: str):
+        """A verb's button on a node's page: the node list's action of that name on this one
+        node (its reason asked for, the same service, the same audit), then back to the page."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        node = self.get_object(request, object_id)
+        if node is None or verb not in VERBS:
+            raise Http404(object_id)
+        request.node_page_url = reverse("admin:nodes_node_change", args=[node.pk])
+        response = getattr(self, verb)(request, self.get_queryset(request).filter(pk=node.pk))
+        return response or HttpResponseRedirect(request.node_page_url)
 
     @admin.display(description="fleet", ordering="fleet")
     def fleet_of(self, node: Node) -> str:
@@ -341,14 +376,40 @@ class NodeAdmin(ReadOnlyAdmin):
     def liveness(self, node: Node) -> str:
         return " ".join(f"{c}:{state}" for c, state in node.liveness().items())
 
+    @admin.display(description="liveness per capability")
+    def liveness_shown(self, node: Node) -> str:
+        """Quiet is said in words, per capability its Fleet declares (L2-L4): a node that is
+        fine reads "ok", never a False flag's red cross."""
+        return ", ".join(f"{c}: {state}" for c, state in node.liveness().items()) or "—"
+
+    @admin.display(description="driver")
+    def driver(self, node: Node) -> str:
+        return node.inventory.get("driver") or "—"
+
+    @admin.display(description="container runtime")
+    def container_runtime(self, node: Node) -> str:
+        return node.inventory.get("container_runtime") or "—"
+
+    @admin.display(description="storage root")
+    def storage_root(self, node: Node) -> str:
+        visible = node.inventory.get("storage_root_visible")
+        if visible is None:
+            return "not reported"
+        return "visible" if visible else "not visible: the node is cordoned for storage (L6)"
+
     def changelist_view(self, request, extra_context=None):
         _breaker_banner(request)
         return super().changelist_view(request, extra_context)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         node = self.get_object(request, object_id)
-        if node is not None and node.fleet_id:
-            _breaker_banner(request, [node.fleet_id])
+        extra_context = dict(extra_context or {})
+        if node is not None:
+            if node.fleet_id:
+                _breaker_banner(request, [node.fleet_id])
+            self._shared = addresses_shared([node])
+            self._sessions = live_sessions_of([node])
+            extra_context["node_page"] = node_page(node)
         return super().change_view(request, object_id, form_url, extra_context)
 
     def _each(self, request, queryset, verb: str, **kwargs) -> None:
@@ -368,7 +429,10 @@ class NodeAdmin(ReadOnlyAdmin):
             )
 
     def _confirm(self, request, queryset, action: str, title: str, **context):
-        context.setdefault("cancel_url", reverse("admin:nodes_node_changelist"))
+        context.setdefault(
+            "cancel_url",
+            getattr(request, "node_page_url", None) or reverse("admin:nodes_node_changelist"),
+        )
         return TemplateResponse(
             request,
             "admin/nodes/node_action.html",

@@ -11,6 +11,7 @@ class PlacementConfig(AppConfig):
     def ready(self):
         from fleets.deletion import register_deletion_blocker, register_deletion_release
         from fleets.page import register_fleet_page_section
+        from nodes.node_page import register_node_page_section
         from nodes.services.observers import register_command_observer
         from tuneplane.metrics import register_scrape_collector
 
@@ -20,6 +21,7 @@ class PlacementConfig(AppConfig):
         from .deletion import live_deployments_blocking_deletion, workload_records_blocking_deletion
         from .fleet_page import fleet_quota_section, fleet_work_section
         from .metrics import QueueCollector, WaitingCollector
+        from .node_page import node_members_section
         from .quota_metrics import QuotaCollector
         from .services.reports import command_observed
         from .services.serving import stopped_deployments_release
@@ -31,6 +33,7 @@ class PlacementConfig(AppConfig):
         register_command_observer(command_observed)
         register_fleet_page_section(fleet_work_section)
         register_fleet_page_section(fleet_quota_section)
+        register_node_page_section(node_members_section)
         register_scrape_collector(QueueCollector())
         register_scrape_collector(WaitingCollector())
         register_scrape_collector(QuotaCollector())

@@ -441,3 +441,55 @@ def test_every_move_a_table_allows_is_made_by_some_service(lab, member):
     allowed = {(lifecycle.name, *pair) for lifecycle in ALL for pair in lifecycle.pairs()}
     never = sorted(allowed - made - BY_A_CLUSTER_MANAGER)
     assert not never, f"moves a table allows that no service made: {never}"
+
+
+def test_a_move_writes_its_state_reason_and_fields_and_one_event_saying_before_and_after(
+    lab, member
+):
+    """tuneplane.lifecycle.move, read back whole (issue 47: mutmut left the before-reason,
+    the fields written and the event's `forced` untested)."""
+    record = job(member)
+    record.refresh_from_db()
+    was_reason = record.reason
+    events = AuditEvent.objects.count()
+    assert move(
+        record,
+        JOB_LIFECYCLE,
+        "cancelled",
+        actor=SYSTEM,
+        reason="why",
+        fields={"priority": 7},
+        after={"extra": 1},
+    )
+    saved = TrainingJob.objects.get(pk=record.pk)
+    assert (saved.state, saved.reason, saved.priority) == ("cancelled", "why", 7)
+    [event] = AuditEvent.objects.order_by("-id")[:1]
+    assert AuditEvent.objects.count() == events + 1
+    assert event.action == "job.cancelled" and event.forced is False
+    assert event.before == {"state": "queued", "reason": was_reason}
+    assert event.after == {"state": "cancelled", "reason": "why", "extra": 1}
+    # Already there with that reason, nothing else asked: nothing written, no event.
+    assert not move(saved, JOB_LIFECYCLE, "cancelled", actor=SYSTEM, reason="why")
+    assert AuditEvent.objects.count() == events + 1
+    # Forced, and the action named: the event says so.
+    assert move(
+        saved,
+        JOB_LIFECYCLE,
+        "cancelled",
+        actor=SYSTEM,
+        reason="again",
+        forced=True,
+        action="job.forced_test",
+    )
+    [forced] = AuditEvent.objects.order_by("-id")[:1]
+    assert (forced.action, forced.forced, forced.before["reason"]) == (
+        "job.forced_test",
+        True,
+        "why",
+    )
+
+
+def test_a_refused_move_names_its_record():
+    with pytest.raises(IllegalMove) as refused:
+        JOB_LIFECYCLE.check("cancelled", "running", target=42)
+    assert str(refused.value).startswith("job 42: cancelled → running")

@@ -137,6 +137,10 @@ def test_the_node_page_shows_cards_work_cordons_and_the_verbs_as_buttons(
         ("node.resumed", "ops"),
         ("node.uncordoned", "ops"),
     ]
+    # The audit log's forced column: an unforced change (the usual one) is no red cross.
+    page.goto(f"{live_server.url}/admin/audit/auditevent/?target_id={node.id}")
+    expect(page.locator("#result_list tbody tr", has_text="node.resumed")).to_have_count(1)
+    expect(page.locator(RED_CROSS)).to_have_count(0)
 
 
 def test_D2_an_idle_node_drained_and_removed_from_its_page(

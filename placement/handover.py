@@ -322,8 +322,10 @@ def _after_manager_failure(job: Job, read: JobRead, now, before: dict) -> tuple[
         **({"manager_reason": read.reason} if read.reason else {}),
         **({"restarts": read.restarts} if read.restarts else {}),
     }
-    if not after.retry or job.cancel_requested_at is not None:
-        if end == EndClass.INFRASTRUCTURE and not after.retry:
+    if job.cancel_requested_at is not None:
+        return JobState.CANCELLED, shown  # asked to stop: nothing runs again (R10)
+    if not after.retry:
+        if end == EndClass.INFRASTRUCTURE:
             shown["reason"] = after.reason  # "node_fail; infra_retries spent"
         return JobState.FAILED, shown
     # Handed over anew: the failed job is the manager's record, named in the audit event.

@@ -298,3 +298,19 @@ def test_H8_the_console_never_fights_a_managers_health_no_backend_cordons_or_dra
     for backend in (SlurmBackend, KubernetesBackend):
         verbs = [n for n in dir(backend) if any(w in n for w in ("cordon", "drain", "taint"))]
         assert verbs == [], backend
+
+
+def test_H8_R10_a_node_lost_under_a_job_asked_to_stop_ends_it_cancelled_never_handed_over(
+    running,
+):
+    job, replay = running
+    TrainingJob.objects.filter(pk=job.pk).update(
+        cancel_requested_at=job.created_at, backend_cancel_sent_at=job.created_at
+    )
+    replay.serve("GET", RAYJOB, NODE_LOST)
+    cluster_jobs_track()
+    job = TrainingJob.objects.get(pk=job.pk)
+    assert (job.state, job.reason) == ("cancelled", "cancelled") and job.ended_at
+    assert Attempt.objects.get(training_job=job).end_class == INFRA
+    cluster_jobs_track()
+    assert len(_posts(replay)) == 1

@@ -208,6 +208,7 @@ def decide(
         _shared(ready, placing, book)
     if waits is not None:
         placed = {placement.request.key for placement in placing.placed}
+        shortfalls: dict = {}  # what the nodes lack, by request shape (Q8)
         for request in ready:
             if request.key in placed:
                 continue
@@ -222,6 +223,7 @@ def decide(
                 ],
                 unavailable or {},
                 shared=book is not None and bool(book.rows),
+                shortfalls=shortfalls,
             )
         waits.update(why.positioned(waits, requests))
     return placing.placed

@@ -6,7 +6,9 @@ project's queue and in the Fleet's.
 - ``quota``: its project would pass its limit (use / limit).
 - ``capacity``: not enough free cards of its series on the Fleet's placeable nodes (free vs
   needed), or the free ones are owed to a guarantee whose work waits for them, or no node
-  has the CPUs, memory, port or runtime it needs beside its cards.
+  has the CPUs, memory, port, runtime (or is not quiet, not excluded) it needs beside its
+  cards: then ``shortfall`` names each resource short, with what it asks and the most a
+  node has (a 0-card request "needs no cards").
 - ``fragmentation``: enough free cards, but not on one node (the largest free block).
 - ``cordoned``, ``health``, ``node_unreachable``, ``no_devices``: it would fit with the
   cards of nodes that are cordoned (the cordons' words said: a cordoned machine is coming
@@ -198,9 +200,12 @@ def unfit(
     placed_before: list,
     unavailable: dict[str, int],
     shared: bool = False,
+    shortfalls: dict | None = None,
 ) -> Wait:
     """Why a request the pass tried did not fit: read off what is free after the pass, what
-    was free before it, and what the pass placed ahead of it (``shared``: by quotas)."""
+    was free before it, and what the pass placed ahead of it (``shared``: by quotas).
+    ``shortfalls``: what the nodes lack by request shape, kept across one pass's waits (the
+    nodes do not change while they are written)."""
     series, needs = request.series, request.total_cards
     what = series or "cards"
     free = sum(len(node.free_of(series)) for node in capacities.values())
@@ -245,22 +250,213 @@ def unfit(
             + (f" on {where}" if where else ""),
             {"needs": request.cards, "free": free, "largest_block": largest, "node": where},
         )
+    if free >= needs and capacities:  # cards are not what is short: say what a node lacks
+        if shortfalls is None:
+            shortfalls = {}
+        if request.shape not in shortfalls:
+            shortfalls[request.shape] = shortfall(request, capacities)
+        short = shortfalls[request.shape]
+        if short:
+            return _short(request, needs, what, free, short)
     for reason in UNAVAILABLE:
+        if not (needs or not capacities):  # no cards needed, and a node to place on
+            break
         if unavailable.get(reason) and free + unavailable[reason] >= needs:
             said, numbers = _said_unavailable(reason, unavailable)
+            held = (
+                f"needs {needs} {what}; {free} free, {unavailable[reason]} more"
+                if needs
+                else f"needs no cards, but no node takes work now; {unavailable[reason]} cards"
+            )
             return Wait(
                 reason,
-                f"needs {needs} {what}; {free} free, {unavailable[reason]} more {said}",
+                f"{held} {said}",
                 {"needs": needs, "free": free, reason: unavailable[reason], **numbers},
             )
+    if not capacities and not needs:
+        return Wait(
+            "capacity",
+            f"{_needs(needs, what, free)}, but no node of its Fleet takes work now",
+            {"needs": needs, "free": free, "nodes": 0},
+        )
     if free >= needs:
         return Wait(
             "capacity",
-            f"needs {needs} {what} on nodes with the CPUs, memory, port and runtime it asks; "
-            f"{free} free, none on such a node",
+            f"{_needs(needs, what, free)} on nodes with the CPUs, memory, port and runtime it "
+            "asks, but none it may take now (kept for work that has waited longer, rule R2)",
             {"needs": needs, "free": free},
         )
     return Wait("capacity", f"needs {needs} {what}; {free} free", {"needs": needs, "free": free})
+
+
+# What a node may lack of what a request asks, in the order a wait names them (Q8): free
+# cards (a gang's, on each of its nodes), CPUs, memory, its served port (S1), a container
+# runtime for its image, a node not quiet for its kind of work (L2, L3, S6), a node its
+# earlier attempts did not fail on (H2).
+RESOURCES = ("cards", "cpus", "memory", "port", "runtime", "quiet", "excluded")
+QUIET_FOR = {"quiet_train": "training", "quiet_serve": "serving", "quiet_env": "episodes"}
+
+
+def lacks(request, node) -> tuple[str, ...]:
+    """What one placeable node lacks of what ``request`` asks, of ``RESOURCES``: the same
+    tests as placement.decide's ``NodeCapacity.fits``, one by one."""
+    cpus, memory = node.given(request)
+    return tuple(
+        resource
+        for resource, enough in (
+            ("cards", len(node.free_for(request)) >= request.cards),
+            ("cpus", not cpus or node.cpus is None or node.cpus >= cpus - 1e-9),
+            ("memory", not memory or node.memory is None or node.memory >= memory),
+            ("port", request.port is None or request.port not in node.ports),
+            ("runtime", node.runtime or not request.container),
+            ("quiet", request.quiet not in node.quiet),
+            ("excluded", node.node_id not in request.excluded_nodes),
+        )
+        if not enough
+    )
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Why no ``nodes`` of a Fleet's placeable ones take a request: the resources short,
+    each with its numbers, and whether each is there on some node but never with the rest
+    (``apart``)."""
+
+    short: dict  # resource → its numbers, in RESOURCES' order
+    apart: bool = False
+    nodes: int = 0  # the placeable nodes weighed
+
+    def __bool__(self) -> bool:
+        return bool(self.short)
+
+
+def shortfall(request, capacities) -> Shortfall:
+    """Q8: what the Fleet's placeable nodes (``capacities``, as the pass left them) lack for
+    ``request``, beside the cards counted across the Fleet. A resource is short when fewer
+    than the request's ``nodes`` have enough of it; when each is on enough nodes but never
+    all on the same ones, each some node lacks is named (``apart``). Empty when enough
+    nodes have all of it (what kept it off them is not a node's: a reservation, R2)."""
+    lacking = {node_id: lacks(request, node) for node_id, node in capacities.items()}
+    if sum(1 for found in lacking.values() if not found) >= request.nodes:
+        return Shortfall({}, nodes=len(lacking))
+    short = [
+        resource
+        for resource in RESOURCES
+        if sum(1 for found in lacking.values() if resource not in found) < request.nodes
+    ]
+    apart = not short
+    if apart:
+        short = [r for r in RESOURCES if any(r in found for found in lacking.values())]
+    return Shortfall(
+        {resource: _short_numbers(resource, request, capacities) for resource in short},
+        apart,
+        len(lacking),
+    )
+
+
+def _short_numbers(resource: str, request, capacities) -> dict:
+    """The numbers a wait gives for one resource short: what it asks, and the most a node
+    has (and which), or how many nodes have it."""
+    nodes = list(capacities.values())
+    if resource in ("cpus", "memory"):
+        at = 0 if resource == "cpus" else 1
+        weighed = []
+        for node in nodes:
+            has, asks = getattr(node, resource), node.given(request)[at]
+            if has is not None and asks:
+                weighed.append((has - asks, asks, has, node.node_id))
+        # The node closest to taking it: the most left once it has what it asks there.
+        _, asked, most, where = max(weighed)
+        return {"asks": asked, "most_free": most, "node": where}
+    having = sum(1 for node in nodes if resource not in lacks(request, node))
+    asked = {
+        "cards": request.cards,
+        "port": request.port,
+        "runtime": True,
+        "quiet": request.quiet,
+        "excluded": len(request.excluded_nodes),
+    }[resource]
+    return {"asks": asked, "nodes_with": having}
+
+
+def _number(value: float, other: float) -> str:
+    """A CPU count as a person reads it, with the digits that tell it from ``other``."""
+    said = f"{value:g}"
+    return said if said != f"{other:g}" else repr(float(value))
+
+
+def _size(value: int, other: int) -> str:
+    """Bytes in GiB (MiB below one), exact where rounding would hide the difference."""
+    said = f"{value / 2**30:.3g} GiB" if value >= 2**30 else f"{value / 2**20:.3g} MiB"
+    other_said = f"{other / 2**30:.3g} GiB" if other >= 2**30 else f"{other / 2**20:.3g} MiB"
+    return said if said != other_said else f"{value} bytes"
+
+
+def _short_said(resource: str, numbers: dict, request, what: str, nodes: int) -> str:
+    asks = numbers["asks"]
+    if resource == "cpus":
+        most = numbers["most_free"]
+        cpus = "CPU" if asks == 1 else "CPUs"
+        return (
+            f"{_number(asks, most)} {cpus} (the most free on a node is {_number(most, asks)}, "
+            f"on {numbers['node']})"
+        )
+    if resource == "memory":
+        most = numbers["most_free"]
+        return (
+            f"{_size(asks, most)} of memory (the most free on a node is {_size(most, asks)}, "
+            f"on {numbers['node']})"
+        )
+    having = numbers["nodes_with"]
+    if resource == "cards":
+        return f"{asks} {what} free on each of {request.nodes} nodes ({having} have them)"
+    if resource == "port":
+        return f"port {asks} free (in use on {nodes - having} of {nodes} nodes)"
+    if resource == "runtime":
+        return f"a container runtime for its image ({having} of {nodes} nodes have one)"
+    if resource == "quiet":
+        return (
+            f"a node not quiet for {QUIET_FOR.get(asks, asks)} ({nodes - having} of {nodes} "
+            "are quiet)"
+        )
+    return f"a node its earlier attempts did not fail on (rule H2; {asks} excluded)"
+
+
+def _needs(needs: int, what: str, free: int) -> str:
+    return f"needs {needs} {what}; {free} free" if needs else "needs no cards"
+
+
+# How a wait names each resource short, in a list.
+SHORT_SAID = {
+    "cpus": "CPUs",
+    "memory": "memory",
+    "port": "a free port",
+    "runtime": "a container runtime",
+    "quiet": "a node not quiet",
+    "excluded": "a node not excluded",
+}
+
+
+def _short(request, needs: int, what: str, free: int, found: Shortfall) -> Wait:
+    """A ``capacity`` wait on what the nodes lack beside the Fleet's free cards: each
+    resource short named, with what it asks and the most a node has."""
+    short = list(found.short)
+    names = [SHORT_SAID.get(resource, what) for resource in short]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    head = (
+        f"no node has all it asks at once ({listed}: each on some node, never together)"
+        if found.apart
+        else f"no node has enough {listed}"
+    )
+    said = "; ".join(
+        _short_said(resource, numbers, request, what, found.nodes)
+        for resource, numbers in found.short.items()
+    )
+    return Wait(
+        "capacity",
+        f"{_needs(needs, what, free)}, but {head}: it asks {said}",
+        {"needs": needs, "free": free, "short": short, "apart": found.apart, **found.short},
+    )
 
 
 def positioned(waits: dict, requests) -> dict:

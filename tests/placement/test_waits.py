@@ -88,8 +88,8 @@ def test_Q8_cards_still_free_are_never_said_to_have_gone_ahead():
     # Two replicas of one port on one node: the second's cards are free, its port is not.
     replicas = [request(1, cards=2, port=8000), request(2, cards=2, port=8000)]
     [wait] = why(replicas, fleet(node("n"))).values()
-    assert (wait.reason, wait.numbers) == ("capacity", {"needs": 2, "free": 6})
-    assert "port" in wait.message
+    assert (wait.reason, wait.numbers["needs"], wait.numbers["free"]) == ("capacity", 2, 6)
+    assert wait.numbers["short"] == ["port"] and "port 8000 free" in wait.message
 
 
 def test_Q8_Q9_cards_the_pass_cannot_use_are_named_with_why():

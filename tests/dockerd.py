@@ -27,6 +27,7 @@ IMAGE = "tuneplane-test/busybox:1"
 DOCKERD = "/usr/sbin/dockerd"
 BUSYBOX = "/bin/busybox"
 READY_TIMEOUT = 30.0
+START_ATTEMPTS = 3
 DATA_ROOTS = "/var/cache/tuneplane"
 
 
@@ -82,20 +83,8 @@ def _data_root():
     raise AssertionError(f"every data root under {DATA_ROOTS} is in use")
 
 
-@contextlib.contextmanager
-def running_dockerd():
-    """A dockerd of this session's own: its DOCKER_HOST, the image imported."""
-    for part, path, install in (
-        ("Docker", DOCKERD, "apt-get install docker.io"),
-        ("busybox", BUSYBOX, "apt-get install busybox-static"),
-    ):
-        if not os.path.exists(path) or not shutil.which("docker"):
-            skip_missing(part, install)
-    run = Path(tempfile.mkdtemp(prefix="tp-dockerd-", dir="/tmp"))
-    lock, data = _data_root()
-    host = f"unix://{run}/docker.sock"
-    log = open(run / "dockerd.log", "ab")  # noqa: SIM115 -- dockerd's, closed at the end
-    daemon = subprocess.Popen(
+def _start(host: str, data: Path, run: Path, log) -> subprocess.Popen:
+    return subprocess.Popen(
         [
             DOCKERD,
             "-H",
@@ -117,28 +106,65 @@ def running_dockerd():
         stderr=log,
         start_new_session=True,
     )
+
+
+def _stop(daemon: subprocess.Popen) -> None:
+    daemon.terminate()
     try:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not _ready(host):
-            if daemon.poll() is not None or time.monotonic() > deadline:
+        daemon.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+
+
+@contextlib.contextmanager
+def running_dockerd():
+    """A dockerd of this session's own: its DOCKER_HOST, the image imported."""
+    for part, path, install in (
+        ("Docker", DOCKERD, "apt-get install docker.io"),
+        ("busybox", BUSYBOX, "apt-get install busybox-static"),
+    ):
+        if not os.path.exists(path) or not shutil.which("docker"):
+            skip_missing(part, install)
+    run = Path(tempfile.mkdtemp(prefix="tp-dockerd-", dir="/tmp"))
+    lock, data = _data_root()
+    host = f"unix://{run}/docker.sock"
+    log = open(run / "dockerd.log", "ab")  # noqa: SIM115 -- dockerd's, closed at the end
+    daemon = None
+    try:
+        # Under load its containerd may not answer dockerd in time, and dockerd exits: a
+        # daemon that did not start is started again, twice, before the tests are told.
+        for attempt in range(START_ATTEMPTS):
+            if attempt:  # what the daemon that did not start left
+                (run / "dockerd.pid").unlink(missing_ok=True)
+                subprocess.run(
+                    ["umount", str(run / "exec" / "netns" / "default")],
+                    check=False,
+                    capture_output=True,
+                )
+            daemon = _start(host, data, run, log)
+            deadline = time.monotonic() + READY_TIMEOUT
+            while not _ready(host) and daemon.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _ready(host):
+                break
+            _stop(daemon)
+            if attempt + 1 == START_ATTEMPTS:
                 message = (run / "dockerd.log").read_text()[-2000:]
                 if os.environ.get("CI"):
                     pytest.fail(f"dockerd did not start: {message}")
                 pytest.skip(f"dockerd did not start here: {message}")
-            time.sleep(0.1)
         _import_image(host)
         yield host
     finally:
         # Whatever a test left: removed before the daemon goes, so no container outlives it.
-        left = _docker(host, "ps", "-aq", "--filter", "label=tuneplane.member").stdout.split()
+        left = []
+        if daemon is not None and daemon.poll() is None:
+            left = _docker(host, "ps", "-aq", "--filter", "label=tuneplane.member").stdout.split()
         if left:
             _docker(host, "rm", "-f", *[item.decode() for item in left])
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        if daemon is not None:
+            _stop(daemon)
         log.close()
         lock.close()
         subprocess.run(["umount", str(run / "exec" / "netns" / "default")], capture_output=True)

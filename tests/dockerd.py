@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -68,6 +69,26 @@ def _import_image(host: str) -> None:
         assert done.returncode == 0, done.stderr
 
 
+def _end_leftovers(data: Path) -> None:
+    """A daemon an earlier run left on this data root (that run killed before it could stop
+    it; the lock it held went with it) still holds its store, and a new daemon's containerd
+    would wait on it until it times out: ended, with what it started (its process group)."""
+    ended = False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:1] == [DOCKERD.encode()] and str(data).encode() in argv:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(entry.name), signal.SIGKILL)
+                ended = True
+    if ended:
+        time.sleep(1.0)  # its store's lock goes with its processes
+
+
 def _data_root():
     """A data root no other running session uses (dockerd locks its own), kept for the next
     run's image: the first of a few whose lock file this process can take."""
@@ -79,7 +100,9 @@ def _data_root():
         except OSError:
             lock.close()
             continue
-        return lock, Path(f"{DATA_ROOTS}/docker-{number}")
+        data = Path(f"{DATA_ROOTS}/docker-{number}")
+        _end_leftovers(data)
+        return lock, data
     raise AssertionError(f"every data root under {DATA_ROOTS} is in use")
 
 

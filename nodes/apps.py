@@ -16,6 +16,8 @@ class NodesConfig(AppConfig):
         from .health_shown import fleet_health_section
         from .metrics import NodesCollector
         from .selectors import fleet_nodes_blocking_deletion
+        from .services.checks import check_command_changed
+        from .services.observers import register_command_observer
         from .services.removal import removed_nodes_detach
 
         register_deletion_blocker(fleet_nodes_blocking_deletion)
@@ -24,3 +26,4 @@ class NodesConfig(AppConfig):
         register_fleet_page_section(fleet_nodes_section)
         register_fleet_page_section(fleet_cluster_section)
         register_scrape_collector(NodesCollector())
+        register_command_observer(check_command_changed)  # H5: a check's end, a member's

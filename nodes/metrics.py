@@ -90,4 +90,18 @@ class NodesCollector:
         )
         for fleet_id, tripped_at in HealthBreaker.objects.values_list("fleet_id", "tripped_at"):
             breakers.add_metric([fleet_id], 0 if tripped_at is None else 1)
-        yield from (connected, quiet_family, cards, placeable, cordons, breakers)
+        checked = GaugeMetricFamily(
+            "tuneplane_gpu_card_checks",
+            "Cards by the state of their last health check (H5): due, checking, passed, failed.",
+            labels=["fleet", "state"],
+        )
+        states: dict[tuple[str, str], int] = {}
+        for fleet_id, records in nodes.exclude(card_checks={}).values_list(
+            "fleet_id", "card_checks"
+        ):
+            for record in records.values():
+                key = (fleet_id, record.get("state") or "")
+                states[key] = states.get(key, 0) + 1
+        for labels, count in sorted(states.items()):
+            checked.add_metric(list(labels), count)
+        yield from (connected, quiet_family, cards, placeable, cordons, breakers, checked)

@@ -98,6 +98,9 @@ class Node(models.Model):
     # Cards its telemetry judged unhealthy, by UUID ({"index", "name", "reason", "since"}):
     # left out of series_cards and card_count above and of what the allocator holds.
     unhealthy_cards = models.JSONField(default=dict, blank=True)
+    # H5: on a Fleet with a health check, each card's last check by UUID (nodes.checks): a
+    # card takes new work only while its state is "passed".
+    card_checks = models.JSONField(default=dict, blank=True)
     # A drain is an operator's decision with its who, why and until when (D1): the deadline
     # kills nothing; once passed, the node shows overdue and the audit log marks it once.
     drain_reason = models.CharField(max_length=200, blank=True)

@@ -8,6 +8,7 @@ template under ``template``, so that this app never imports it.
 
 from collections.abc import Callable
 
+from . import checks
 from .choices import CordonSource, SchedulingState
 from .selectors import card_series, work_left_on
 
@@ -50,10 +51,12 @@ def verbs_offered(state: str, operator_cordon: bool, draining: bool) -> dict[str
 
 def node_cards(node) -> list[dict]:
     """Each card the node reports, by index: its UUID, name, hardware series (None while
-    unmapped, J4) and health — quarantined with the reason and since when (H6)."""
+    unmapped, J4), health — quarantined with the reason and since when (H6) — and its last
+    health check, where its Fleet has one (H5)."""
     devices = sorted(node.inventory.get("devices") or [], key=lambda device: device["index"])
     series = card_series(device["name"] for device in devices)
     unhealthy = node.unhealthy_cards or {}
+    card_checks = node.card_checks or {}
     cards = []
     for device in devices:
         sick = unhealthy.get(device["uuid"])
@@ -66,6 +69,7 @@ def node_cards(node) -> list[dict]:
                 "healthy": sick is None,
                 "reason": sick["reason"] if sick else "",
                 "since": str(sick.get("since") or "")[:19].replace("T", " ") if sick else "",
+                "check": checks.shown(card_checks.get(device["uuid"])),  # H5
             }
         )
     return cards

@@ -2,6 +2,7 @@
 
 from celery import shared_task
 
+from .services.checks import health_checks_run
 from .services.clusters import clusters_refresh
 from .services.cordons import storage_cordon_sweep
 from .services.drains import drains_overdue_mark
@@ -26,3 +27,8 @@ def clusters_refresh_task() -> dict:
 @shared_task(name="nodes.drains_overdue_mark", ignore_result=True)
 def drains_overdue_mark_task() -> int:
     return drains_overdue_mark()
+
+
+@shared_task(name="nodes.health_checks_run", ignore_result=True)
+def health_checks_run_task() -> dict:
+    return health_checks_run()

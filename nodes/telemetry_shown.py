@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
+from . import checks
 from .agent.wire import TELEMETRY_REFRESH_INTERVALS
 from .models import NodeTelemetry
 
@@ -29,6 +30,7 @@ def _stale(at, now) -> bool:
 def telemetry_shown(node, row: NodeTelemetry | None, now) -> dict | None:
     """None when the node never sent telemetry."""
     unhealthy = node.unhealthy_cards or {}
+    card_checks = node.card_checks or {}
     if row is None:
         return None
     cards = []
@@ -45,6 +47,7 @@ def telemetry_shown(node, row: NodeTelemetry | None, now) -> dict | None:
                 "health": "unhealthy" if sick else "healthy",
                 "health_reason": sick["reason"] if sick else "",
                 "unhealthy_since": sick["since"] if sick else None,
+                "health_check": checks.shown(card_checks.get(card["uuid"])),  # H5
             }
         )
     return {

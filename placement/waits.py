@@ -12,9 +12,10 @@ project's queue and in the Fleet's.
 - ``fragmentation``: enough free cards, but not on one node (the largest free block).
 - ``cordoned``, ``health``, ``node_unreachable``, ``no_devices``: it would fit with the
   cards of nodes that are cordoned (the cordons' words said: a cordoned machine is coming
-  back, P8), of cards that are unhealthy, of nodes not connected now (quiet, gone, never
-  yet reported), or of nodes that list cards without devices (what the allocator cannot
-  hold; Q9). A leaving node — draining or drained — counts for none of them.
+  back, P8), of cards that are unhealthy or awaiting their health check (H5), of nodes not
+  connected now (quiet, gone, never yet reported), or of nodes that list cards without
+  devices (what the allocator cannot hold; Q9). A leaving node — draining or drained —
+  counts for none of them.
 - ``priority``: its cards went, this pass, to work of its own project ahead of it.
 - ``fair_share``: its cards went, this pass, to another project's borrowed work.
 - ``preempting``: running jobs are being stopped for it (Q5, Q6): their deadlines.
@@ -138,9 +139,10 @@ class Unavailable(dict):
     """A Fleet's cards no pass can use now, by why (reason → cards), and the words of the
     cordons that hold some of them ("source: reason", each once, oldest first)."""
 
-    def __init__(self, cards=None, cordons=()):
+    def __init__(self, cards=None, cordons=(), checking=0):
         super().__init__(cards or {})
         self.cordons = tuple(cordons)
+        self.checking = checking  # of the ``health`` cards, those awaiting their check (H5)
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ class NodeRow:
     unhealthy: int = 0
     cordons: tuple[str, ...] = ()  # "source: reason"
     leaving: bool = False  # draining, drained, or a drain not undone
+    checking: int = 0  # idle cards awaiting their health check (H5): health's too
 
 
 def unavailable(rows, capacities) -> Unavailable:
@@ -161,11 +164,15 @@ def unavailable(rows, capacities) -> Unavailable:
     wherever they are."""
     found = dict.fromkeys(UNAVAILABLE, 0)
     words: dict[str, None] = {}
+    checking = 0
     for row in rows:
         if row.leaving:
             continue
         found["health"] += row.unhealthy
         node = capacities.get(row.node_id)
+        if node is not None:  # a check runs only where the node takes work
+            found["health"] += row.checking
+            checking += row.checking
         if node is None and row.cordons:
             found["cordoned"] += row.cards
             if row.cards:
@@ -174,12 +181,19 @@ def unavailable(rows, capacities) -> Unavailable:
             found["node_unreachable"] += row.cards
         elif row.cards and not node.devices_by_series.get("", 0):
             found["no_devices"] += row.cards
-    return Unavailable({why: cards for why, cards in found.items() if cards}, words)
+    return Unavailable({why: cards for why, cards in found.items() if cards}, words, checking)
 
 
 def _said_unavailable(reason: str, unavailable: dict) -> tuple[str, dict]:
     """How a wait on unavailable cards names them, and the numbers it adds."""
     cordons = list(getattr(unavailable, "cordons", ()))
+    checking = getattr(unavailable, "checking", 0)
+    if reason == "health" and checking:
+        return (
+            f"{UNAVAILABLE_SAID[reason]} or awaiting their health check ({checking} of them, "
+            "rule H5)",
+            {"checking": checking},
+        )
     if reason != "cordoned" or not cordons:
         return UNAVAILABLE_SAID[reason], {}
     more = len(cordons) - CORDONS_SAID

@@ -72,6 +72,38 @@ def _healthy_samples(value) -> int:
     return value
 
 
+# H5: what a Fleet's health_check may say, and the bounds of its numbers (seconds).
+HEALTH_CHECK_KEYS = ("command", "interval_seconds", "timeout_seconds")
+HEALTH_CHECK_INTERVAL = (10, 86_400)
+HEALTH_CHECK_TIMEOUT = (1, 3_600)
+
+
+def _health_check(value) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"must be an object {{command, interval_seconds, timeout_seconds}}, "
+            f"not {_json_type(value)}"
+        )
+    unknown = sorted(set(value) - set(HEALTH_CHECK_KEYS))
+    if unknown:
+        raise ValueError(f"has no key {unknown[0]!r}; its keys are {', '.join(HEALTH_CHECK_KEYS)}")
+    command = value.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise ValueError("command must be a shell command, a non-empty string")
+    if len(command) > MAX_VALUE_LENGTH:
+        raise ValueError(f"command must be at most {MAX_VALUE_LENGTH} characters")
+    for key, (low, high) in (
+        ("interval_seconds", HEALTH_CHECK_INTERVAL),
+        ("timeout_seconds", HEALTH_CHECK_TIMEOUT),
+    ):
+        number = value.get(key)
+        if number is not None and (
+            isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high
+        ):
+            raise ValueError(f"{key} must be a whole number from {low} to {high}")
+    return value
+
+
 def _absolute_path(value) -> str:
     value = _string(value)
     if not PurePosixPath(value).is_absolute():
@@ -247,7 +279,18 @@ SETTINGS = {
             "health_returns_after",
             frozenset({"node"}),
             _healthy_samples,
-            "H6: healthy telemetry samples in a row a quarantined card needs to return (2).",
+            "H6: healthy samples in a row a quarantined card needs to return (2): telemetry "
+            "samples, or passes of its health check where the Fleet has one (H5).",
+        ),
+        DeploymentSetting(
+            "health_check",
+            frozenset({"node"}),
+            _health_check,
+            "H5: {command, interval_seconds (300), timeout_seconds (60)}: a shell command each "
+            "node runs, confined like a member, on each card alone — before the card first "
+            "takes work, after every member that held it, and every interval while it is idle. "
+            "A card takes work only once checked; a check that does not exit 0 (or ends past "
+            "timeout_seconds) quarantines its card (H6) as the breaker admits (H7).",
         ),
     ]
 }

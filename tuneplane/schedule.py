@@ -14,6 +14,7 @@ SCHEDULE = {
     "Liveness sweep": ("nodes.liveness_sweep", "TUNEPLANE_SWEEP_INTERVAL"),
     "Storage cordon sweep": ("nodes.storage_cordon_sweep", "TUNEPLANE_SWEEP_INTERVAL"),
     "Drain deadlines": ("nodes.drains_overdue_mark", "TUNEPLANE_SWEEP_INTERVAL"),
+    "Health checks": ("nodes.health_checks_run", "TUNEPLANE_SWEEP_INTERVAL"),
     "Cluster Fleets read": ("nodes.clusters_refresh", "TUNEPLANE_CLUSTER_REFRESH_INTERVAL"),
     "Cluster jobs' states": ("placement.cluster_jobs_track", "TUNEPLANE_CLUSTER_REFRESH_INTERVAL"),
     "Allocation pass": ("placement.allocate_all", "TUNEPLANE_ALLOCATION_INTERVAL"),

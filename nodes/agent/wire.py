@@ -222,6 +222,8 @@ class MemberSpec:
     # "always": its image is pulled at every start, never run from the node's cache without
     # the registry's say (R14; its Fleet's config ``image_pull``); "": the runtime's default.
     pull: str = ""
+    # H5: a Fleet's health check, not a member: its output's tail is reported at its end.
+    health_check: bool = False
 
     @classmethod
     def parse(cls, payload) -> "MemberSpec":
@@ -259,6 +261,7 @@ class MemberSpec:
             log_bytes=_positive(payload.get("log_bytes"), int),
             pull="always" if payload.get("pull") == "always" else "",
             scratch_bytes=_positive(payload.get("scratch_bytes"), int),
+            health_check=payload.get("health_check") is True,
         )
 
     @property
@@ -283,6 +286,8 @@ class MemberSpec:
         }
         if self.pull:
             payload["pull"] = self.pull
+        if self.health_check:
+            payload["health_check"] = True
         if self.argv:
             payload["argv"] = list(self.argv)
         if self.script:

@@ -223,6 +223,8 @@ def _view(command: NodeCommand) -> dict:
         )
         if command.payload.get("serve"):
             view.update(ready=command.ready, restarts=command.restarts, detail=command.detail)
+        elif command.payload.get("health_check") and command.detail:
+            view.update(detail=command.detail)  # H5: the check's output, its tail
         if command.checkpointed_at is not None:
             view.update(checkpointed_at=command.checkpointed_at.isoformat())
     return view
@@ -246,6 +248,8 @@ def _apply(command: NodeCommand, reported: Reported, now: datetime) -> bool:
             command.restarts = max(command.restarts, reported.restarts)
         elif command.state in ENDED:
             command.ready = False
+            if command.payload.get("health_check") and reported.detail:
+                command.detail = reported.detail
         if reported.cleaned and command.cleaned_at is None and command.state in ENDED:
             command.cleaned_at = now
         if reported.checkpoint_at and (

@@ -27,7 +27,7 @@ from django.utils import timezone
 from audit.services import Actor, audit_record
 from tuneplane.errors import Conflict
 
-from .. import quarantine
+from .. import checks, quarantine
 from ..choices import ACTIVE_COMMAND_STATES, CommandKind, CordonSource, SchedulingState
 from ..health_shown import fleet_card_total, quarantined_in_window
 from ..models import CardFault, HealthBreaker, Node, NodeCommand, NodeCordon
@@ -134,13 +134,17 @@ def _breaker_admits(node: Node, unhealthy: dict, now) -> dict:
     return taken
 
 
-def node_cards_health(*, node_id: str, unhealthy: dict, healthy: dict, now=None) -> Node:
+def node_cards_health(
+    *, node_id: str, unhealthy: dict, healthy: dict, now=None, owe_checks: bool = True
+) -> Node:
     """Cards fail (``{uuid: {"index", "name", "reason", "since"}}``) or are healthy again
     (``{uuid: why}``): a failed card quarantined as its Fleet's breaker admits (H7), one audit
     event per card that changed, the node's placeable cards recomputed, its gpu-health cordon
     set or lifted as every card is quarantined or not, and the members on a card just
-    quarantined stopped as their Fleet says (H6). A caller holding nodes locks the Fleets'
-    breakers first (health_breakers_lock)."""
+    quarantined stopped as their Fleet says (H6). A card quarantined owes a health check
+    (H5, where its Fleet has one: its passes count from now), but for ``owe_checks`` False —
+    the check's own failure. A caller holding nodes locks the Fleets' breakers first
+    (health_breakers_lock)."""
     now = now or timezone.now()
     with transaction.atomic():
         node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
@@ -173,7 +177,14 @@ def node_cards_health(*, node_id: str, unhealthy: dict, healthy: dict, now=None)
         node.unhealthy_cards = cards
         for name, value in cards_summary(node.inventory, unhealthy=cards).items():
             setattr(node, name, value)
-        node.save(update_fields=["unhealthy_cards", "series_cards", "card_count"])
+        fields = ["unhealthy_cards", "series_cards", "card_count"]
+        if owe_checks and any(uuid in node.card_checks for uuid in unhealthy):
+            node.card_checks = {
+                uuid: checks.owed(record, now) if uuid in unhealthy else record
+                for uuid, record in node.card_checks.items()
+            }
+            fields.append("card_checks")
+        node.save(update_fields=fields)
         for action, before, after in events:
             audit_record(
                 actor=GPU_HEALTH,
@@ -214,8 +225,8 @@ def _members_on_faulted_cards_stop(node: Node, faulted: dict) -> None:
     stops = []
     for start in starts:
         held = [c for c in start.payload.get("cards") or [] if c.get("uuid") in faulted]
-        if not held or start.id in stopped:
-            continue
+        if not held or start.id in stopped or start.payload.get("health_check"):
+            continue  # a health check is no member: its own timeout stops it (H5)
         labels = start.payload.get("labels") or {}
         policy = quarantine.on_card_fault(config, serving="TUNEPLANE_DEPLOYMENT" in labels)
         audit_record(

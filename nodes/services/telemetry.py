@@ -15,7 +15,7 @@ from django.db import connection, transaction
 
 from tuneplane.errors import ValidationFailed
 
-from .. import quarantine
+from .. import checks, quarantine
 from ..choices import SchedulingState
 from ..models import Node, NodeTelemetry
 from .health import health_breakers_lock, node_cards_health
@@ -120,7 +120,7 @@ def judge(
     devices: list[dict],
     unhealthy: dict,
     now,
-    returns_after: int = quarantine.HEALTH_RETURNS_AFTER,
+    returns_after: int | None = quarantine.HEALTH_RETURNS_AFTER,
 ):
     """The cards to store and the health changes a sample brings: a pure computation.
 
@@ -130,8 +130,9 @@ def judge(
     node's silence is its cards as they were; a fault or a return from missing sets it to 0).
     A quarantined card is healthy again (H6) after ``returns_after`` of them (its Fleet's
     health_returns_after) and no fault for TUNEPLANE_GPU_HEALTH_QUIET (a missing card's
-    counted from its return). Returns (cards, became_unhealthy: {uuid: view},
-    became_healthy: {uuid: why})."""
+    counted from its return); with ``returns_after`` None (its Fleet has a health check,
+    H5) never by samples — only its check's passes return it. Returns (cards,
+    became_unhealthy: {uuid: view}, became_healthy: {uuid: why})."""
     before = {card["uuid"]: card for card in previous}
     in_inventory = {device["uuid"] for device in devices}
     quiet = timedelta(seconds=settings.TUNEPLANE_GPU_HEALTH_QUIET)
@@ -156,6 +157,7 @@ def judge(
         elif (
             not faults
             and card["uuid"] in unhealthy
+            and returns_after is not None
             and quarantine.returns(
                 passes=passes,
                 needed=returns_after,
@@ -257,7 +259,7 @@ def telemetry_store(*, samples: dict[str, tuple[float, dict]]) -> dict:
                 inventory.get("devices") or [],
                 unhealthy,
                 at,
-                quarantine.health_returns_after(config),
+                None if checks.HealthCheck.of(config) else quarantine.health_returns_after(config),
             )
             if sick or well:
                 changes.append((node_id, sick, well, at))

@@ -38,6 +38,8 @@ from audit.services import audit_record_each
 from fleets.choices import FleetKind
 from fleets.models import Fleet
 from fleets.selectors import projects_fleet_open_to
+from nodes.checks import HealthCheck
+from nodes.checks import placeable as check_ended
 from nodes.choices import LEAVING, CommandKind, SchedulingState
 from nodes.inventory import has_container_runtime
 from nodes.models import CardAlias, Node, NodeCordon
@@ -88,8 +90,12 @@ from .waiting import (
 logger = logging.getLogger("tuneplane.allocator")
 
 
-def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
-    """Placeable nodes with their free devices and budgets: three queries."""
+def _capacities(fleet: Fleet, now) -> tuple[dict[str, NodeCapacity], dict[str, int]]:
+    """Placeable nodes with their free devices and budgets: three queries (four where the
+    Fleet has a health check, H5: a card takes work only once its last check ended — read
+    after the members, so that a member's cleanup and the check it owes its cards, written
+    in one transaction, are never seen half). With the idle cards awaiting a check, by
+    node."""
     quiet_flags = ("quiet_train", "quiet_serve", "quiet_env")
     nodes = [
         (
@@ -114,7 +120,17 @@ def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
         in_use.setdefault(node_id, []).append((cards, cpus, memory))
         if port:
             ports.setdefault(node_id, set()).add(port)
-    capacities = {}
+    checked = HealthCheck.of(fleet.config) is not None
+    card_checks = (
+        dict(
+            Node.objects.filter(pk__in=[node_id for node_id, *_ in nodes]).values_list(
+                "id", "card_checks"
+            )
+        )
+        if checked and nodes
+        else {}
+    )
+    capacities, awaiting = {}, {}
     for node_id, address, inventory, unhealthy, quiet in nodes:
         held = {card["index"] for cards, _, _ in in_use.get(node_id, []) for card in cards}
         free: dict[str, list[dict]] = {"": []}
@@ -129,6 +145,9 @@ def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
                 totals[series] = totals.get(series, 0) + 1
             card_series[device["index"]] = series or ""
             if device["index"] in held:
+                continue
+            if checked and not check_ended(card_checks[node_id].get(device["uuid"])):
+                awaiting[node_id] = awaiting.get(node_id, 0) + 1
                 continue
             free[""].append(device)
             if series:
@@ -151,12 +170,15 @@ def _capacities(fleet: Fleet, now) -> dict[str, NodeCapacity]:
             inventory.get("memory_budget_bytes"),
             card_series,
         )
-    return capacities
+    return capacities, awaiting
 
 
-def _unavailable(fleet: Fleet, capacities: dict[str, NodeCapacity]) -> why.Unavailable:
-    """Q8, Q9, P8: the Fleet's cards no pass can use now, by why (placement.waits.unavailable),
-    with the cordons' words. Two queries."""
+def _unavailable(
+    fleet: Fleet, capacities: dict[str, NodeCapacity], awaiting: dict[str, int]
+) -> why.Unavailable:
+    """Q8, Q9, P8, H5: the Fleet's cards no pass can use now, by why
+    (placement.waits.unavailable), with the cordons' words and the idle cards ``awaiting``
+    their health check. Two queries."""
     cordons: dict[str, list[str]] = {}
     for node_id, source, reason in (
         NodeCordon.objects.filter(node__fleet=fleet)
@@ -171,6 +193,7 @@ def _unavailable(fleet: Fleet, capacities: dict[str, NodeCapacity]) -> why.Unava
             len(unhealthy or {}),
             tuple(cordons.get(node_id, ())),
             state in LEAVING or drained is not None,
+            awaiting.get(node_id, 0),
         )
         for node_id, cards, state, unhealthy, drained in Node.objects.filter(fleet=fleet)
         .exclude(scheduling_state=SchedulingState.REMOVED)
@@ -214,10 +237,15 @@ def allocate(*, fleet_id: str) -> dict:
         placeable = {r: item for r, item in items.items() if r.key not in waits}
         decided, preempted = [], 0
         if placeable:
-            capacities = _capacities(fleet, now)
+            capacities, awaiting = _capacities(fleet, now)
             book = pass_book(fleet, now)
             placements = decide(
-                list(placeable), capacities, now, book, waits, _unavailable(fleet, capacities)
+                list(placeable),
+                capacities,
+                now,
+                book,
+                waits,
+                _unavailable(fleet, capacities, awaiting),
             )
             decided = [(items[p.request], p) for p in placements]
             run_fields_load([item for item, _ in decided])

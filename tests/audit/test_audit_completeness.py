@@ -67,6 +67,7 @@ WRITING_MODULES = (
     "nodes.services.cordons",
     "nodes.services.removal",
     "nodes.services.health",
+    "nodes.services.checks",
     "nodes.services.drains",
     "nodes.services.liveness",
     "nodes.services.clusters",

@@ -61,6 +61,8 @@ class Member:
     # A container member with a memory limit: the node's OOM-kill count at its launch
     # (containers.oom_ended).
     oom_kills: int | None = None
+    # H5: a health check's: at its end, the tail of its output is its detail.
+    output_tail: bool = False
 
     def reported(self) -> tuple:
         """What the console is told: a change in any of it is reported."""

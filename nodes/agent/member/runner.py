@@ -117,6 +117,7 @@ class Runner:
         member.cards = [{"index": card.index, "uuid": card.uuid} for card in spec.cards]
         member.grace, member.log_bytes = spec.grace, spec.log_bytes
         member.scratch_bytes = spec.scratch_bytes
+        member.output_tail = spec.health_check
         if spec.serve is not None:
             member.serve = {"port": spec.serve.port, "readiness_path": spec.serve.readiness_path}
             member.spec = payload  # what a restart starts again
@@ -218,6 +219,9 @@ class Runner:
             return member
         member.state = policy.final_state(code, reason)
         member.exit_code, member.reason = code, reason
+        if member.output_tail:  # H5: what a health check said, for its result
+            read = logs.read(self.logs / f"{member.command_id}.log", policy.MAX_DETAIL)
+            member.detail = read.data.decode(errors="replace") if read else ""
         if member.cleanup_wanted:
             self._clean(member, now)
         self.store.save(member)

@@ -14,6 +14,7 @@ what a heartbeat does (make bench), so a steady node's samples are mostly kept h
 
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -235,9 +236,28 @@ class Host:
         return max(total - values.get("MemAvailable", total), 0), total
 
 
-def sample(cards_source, host: Host, devices: list[dict]) -> dict:
-    """One sample: the cards (None when the source could not answer) and the host."""
+def unopened(devices: list[dict], dev: str = "/dev") -> dict[str, str]:
+    """H5's built-in check, each sample: the inventory's cards whose device node the driver
+    cannot open (``/dev/nvidiaN``, N the card's index as the members' bundles bind it), by
+    UUID, with why. Opened read-only and closed at once: no member loses its card for it."""
+    faults = {}
+    for device in devices:
+        path = f"{dev}/nvidia{device['index']}"
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        except OSError as error:
+            faults[device["uuid"]] = f"cannot open {path}: {error.strerror}"
+    return faults
+
+
+def sample(cards_source, host: Host, devices: list[dict], dev: str = "/dev") -> dict:
+    """One sample: the cards (None when the source could not answer) and the host. A card of
+    a real driver's (NVML, nvidia-smi) whose device node cannot be opened carries that fault;
+    a file source says its cards' faults itself."""
     cards = cards_source.cards(devices) if cards_source is not None else None
+    if cards and getattr(cards_source, "name", FILE) != FILE:
+        faults = unopened(devices, dev)
+        cards = [{**card, "fault": faults.get(card["uuid"], "")} for card in cards]
     used, total = host.memory()
     figures = {
         "cpu_percent": host.cpu_percent(),
@@ -264,7 +284,14 @@ MEMORY_SHARE = 0.05  # memory used, a card's or the host's, as a share of its to
 TEMPERATURE_CELSIUS = 5.0
 # Power, as a share of the last sent draw, at least the floor: an idle card's 60 W wanders.
 POWER_SHARE, POWER_FLOOR_WATTS = 0.10, 10.0
-EXACT_CARD_FIELDS = ("index", "name", "memory_total_bytes", "ecc_corrected", "ecc_uncorrected")
+EXACT_CARD_FIELDS = (
+    "index",
+    "name",
+    "memory_total_bytes",
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "fault",
+)
 
 
 def _beyond(sent: float, now: float, band: float) -> bool:

@@ -137,6 +137,7 @@ def telemetry_message(sample: dict) -> pb.NodeMessage:
             uuid=str(c.get("uuid") or ""),
             name=str(c.get("name") or ""),
             xid_counts={int(k): max(int(v), 0) for k, v in (c.get("xid_counts") or {}).items()},
+            fault=str(c.get("fault") or "")[:200],
             **numbers,
         )
 
@@ -162,6 +163,7 @@ def telemetry_sample(message: pb.Telemetry) -> dict:
                 "name": c.name,
                 **{key: getattr(c, key) for key in CARD_NUMBERS},
                 "xid_counts": {str(code): count for code, count in sorted(c.xid_counts.items())},
+                "fault": c.fault,
             }
             for c in message.cards
         ],

@@ -84,6 +84,7 @@ def telemetry_checked(sample: dict) -> dict:
                 "name": name,
                 **_bounded(card, CARD_LIMITS, f"card {uuid}"),
                 "xid_counts": {str(code): int(count) for code, count in xids.items()},
+                "fault": str(card.get("fault") or "")[:MAX_TEXT],
             }
         )
     return {
@@ -124,8 +125,9 @@ def judge(
 ):
     """The cards to store and the health changes a sample brings: a pure computation.
 
-    A card is unhealthy on a new fatal XID, on uncorrectable ECC errors rising, or when it
-    is missing from a sample while the stored one had it. Each stored card counts its
+    A card is unhealthy on a new fatal XID, on uncorrectable ECC errors rising, on a fault
+    its node saw itself (the driver cannot open it, H5) — in every sample that carries it —
+    or when it is missing from a sample while the stored one had it. Each stored card counts its
     healthy samples in a row (``passes``: the intervals since its last fault where more, as a
     node's silence is its cards as they were; a fault or a return from missing sets it to 0).
     A quarantined card is healthy again (H6) after ``returns_after`` of them (its Fleet's
@@ -141,6 +143,8 @@ def judge(
     for card in sample["cards"]:
         earlier = before.get(card["uuid"])
         faults = [f"XID {code}" for code in _new_fatal_xids(card, earlier)]
+        if card.get("fault"):  # what the node saw itself (H5): while it lasts, a fault
+            faults.append(card["fault"])
         if earlier and card["ecc_uncorrected"] > earlier["ecc_uncorrected"]:
             faults.append(
                 f"uncorrectable ECC errors {earlier['ecc_uncorrected']} → {card['ecc_uncorrected']}"

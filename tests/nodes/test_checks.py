@@ -215,3 +215,58 @@ def test_H5_a_health_check_out_of_bounds_is_refused_naming_its_field(said, names
         check_config("node", {"health_check": said})
     assert refused.value.field == "config.health_check"
     assert names in refused.value.message
+
+
+# H5's built-in check on the agent, each sample: a card whose device node cannot be opened.
+
+DEVICES = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3"} for i in range(3)]
+
+
+def test_H5_the_agent_names_each_card_whose_device_node_cannot_be_opened(tmp_path):
+    from nodes.agent import telemetry
+
+    (tmp_path / "nvidia0").write_text("")  # opens
+    (tmp_path / "nvidia2").write_text("")
+    (tmp_path / "nvidia2").chmod(0)  # root opens it all the same: only a missing node
+    assert telemetry.unopened(DEVICES, str(tmp_path)) == {
+        "GPU-1": f"cannot open {tmp_path}/nvidia1: No such file or directory"
+    }
+    assert telemetry.unopened([], str(tmp_path)) == {}
+
+
+def test_H5_a_real_drivers_sample_carries_the_fault_and_a_files_its_own(tmp_path):
+    from nodes.agent import telemetry
+
+    class Driver:
+        name = telemetry.NVIDIA_SMI
+        host = None
+
+        def cards(self, devices):
+            return [{"uuid": d["uuid"], "index": d["index"]} for d in devices]
+
+    for device in DEVICES[:2]:
+        (tmp_path / f"nvidia{device['index']}").write_text("")
+    host = telemetry.Host(str(tmp_path))
+    said = telemetry.sample(Driver(), host, DEVICES, dev=str(tmp_path))
+    assert [card["fault"] for card in said["cards"]] == [
+        "",
+        "",
+        f"cannot open {tmp_path}/nvidia2: No such file or directory",
+    ]
+    Driver.name = telemetry.FILE  # a file source's cards are as the file says
+    assert "fault" not in telemetry.sample(Driver(), host, DEVICES, dev=str(tmp_path))["cards"][0]
+
+
+def test_H5_a_cards_fault_crosses_the_wire_and_is_news():
+    from nodes.agent import telemetry, wire
+
+    card = {"index": 1, "uuid": "GPU-1", "name": "H100", "fault": "cannot open /dev/nvidia1"}
+    sent = {"source": "nvml", "cards": [card]}
+    got = wire.telemetry_sample(wire.telemetry_message(sent).telemetry)
+    assert got["cards"][0]["fault"] == "cannot open /dev/nvidia1"
+    numbers = dict.fromkeys(wire.CARD_NUMBERS, 0)
+    quiet = {"source": "nvml", "cpu_percent": 0, "memory_used_bytes": 0, "memory_total_bytes": 0}
+    before = {**quiet, "cards": [{**card, **numbers, "fault": ""}]}
+    after = {**quiet, "cards": [{**card, **numbers}]}
+    assert telemetry.news(before, after)
+    assert not telemetry.news(after, after)

@@ -287,3 +287,25 @@ def test_H5_H7_a_failed_check_the_breaker_refuses_leaves_the_card_in_service(
     assert {r["state"] for r in node.card_checks.values()} == {checks.FAILED}
     assert allocate(fleet_id=checked_fleet.id) is not None
     assert job(member, cards=7).waiting == {} or Member.objects.count() == 1
+
+
+def test_H5_a_card_the_driver_cannot_open_is_quarantined_while_it_lasts(
+    sampled_node, wide, settings
+):
+    """The built-in check each sample: a fault the node saw itself quarantines the card, and
+    no healthy count returns it while its samples carry it; once they do not, it returns as
+    any card does (H6)."""
+    settings.TUNEPLANE_GPU_HEALTH_QUIET = 0
+    fault = {"fault": "cannot open /dev/nvidia4: No such device"}
+    at = timezone.now().timestamp()
+    send(sampled_node, {4: fault}, at=at)
+    node = fresh(sampled_node)
+    uuid = node.inventory["devices"][4]["uuid"]
+    assert node.unhealthy_cards[uuid]["reason"] == "cannot open /dev/nvidia4: No such device"
+    assert node.card_count == 7
+    for k in range(1, 5):
+        send(sampled_node, {4: fault}, at=at + k)
+    assert fresh(sampled_node).card_count == 7  # no return while the fault lasts
+    for k in range(5, 7):
+        send(sampled_node, at=at + k)
+    assert fresh(sampled_node).card_count == 8

@@ -218,11 +218,15 @@ def unfit(
 ) -> Wait:
     """Why a request the pass tried did not fit: read off what is free after the pass, what
     was free before it, and what the pass placed ahead of it (``shared``: by quotas).
-    ``shortfalls``: what the nodes lack by request shape, kept across one pass's waits (the
-    nodes do not change while they are written)."""
+    ``shortfalls``: what the nodes lack by request shape, and the free cards by series, kept
+    across one pass's waits (the nodes do not change while they are written)."""
     series, needs = request.series, request.total_cards
     what = series or "cards"
-    free = sum(len(node.free_of(series)) for node in capacities.values())
+    if shortfalls is None:
+        shortfalls = {}
+    if ("free", series) not in shortfalls:
+        shortfalls["free", series] = sum(len(node.free_of(series)) for node in capacities.values())
+    free = shortfalls["free", series]
     if free_at_start >= needs > free and placed_before:
         own = [p for p in placed_before if p.request.project == request.project]
         if own:
@@ -265,8 +269,6 @@ def unfit(
             {"needs": request.cards, "free": free, "largest_block": largest, "node": where},
         )
     if free >= needs and capacities:  # cards are not what is short: say what a node lacks
-        if shortfalls is None:
-            shortfalls = {}
         if request.shape not in shortfalls:
             shortfalls[request.shape] = shortfall(request, capacities)
         short = shortfalls[request.shape]

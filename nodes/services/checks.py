@@ -2,8 +2,10 @@
 written on the cards — each in the transaction of the report or the sweep that moves it.
 
 ``health_checks_run`` (beat, every TUNEPLANE_SWEEP_INTERVAL) takes each node Fleet with a
-``health_check`` in turn, its row locked as the allocator's pass locks it (so a check is never
-sent on a card a pass is placing on): a check past its timeout is stopped and failed, and a
+``health_check`` in turn, its row locked against the allocator's pass (so a check is never
+sent on a card a pass is placing on), then its health breaker, then its nodes — the order
+every telemetry flush takes breakers and nodes in (a check's result takes the breaker before
+the node too): a check past its timeout is stopped and failed, and a
 check is sent on each idle card of each connected node that owes one (nodes.checks.due) — a
 ``start`` command on that card alone, confined by the agent like any member.
 
@@ -35,7 +37,7 @@ from ..choices import ACTIVE_COMMAND_STATES, LEAVING, CommandKind, CommandState
 from ..models import Node, NodeCommand
 from .commands import ENDED, node_commands_create_many
 from .cordons import node_locked
-from .health import node_cards_health
+from .health import health_breakers_lock, node_cards_health
 
 logger = logging.getLogger("tuneplane.nodes")
 
@@ -55,7 +57,9 @@ def health_checks_run(now=None) -> dict:
     fleet_ids = Fleet.objects.filter(kind=FleetKind.NODE, config__has_key="health_check")
     for fleet_id in fleet_ids.order_by("id").values_list("id", flat=True):
         with transaction.atomic():
-            fleet = Fleet.objects.select_for_update().filter(pk=fleet_id).first()
+            # FOR NO KEY UPDATE: it waits for the allocator's pass (FOR UPDATE) and another
+            # sweep, never for a row whose key share on the Fleet (a breaker made) it holds.
+            fleet = Fleet.objects.select_for_update(no_key=True).filter(pk=fleet_id).first()
             check = checks.HealthCheck.of(fleet.config) if fleet is not None else None
             if check is None:
                 continue
@@ -66,6 +70,7 @@ def health_checks_run(now=None) -> dict:
 
 
 def _fleet_checks(fleet: Fleet, check: checks.HealthCheck, now) -> tuple[int, int]:
+    health_breakers_lock([fleet.id])  # a timeout may quarantine: the breaker before any node
     nodes = list(
         Node.objects.select_for_update(no_key=True)
         .filter(fleet=fleet, lease_expires_at__gt=now)
@@ -199,6 +204,9 @@ def check_command_changed(command: NodeCommand, before: dict) -> None:
             _cards_owed(command)
         return
     uuid = (command.payload.get("labels") or {}).get(checks.LABEL)
+    fleet_id = Node.objects.filter(pk=command.node_id).values_list("fleet_id", flat=True).first()
+    if fleet_id:  # its result may quarantine: the breaker before the node, as every flush
+        health_breakers_lock([fleet_id])
     node = node_locked(command.node_id)
     record = node.card_checks.get(uuid)
     if record is None or record.get("command") != command.pk:

@@ -89,7 +89,14 @@ def _fleet_checks(fleet: Fleet, check: checks.HealthCheck, now) -> tuple[int, in
     starts, stops, timed_out = [], [], 0
     owed: list[tuple[Node, dict]] = []  # (node, {uuid: device}) whose checks are sent now
     for node in nodes:
-        records, changed = dict(node.card_checks), False
+        devices = {d["uuid"] for d in node.inventory.get("devices") or [] if d.get("uuid")}
+        # A card taken out of the machine leaves its record, once no check of it runs.
+        records = {
+            uuid: record
+            for uuid, record in node.card_checks.items()
+            if uuid in devices or record.get("state") == checks.CHECKING
+        }
+        changed = records != node.card_checks
         for uuid, record in list(records.items()):
             if checks.timed_out(record, now, check.timeout):
                 seconds = check.timeout.total_seconds()

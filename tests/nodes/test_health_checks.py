@@ -309,3 +309,16 @@ def test_H5_a_card_the_driver_cannot_open_is_quarantined_while_it_lasts(
     for k in range(5, 7):
         send(sampled_node, at=at + k)
     assert fresh(sampled_node).card_count == 8
+
+
+def test_H5_a_card_taken_out_of_the_machine_leaves_its_record(checked_fleet, gpu_node):
+    node = gpu_node(checked_fleet, cards=2)
+    health_checks_run()
+    for sent in checks_sent(node):
+        complete(sent)
+    gone = node.inventory["devices"][1]["uuid"]
+    inventory = {**node.inventory, "devices": node.inventory["devices"][:1]}
+    Node.objects.filter(pk=node.pk).update(inventory=inventory)
+    health_checks_run()
+    assert set(fresh(node).card_checks) == {node.inventory["devices"][0]["uuid"]}
+    assert gone not in fresh(node).card_checks

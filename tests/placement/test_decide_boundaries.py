@@ -99,3 +99,41 @@ def test_Q3_the_cards_owed_are_what_a_guarantees_waiting_work_asks_within_what_i
     placed = decide(waiting + borrowers, capacities, NOW, book, waits)
     assert [p.request.key for p in placed] == [b.key for b in borrowers[:borrowers_placed]]
     assert waits[borrowers[-1].key].numbers["owed"] == owed
+
+
+@pytest.mark.parametrize("series", ["", "h100"])
+def test_Q1_Q8_a_request_past_its_limit_on_a_project_holding_nothing_is_told_it_holds_0(series):
+    """A may hold 4 (of ``series``, "" any card) and holds none: its request for 8 waits,
+    told it holds 0 of 4 and needs 8, of its quota's series (x__shared__mutmut_87, _89:
+    nothing held an error; _90: read as 1; _95: the series left out)."""
+    book = Book(rows={(A, series): QuotaRow(limit=4)})
+    waits: dict = {}
+    waiting = [request(1, cards=8, series=series, project=A)]
+    assert decide(waiting, fleet(node("n")), NOW, book, waits) == []
+    told = waits[("job", 1)]
+    assert (told.reason, told.numbers) == ("quota", {"in_use": 0, "limit": 4, "needs": 8})
+    assert f"holds 0 of its limit of 4 {series or 'cards'} here" in told.message
+
+
+@pytest.mark.parametrize(
+    ("owed", "borrowed"),
+    [("h100", "h100"), ("h100", ""), ("", "h100")],
+    ids=["h100-owed-h100-borrower", "h100-owed-any-card-borrower", "any-card-owed-h100-borrower"],
+)
+def test_Q8_a_borrower_told_the_cards_are_owed_is_told_how_many_are_free(owed, borrowed):
+    """B is guaranteed 8 cards (of ``owed``) and waits for 8 on one node; the Fleet's four
+    nodes have 4 H100s free each. A's request for 12 (of ``borrowed``) waits: 16 free, 8 of
+    them owed, in its series' words. An any-card borrower was told 0 were free when only
+    H100s were owed (x__shared__mutmut_113, _114; _104, _112: the free cards not told, or
+    always of any card; _107: its series left out)."""
+    book = Book(rows={(B, owed): QuotaRow(guaranteed=8)})
+    waiting = [
+        request(1, cards=8, series=owed, project=B),
+        request(2, cards=12, series=borrowed, project=A),
+    ]
+    waits: dict = {}
+    capacities = fleet(*(node(name, cards=4) for name in "klmn"))
+    assert decide(waiting, capacities, NOW, book, waits) == []
+    told = waits[("job", 2)]
+    assert (told.reason, told.numbers) == ("capacity", {"needs": 12, "free": 16, "owed": 8})
+    assert told.message.startswith(f"needs 12 {borrowed or 'cards'}; 16 free, 8 of them owed")

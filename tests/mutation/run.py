@@ -7,22 +7,36 @@ whole test selection, every function of every file traced: about 10 min here). W
 stats are kept in mutants/ and run again only when they trace none of FILE's functions (one
 pass of the selection). Each mutant is tried against the tests that ran its function.
 
-With FILE, mutmut is named the mutants not yet killed (untried, survived, no tests): named
-ones are tried again and the clean run is only their tests; killed ones keep their verdict
-until their function changes. The first run of a file, or after its source changed, names
-the whole file.
+A mutant's tests run fastest first, as mutmut's fork runner orders them and its forkserver
+runner does not: under `-x` the first that fails kills it, so the pure tests usually do.
+
+With FILE, the file is mutated first (as mutmut would: a changed function's mutants lose
+their verdict), then mutmut is named its mutants not killed (untried, survived, no tests):
+named ones are tried again and the clean run is only their tests; killed ones keep their
+verdict until their function changes.
 """
 
 import json
 import sys
 from pathlib import Path
 
-from mutmut.__main__ import cli
+from mutmut.__main__ import cli, create_file_mutants
 from mutmut.configuration import config
+from mutmut.runners.harness import PytestRunner
+from mutmut.state import state
 
 MUTANTS = Path("mutants")
 STATS = MUTANTS / "mutmut-stats.json"
 KILLED = {1, 3, 36, 24, -24, 152, 255, 37}
+
+
+def fastest_first(run_tests):
+    def run(self, *, mutant_name, tests):
+        durations = state().duration_by_test
+        tests = sorted(tests, key=lambda test: (durations.get(test, 0.0), test))
+        return run_tests(self, mutant_name=mutant_name, tests=tests)
+
+    return run
 
 
 def module_of(path: str) -> str:
@@ -30,12 +44,11 @@ def module_of(path: str) -> str:
 
 
 def not_killed(path: str) -> list[str]:
-    """The file's mutants to try again, or its whole pattern when its meta is not current."""
-    source, meta = Path(path), MUTANTS / f"{path}.meta"
-    if not meta.exists() or meta.stat().st_mtime < source.stat().st_mtime:
-        return [f"{module_of(path)}.*"]
-    codes = json.loads(meta.read_text())["exit_code_by_key"]
-    return sorted(name for name, code in codes.items() if code not in KILLED)
+    result = create_file_mutants(Path(path))
+    if result.error:
+        raise result.error
+    meta = json.loads((MUTANTS / f"{path}.meta").read_text())
+    return sorted(name for name, code in meta["exit_code_by_key"].items() if code not in KILLED)
 
 
 def narrow_to(paths: list[str]) -> list[str]:
@@ -58,6 +71,7 @@ def narrow_to(paths: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
+    PytestRunner.run_tests = fastest_first(PytestRunner.run_tests)
     paths = [arg for arg in argv if arg.endswith(".py")]
     options = [arg for arg in argv if not arg.endswith(".py")]
     names = narrow_to(paths) if paths else []

@@ -9,7 +9,7 @@ from placement.decide import RENDEZVOUS_PORTS, decide
 from placement.sharing import Book, QuotaRow
 from tests.placement.test_decide import NOW, fleet, node, request
 
-A, B = 1, 2
+A, B, C = 1, 2, 3
 
 
 def partly_free(node_id: str, free: int, cards: int = 8, **fields):
@@ -137,3 +137,47 @@ def test_Q8_a_borrower_told_the_cards_are_owed_is_told_how_many_are_free(owed, b
     told = waits[("job", 2)]
     assert (told.reason, told.numbers) == ("capacity", {"needs": 12, "free": 16, "owed": 8})
     assert told.message.startswith(f"needs 12 {borrowed or 'cards'}; 16 free, 8 of them owed")
+
+
+def test_Q3_the_cards_owed_to_two_projects_guarantees_of_one_series_add_up():
+    """B and C are guaranteed 4 cards each, and each waits for 4 on one node (nodes of 2:
+    neither fits): 8 are owed. A borrower of 2 of the 8 free waits, told so
+    (xǁ_Idleǁ__init____mutmut_6: only the last project's 4 counted)."""
+    book = Book(rows={(B, ""): QuotaRow(guaranteed=4), (C, ""): QuotaRow(guaranteed=4)})
+    waiting = [request(1, cards=4, project=B), request(2, cards=4, project=C)]
+    waiting.append(request(3, cards=2, project=A))
+    waits: dict = {}
+    capacities = fleet(*(node(name, cards=2) for name in "klmn"))
+    assert decide(waiting, capacities, NOW, book, waits) == []
+    assert waits[("job", 3)].numbers == {"needs": 2, "free": 8, "owed": 8}
+
+
+def test_Q3_one_card_owed_is_owed():
+    """B is guaranteed 1 card and waits for it, but its earlier attempts failed on the only
+    node (H2): the card is still owed, and A's request for both free cards waits
+    (xǁ_Idleǁ__init____mutmut_3: a single card owed not counted)."""
+    book = Book(rows={(B, ""): QuotaRow(guaranteed=1)})
+    waiting = [
+        request(1, cards=1, project=B, excluded_nodes=frozenset({"n"})),
+        request(2, cards=2, project=A),
+    ]
+    waits: dict = {}
+    assert decide(waiting, fleet(node("n", cards=2)), NOW, book, waits) == []
+    assert waits[("job", 2)].numbers == {"needs": 2, "free": 2, "owed": 1}
+
+
+def test_Q3_a_guarantee_its_own_work_filled_in_the_pass_is_owed_nothing():
+    """B is guaranteed 8: its request for 8 on one node fits nowhere (nodes of 4), its gang
+    of 4 on each of 2 nodes starts and fills the guarantee. A borrower of 16 (of 8 left
+    free) waits for capacity, not for cards owed (xǁ_Idleǁ__init____mutmut_2: a guarantee
+    owed 0 counted)."""
+    book = Book(rows={(B, ""): QuotaRow(guaranteed=8)})
+    waiting = [
+        request(1, cards=8, project=B),
+        request(2, cards=4, nodes=2, project=B),
+        request(3, cards=16, project=A),
+    ]
+    waits: dict = {}
+    capacities = fleet(*(node(name, cards=4) for name in "klmn"))
+    assert [p.request.key for p in decide(waiting, capacities, NOW, book, waits)] == [("job", 2)]
+    assert "owed" not in waits[("job", 3)].numbers

@@ -181,3 +181,20 @@ def test_Q3_a_guarantee_its_own_work_filled_in_the_pass_is_owed_nothing():
     capacities = fleet(*(node(name, cards=4) for name in "klmn"))
     assert [p.request.key for p in decide(waiting, capacities, NOW, book, waits)] == [("job", 2)]
     assert "owed" not in waits[("job", 3)].numbers
+
+
+def test_Q8_free_cards_told_of_any_card_are_counted_once_beside_a_series_owed():
+    """B is guaranteed 4 of any card and C 4 H100s, each waiting for 4 on one node (nodes
+    of 2 H100s: neither fits). A's request for 6 A10s overlaps B's guarantee: it waits,
+    told the 8 cards free of any card — not 16, the H100s counted twice
+    (xǁ_Idleǁfree_to__mutmut_2)."""
+    book = Book(rows={(B, ""): QuotaRow(guaranteed=4), (C, "h100"): QuotaRow(guaranteed=4)})
+    waiting = [
+        request(1, cards=4, project=B),
+        request(2, cards=4, series="h100", project=C),
+        request(3, cards=6, series="a10", project=A),
+    ]
+    waits: dict = {}
+    capacities = fleet(*(node(name, cards=2) for name in "klmn"))
+    assert decide(waiting, capacities, NOW, book, waits) == []
+    assert waits[("job", 3)].numbers == {"needs": 6, "free": 8, "owed": 4}

@@ -104,17 +104,20 @@ test-sqlite: $(STAMP)
 ## Mutation testing (mutmut 3, pyproject.toml's [tool.mutmut]): each mutant of the rule-bearing
 ## files tried against the in-process tests that reach it; the score per file and its survivors
 ## printed at the end (tests/mutation/score.py), those left on purpose listed with why in
-## tests/mutation/survivors.md. FILE=placement/decide.py for one file. Slow: each mutant is a
-## pytest run, 3–10 s here (measured: placement/sharing.py, 63 mutants, ~6 minutes with 2
-## children on 2 busy cores; all 11 files, 2,773 mutants, several hours). Results are kept in
-## mutants/ and a mutant is tried again only when its function or the tests change.
+## tests/mutation/survivors.md. FILE=placement/decide.py mutates that file alone
+## (tests/mutation/run.py): which tests run each of its functions is traced first (one pass of
+## the in-process tests, 1½–3 minutes here), then each mutant is a pytest run of those tests,
+## fastest first, 1–10 s (measured: placement/preemption.py, 283 mutants, 21 minutes with 2
+## children on 2 busy cores; all files, ~3,750 mutants, several hours). Results are kept in
+## mutants/: FILE= again tries only the file's mutants not killed yet, and those of functions
+## changed since.
 ## A test database of its own (tuneplane_mutate), so that it runs beside `make test`.
 MUTATE_CHILDREN ?= 2
 mutate: $(STAMP)
 	mkdir -p var/mutate
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/tuneplane_mutate} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/15} TUNEPLANE_VAR_DIR=$(CURDIR)/var/mutate \
-	$(VENV)/bin/mutmut run --max-children $(MUTATE_CHILDREN) $(if $(FILE),"$(subst /,.,$(FILE:.py=)).*")
+	$(PYTHON) tests/mutation/run.py --max-children $(MUTATE_CHILDREN) $(FILE)
 	$(PYTHON) tests/mutation/score.py $(FILE)
 
 ## Benchmarks: figures printed, not asserted (PostgreSQL as for `make test`).

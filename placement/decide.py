@@ -307,7 +307,7 @@ def _shared(ready: list[Request], placing: _Pass, book: Book) -> list[Placement]
             placing.refused[request.key] = why.over_limit(held, row.limit, cards, key[1])
         elif not idle.may_take(request):
             placing.refused[request.key] = why.owed(
-                idle.free.get(request.series, idle.free.get("", 0)),
+                idle.free_to(request),
                 idle.owed_to(request),
                 cards,
                 request.series,
@@ -346,6 +346,16 @@ class _Idle:
         after = self.counts(capacities)
         for series in self.free:
             self.free[series] -= before[series] - after[series]
+
+    def free_to(self, request: Request) -> int:
+        """The free cards counted that this request's cards would overlap (Q8: what its wait
+        says is free): of its series, else of any card, else — a request of any card, the
+        guarantees waiting all of some series — of every series counted."""
+        if request.series in self.free:
+            return self.free[request.series]
+        if "" in self.free:
+            return self.free[""]
+        return sum(self.free.values())
 
     def owed_to(self, request: Request) -> int:
         """The cards owed to waiting guarantees that this request's cards would overlap."""

@@ -4,21 +4,26 @@ to a guarantee, cards awaiting their health check (H5), cordons cut at three (P8
 cards and ports counted per node, CPUs and memory said so that what is asked and what a
 node has never read the same. Each test was seen failing against the mutant it names."""
 
+from placement.decide import decide
+from placement.sharing import Book, QuotaRow
 from placement.waits import (
     CORDONS_SAID,
     NodeRow,
     Shortfall,
     Unavailable,
+    Wait,
     lacks,
     over_limit,
     owed,
     shortfall,
     unavailable,
+    unfit,
 )
-from tests.placement.test_decide import GIB, fleet, node, request
+from tests.placement.test_decide import GIB, NOW, fleet, node, request
 from tests.placement.test_waits import why
 
 MIB = 2**20
+A, B = 1, 2
 
 
 def wait_for(req, *nodes, unavailable=None):
@@ -207,3 +212,35 @@ def test_Q8_R2_nodes_enough_for_it_lack_nothing_even_beside_nodes_that_do():
     assert found == Shortfall({}, nodes=3)
     found = shortfall(gang, fleet(node("a", cpus=8), node("c", cpus=2)))
     assert found == Shortfall({"cpus": {"asks": 4, "most_free": 8, "node": "a"}}, nodes=2)
+
+
+# Where the cards went this pass (Q3, Q8)
+
+
+def test_Q8_cards_taken_ahead_in_its_own_project_say_needs_free_and_ahead():
+    own = [request(1, cards=8, project=A), request(2, cards=8, project=A, priority=5)]
+    waits: dict = {}
+    decide(own, fleet(node("n")), NOW, Book(rows={(A, ""): QuotaRow()}), waits)
+    [wait] = waits.values()
+    assert wait.reason == "priority"
+    assert (
+        wait.message
+        == "needs 8 cards; the 1 placed ahead of it in its project took them (0 free now)"
+    )
+    assert wait.numbers == {"needs": 8, "free": 0, "ahead": 1}
+
+
+def test_Q8_a_wait_read_outside_a_pass_is_first_come_first_served_and_needs_no_cache():
+    """unfit() alone, as a caller without quotas reads it: another project's work placed
+    first took the cards first come, first served, not "within a guarantee" (Q3 holds only
+    with quotas); no cache of shortfalls is needed."""
+    capacities = fleet(node("n"))
+    placed = decide([request(1, cards=8, project=B)], capacities, NOW)
+    wait = unfit(request(2, cards=8, project=A), capacities, 8, placed, {})
+    assert wait == Wait(
+        "capacity",
+        "needs 8 cards; 1 admitted before it took them (0 free now)",
+        {"needs": 8, "free": 0, "placed_first": 1},
+    )
+    alone = unfit(request(3, cards=12, series="h100"), fleet(node("m")), 8, [], {})
+    assert alone == Wait("capacity", "needs 12 h100; 8 free", {"needs": 12, "free": 8})

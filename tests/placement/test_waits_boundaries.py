@@ -244,3 +244,27 @@ def test_Q8_a_wait_read_outside_a_pass_is_first_come_first_served_and_needs_no_c
     )
     alone = unfit(request(3, cards=12, series="h100"), fleet(node("m")), 8, [], {})
     assert alone == Wait("capacity", "needs 12 h100; 8 free", {"needs": 12, "free": 8})
+
+
+def test_Q8_Q3_cards_gone_to_other_projects_say_within_guarantees_or_by_fair_share():
+    others = [request(1, cards=8, project=A), request(2, cards=8, project=B)]
+    guaranteed = Book(rows={(A, ""): QuotaRow(), (B, ""): QuotaRow(guaranteed=8)})
+    waits: dict = {}
+    decide(others, fleet(node("n")), NOW, guaranteed, waits)
+    assert waits[("job", 1)] == Wait(
+        "capacity",
+        "needs 8 cards; they went to 1 within other projects' guarantees (0 free now)",
+        {"needs": 8, "free": 0, "guaranteed_first": 1},
+        1,
+        1,
+    )
+    fair = Book(rows={(A, ""): QuotaRow(), (B, ""): QuotaRow()}, usage={A: 1e9})
+    waits = {}
+    decide(others, fleet(node("n")), NOW, fair, waits)
+    assert waits[("job", 1)] == Wait(
+        "fair_share",
+        "needs 8 cards; they went to 1 of other projects first by fair share (0 free now)",
+        {"needs": 8, "free": 0, "placed_first": 1},
+        1,
+        1,
+    )

@@ -114,7 +114,7 @@ mutate: $(STAMP)
 	mkdir -p var/mutate
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/tuneplane_mutate} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/15} TUNEPLANE_VAR_DIR=$(CURDIR)/var/mutate \
-	$(VENV)/bin/mutmut run --max-children $(MUTATE_CHILDREN) $(if $(FILE),"$(subst /,.,$(FILE:.py=)).*")
+	$(PYTHON) tests/mutation/run.py --max-children $(MUTATE_CHILDREN) $(FILE)
 	$(PYTHON) tests/mutation/score.py $(FILE)
 
 ## Benchmarks: figures printed, not asserted (PostgreSQL as for `make test`).

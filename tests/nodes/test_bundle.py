@@ -639,3 +639,26 @@ def test_R12_R16_its_cgroups_limits_whole_and_none_it_was_not_given():
         "pids": {"limit": 512},
     }
     assert bundle.resources(sandbox_of()) == {"devices": [{"allow": False, "access": "rwm"}]}
+
+
+def test_R18_an_architecture_without_sub_architectures_and_one_the_agent_has_no_name_for():
+    """An archMap entry may name no sub-architectures; a machine not in ARCH (riscv64) is
+    matched by its own name in a rule's arches."""
+    profile = {
+        "archMap": [{"architecture": "SCMP_ARCH_X86_64"}],
+        "syscalls": [
+            {
+                "names": ["riscv_only"],
+                "action": "SCMP_ACT_ALLOW",
+                "includes": {"arches": ["riscv64"]},
+            },
+            {
+                "names": ["not_riscv"],
+                "action": "SCMP_ACT_ALLOW",
+                "excludes": {"arches": ["riscv64"]},
+            },
+        ],
+    }
+    assert bundle.seccomp_of(profile, machine="x86_64")["architectures"] == ["SCMP_ARCH_X86_64"]
+    names = [rule["names"] for rule in bundle.seccomp_of(profile, machine="riscv64")["syscalls"]]
+    assert ["riscv_only"] in names and ["not_riscv"] not in names

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodes.agent.member import bundle, containers, launch, logs, network, sandbox, shim
+from nodes.agent.member.bundle import Device
 from nodes.agent.member.record import Member
 from nodes.agent.member.runner import Runner, served_ports
 from nodes.agent.member.store import Store
@@ -371,3 +372,293 @@ def test_R18_the_keeper_runs_the_member_only_on_the_agents_word(tmp_path, word):
     assert exit_file.read_text() == f"{shim.START_FAILED}\n"  # the fake runtime fails
     assert ran.exists() == (word == sandbox.GO)
     assert sandbox.GO == shim.GO
+
+
+# Read back whole (issue 47: what the first mutation run of bundle.py left alive).
+
+UVM = 508
+
+
+def test_R12_a_members_dev_is_exactly_its_cards_then_the_control_devices_in_order():
+    assert bundle.card_devices({2, 0}, {"nvidia-uvm": UVM}) == (
+        Device("/dev/nvidia0", 195, 0),
+        Device("/dev/nvidia2", 195, 2),
+        Device("/dev/nvidiactl", 195, 255),
+        Device("/dev/nvidia-modeset", 195, 254),
+        Device("/dev/nvidia-uvm", UVM, 0),
+        Device("/dev/nvidia-uvm-tools", UVM, 1),
+    )
+
+
+def test_R12_one_card_without_uvm_has_no_uvm_devices_and_none_without_cards():
+    assert bundle.card_devices([7], {}) == (
+        Device("/dev/nvidia7", 195, 7),
+        Device("/dev/nvidiactl", 195, 255),
+        Device("/dev/nvidia-modeset", 195, 254),
+    )
+    assert bundle.card_devices([], {"nvidia-uvm": UVM}) == ()
+    # uvm's major 0 is a major all the same (only None says the driver has none)
+    assert bundle.card_devices([1], {"nvidia-uvm": 0})[-1] == Device("/dev/nvidia-uvm-tools", 0, 1)
+
+
+SMALL_PROFILE = {
+    "defaultAction": "SCMP_ACT_KILL_PROCESS",
+    "defaultErrnoRet": 38,
+    "archMap": [
+        {"architecture": "SCMP_ARCH_AARCH64", "subArchitectures": ["SCMP_ARCH_ARM"]},
+        {
+            "architecture": "SCMP_ARCH_X86_64",
+            "subArchitectures": ["SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        },
+    ],
+    "syscalls": [
+        {"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
+        {"names": ["unshare", "clone", "clone3"], "action": "SCMP_ACT_ALLOW"},  # all dropped
+        {
+            "names": ["personality"],
+            "action": "SCMP_ACT_ALLOW",
+            "args": [{"index": 0, "value": 8, "valueTwo": 0, "op": "SCMP_CMP_EQ"}],
+        },
+        {"names": ["ptrace"], "action": "SCMP_ACT_ERRNO", "errnoRet": 0},
+        {"names": ["arch_prctl"], "action": "SCMP_ACT_ALLOW", "includes": {"arches": ["amd64"]}},
+        {"names": ["arm_only"], "action": "SCMP_ACT_ALLOW", "includes": {"arches": ["arm64"]}},
+        {"names": ["no_amd64"], "action": "SCMP_ACT_ALLOW", "excludes": {"arches": ["amd64"]}},
+        {"names": ["bpf"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_BPF"]}},
+        {"names": ["kept"], "action": "SCMP_ACT_ALLOW", "excludes": {"caps": ["CAP_BPF"]}},
+    ],
+}
+ADDED = [
+    {"names": list(bundle.REFUSED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
+    {
+        "names": ["clone"],
+        "action": "SCMP_ACT_ALLOW",
+        "args": [{"index": 0, "value": 0x7E020000, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}],
+    },
+    {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+]
+
+
+def test_R18_the_seccomp_filter_is_the_profiles_rules_for_this_machine_and_a_process_without_caps():
+    assert bundle.seccomp_of(SMALL_PROFILE, machine="x86_64") == {
+        "defaultAction": "SCMP_ACT_KILL_PROCESS",
+        "defaultErrnoRet": 38,
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        "syscalls": [
+            {"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
+            {
+                "names": ["personality"],
+                "action": "SCMP_ACT_ALLOW",
+                "args": [{"index": 0, "value": 8, "valueTwo": 0, "op": "SCMP_CMP_EQ"}],
+            },
+            {"names": ["ptrace"], "action": "SCMP_ACT_ERRNO", "errnoRet": 0},  # 0 is an errno
+            {"names": ["arch_prctl"], "action": "SCMP_ACT_ALLOW"},
+            {"names": ["kept"], "action": "SCMP_ACT_ALLOW"},
+            *ADDED,
+        ],
+    }
+
+
+def test_R18_on_arm_the_arm_rules_and_none_of_amd64s():
+    filtered = bundle.seccomp_of(SMALL_PROFILE, machine="aarch64")
+    assert filtered["architectures"] == ["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"]
+    names = [rule["names"] for rule in filtered["syscalls"]]
+    assert ["arm_only"] in names and ["no_amd64"] in names and ["arch_prctl"] not in names
+
+
+def test_R18_a_profile_that_says_little_gets_errno_by_default_and_no_architectures():
+    bare = {"syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}]}
+    assert bundle.seccomp_of(bare, machine="x86_64") == {
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}, *ADDED],
+    }
+    unknown = bundle.seccomp_of(SMALL_PROFILE, machine="riscv64")  # no archMap entry of its own
+    assert "architectures" not in unknown
+    assert bundle.seccomp_of({}, machine="x86_64") == {
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "syscalls": ADDED,
+    }
+
+
+def test_R11_R18_the_process_part_of_the_config_whole():
+    """Every capability set present and empty, tini's `--` before the member's argv (an argv
+    that starts with `-` is the member's, never an option of its init), its uid as its group,
+    no terminal, no new privileges, its open-files limit."""
+    spec = bundle.config(sandbox_of(argv=("-x", "--y"), nofile=4096), None)
+    assert spec["ociVersion"] == "1.0.2"
+    assert spec["process"] == {
+        "terminal": False,
+        "user": {"uid": 61234, "gid": 61234, "additionalGids": []},
+        "args": [bundle.INIT, "--", "-x", "--y"],
+        "env": ["HOME=/scratch"],
+        "cwd": "/var/lib/tuneplane/members/m-1",
+        "capabilities": {
+            "bounding": [],
+            "effective": [],
+            "inheritable": [],
+            "permitted": [],
+            "ambient": [],
+        },
+        "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}],
+        "noNewPrivileges": True,
+    }
+    assert spec["root"] == {"path": "rootfs", "readonly": True}
+    assert spec["hostname"] == "m-1"
+
+
+def test_R18_a_bundle_written_again_keeps_its_root_and_its_hosts_usr_links(tmp_path):
+    """A replica's restart writes its bundle again over the first: the same root, 0755, the
+    merged-/usr links the host has (bin → usr/bin) and none it has not."""
+    box = tmp_path / "m-1"
+    spec = bundle.config(sandbox_of(), None)
+    bundle.write(box, spec)
+    bundle.write(box, spec)
+    rootfs = box / "rootfs"
+    assert rootfs.stat().st_mode & 0o7777 == 0o755
+    for name in bundle.USR_LINKS:
+        host = Path("/") / name
+        if host.is_symlink():
+            assert (rootfs / name).readlink() == host.readlink(), name
+        else:
+            assert not (rootfs / name).exists(), name
+
+
+def test_R12_R13_the_linux_part_names_its_cgroup_its_devices_and_what_it_never_reads():
+    devices = (Device("/dev/nvidia3", 195, 3), Device("/dev/nvidiactl", 195, 255))
+    filtered = {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": []}
+    linux = bundle.config(sandbox_of(devices=devices), filtered)["linux"]
+    assert linux["cgroupsPath"] == "/tuneplane/node-1/m-1"
+    assert linux["devices"] == [
+        {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3, "fileMode": 0o666,
+         "uid": 0, "gid": 0},
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 0o666,
+         "uid": 0, "gid": 0},
+    ]  # fmt: skip
+    assert linux["maskedPaths"] == bundle.MASKED and "/proc/kcore" in linux["maskedPaths"]
+    assert linux["readonlyPaths"] == bundle.READ_ONLY and "/proc/sys" in linux["readonlyPaths"]
+    assert linux["seccomp"] is filtered
+    assert "seccomp" not in bundle.config(sandbox_of(), None)["linux"]
+
+
+def tmpfs_mount(destination, size, *options):
+    return {
+        "destination": destination,
+        "type": "tmpfs",
+        "source": "tmpfs",
+        "options": ["nosuid", "nodev", *options, f"size={size}"],
+    }
+
+
+def test_R18_R21_a_process_members_mounts_whole_in_order():
+    """Fresh kernel filesystems, /usr and /etc read-only, every place it may write private
+    and sized (/tmp and /var/tmp at its own size below the cap, /dev/shm too, /run small and
+    noexec), its binds last — read-only where they say so."""
+    mib = 1 << 20
+    binds = (
+        bundle.Bind("/srv/tp/ml/scratch/m-1", "/scratch"),
+        bundle.Bind("/srv/tp/ml/datasets/d", "/datasets/d", read_only=True),
+    )
+    ro_bind = ["rbind", "ro", "nosuid", "nodev"]
+    assert bundle.mounts(sandbox_of(binds=binds, tmp_bytes=64 * mib)) == [
+        {"destination": "/proc", "type": "proc", "source": "proc", "options": []},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+        },
+        {
+            "destination": "/dev/pts",
+            "type": "devpts",
+            "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
+        },
+        tmpfs_mount("/dev/shm", 64 * mib, "noexec", "mode=1777"),
+        {
+            "destination": "/dev/mqueue",
+            "type": "mqueue",
+            "source": "mqueue",
+            "options": ["nosuid", "noexec", "nodev"],
+        },
+        {
+            "destination": "/sys",
+            "type": "sysfs",
+            "source": "sysfs",
+            "options": ["nosuid", "noexec", "nodev", "ro"],
+        },
+        {
+            "destination": "/sys/fs/cgroup",
+            "type": "cgroup",
+            "source": "cgroup",
+            "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
+        },
+        {"destination": "/usr", "type": "bind", "source": "/usr", "options": ro_bind},
+        {"destination": "/etc", "type": "bind", "source": "/etc", "options": ro_bind},
+        tmpfs_mount("/tmp", 64 * mib, "mode=1777"),
+        tmpfs_mount("/var/tmp", 64 * mib, "mode=1777"),
+        tmpfs_mount("/run", 16 * mib, "noexec", "mode=755"),
+        {
+            "destination": "/scratch",
+            "type": "bind",
+            "source": "/srv/tp/ml/scratch/m-1",
+            "options": ["rbind", "nosuid", "nodev", "rw"],
+        },
+        {
+            "destination": "/datasets/d",
+            "type": "bind",
+            "source": "/srv/tp/ml/datasets/d",
+            "options": ["rbind", "nosuid", "nodev", "ro"],
+        },
+    ]
+
+
+def test_R18_R19_the_mounts_on_the_nodes_network_and_from_an_image_and_sizes_at_their_caps():
+    on_host = bundle.mounts(sandbox_of(netns="host", host_root=False, tmp_bytes=1 << 40))
+    sys = next(m for m in on_host if m["destination"] == "/sys")
+    assert sys == {
+        "destination": "/sys",
+        "type": "bind",
+        "source": "/sys",
+        "options": ["rbind", "ro", "nosuid", "nodev"],
+    }  # sysfs needs a network namespace of its own
+    assert not {"/usr", "/etc"} & {m["destination"] for m in on_host}  # an image's root
+    sizes = {m["destination"]: m["options"][-1] for m in on_host if m["type"] == "tmpfs"}
+    assert sizes["/tmp"] == sizes["/var/tmp"] == f"size={bundle.TMP_BYTES}"
+    assert sizes["/dev/shm"] == f"size={bundle.SHM_BYTES}"
+
+
+def test_R12_R16_its_cgroups_limits_whole_and_none_it_was_not_given():
+    devices = (Device("/dev/nvidia1", 195, 1),)
+    limited = sandbox_of(devices=devices, memory_bytes=2 << 30, cpus=1.5, pids=512)
+    assert bundle.resources(limited) == {
+        "devices": [
+            {"allow": False, "access": "rwm"},
+            {"allow": True, "type": "c", "major": 195, "minor": 1, "access": "rwm"},
+        ],
+        "memory": {"limit": 2 << 30, "swap": 2 << 30},  # no swap beyond its memory
+        "cpu": {"quota": 150_000, "period": 100_000},
+        "pids": {"limit": 512},
+    }
+    assert bundle.resources(sandbox_of()) == {"devices": [{"allow": False, "access": "rwm"}]}
+
+
+def test_R18_an_architecture_without_sub_architectures_and_one_the_agent_has_no_name_for():
+    """An archMap entry may name no sub-architectures; a machine not in ARCH (riscv64) is
+    matched by its own name in a rule's arches."""
+    profile = {
+        "archMap": [{"architecture": "SCMP_ARCH_X86_64"}],
+        "syscalls": [
+            {
+                "names": ["riscv_only"],
+                "action": "SCMP_ACT_ALLOW",
+                "includes": {"arches": ["riscv64"]},
+            },
+            {
+                "names": ["not_riscv"],
+                "action": "SCMP_ACT_ALLOW",
+                "excludes": {"arches": ["riscv64"]},
+            },
+        ],
+    }
+    assert bundle.seccomp_of(profile, machine="x86_64")["architectures"] == ["SCMP_ARCH_X86_64"]
+    names = [rule["names"] for rule in bundle.seccomp_of(profile, machine="riscv64")["syscalls"]]
+    assert ["riscv_only"] in names and ["not_riscv"] not in names

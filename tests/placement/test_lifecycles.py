@@ -493,3 +493,15 @@ def test_a_refused_move_names_its_record():
     with pytest.raises(IllegalMove) as refused:
         JOB_LIFECYCLE.check("cancelled", "running", target=42)
     assert str(refused.value).startswith("job 42: cancelled → running")
+
+
+def test_a_move_the_lifecycle_refuses_names_the_record_moved_and_writes_nothing(lab, member):
+    """move() itself, not only the table's check, names the record it refuses to move."""
+    record = job(member)
+    assert move(record, JOB_LIFECYCLE, "cancelled", actor=SYSTEM, reason="why")
+    events = AuditEvent.objects.count()
+    with pytest.raises(IllegalMove) as refused:
+        move(record, JOB_LIFECYCLE, "running", actor=SYSTEM)
+    assert str(refused.value).startswith(f"job {record.pk}: cancelled → running")
+    assert TrainingJob.objects.get(pk=record.pk).state == "cancelled"
+    assert AuditEvent.objects.count() == events

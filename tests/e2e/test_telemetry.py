@@ -8,6 +8,7 @@ operator's cordon outlives it (L6). The agent sends a sample only when it says s
 file is not sent again within the refresh period, a change beyond a deadband is."""
 
 import json
+import os
 import time
 import urllib.request
 
@@ -50,7 +51,11 @@ def write(path, changed: dict | None = None, host: dict | None = None) -> None:
     machine's (which may move beyond a deadband, and be sent, at any sample)."""
     changed = changed or {}
     cards = [card(device, **changed.get(device["index"], {})) for device in H100_DEVICES]
-    path.write_text(json.dumps({"cards": cards, **({"host": host} if host else {})}))
+    # Whole or not at all: an agent reading the file half-written would send a sample whose
+    # probe failed (its cards kept as they were) — news of its own, not the change written.
+    written = path.with_name(path.name + ".new")
+    written.write_text(json.dumps({"cards": cards, **({"host": host} if host else {})}))
+    os.replace(written, path)
 
 
 def scrape(target: str) -> dict:

@@ -163,14 +163,7 @@ def _failed(node: Node, uuid: str, record: dict, now) -> None:
     H7) — a card the breaker leaves in service keeps working, its failure shown."""
     device = next((d for d in node.inventory.get("devices") or [] if d.get("uuid") == uuid), {})
     reason = checks.reason(record)
-    record["audited"] = checks.FAILED
-    audit_record(
-        actor=HEALTH_CHECK,
-        action="node.card_check",
-        target=node,
-        before={"card": {"uuid": uuid, "index": record.get("index"), "check": "running"}},
-        after={"card": _shown(uuid, record, checks.FAILED)},
-    )
+    _check_audited(node, uuid, record, checks.FAILED)
     logger.warning("node %s: card %s %s", node.id, record.get("index"), reason)
     if uuid in node.unhealthy_cards:
         return
@@ -190,14 +183,24 @@ def _failed(node: Node, uuid: str, record: dict, now) -> None:
     )
 
 
-def _shown(uuid: str, record: dict, state: str) -> dict:
-    return {
-        "uuid": uuid,
-        "index": record.get("index"),
-        "check": state,
-        "exit_code": record.get("exit_code"),
-        "output": record.get("output", ""),
-    }
+def _check_audited(node: Node, uuid: str, record: dict, state: str) -> None:
+    """A card's check ended ``state``: one node.card_check event, noted on its record."""
+    record["audited"] = state
+    audit_record(
+        actor=HEALTH_CHECK,
+        action="node.card_check",
+        target=node,
+        before={"card": {"uuid": uuid, "index": record.get("index"), "check": "running"}},
+        after={
+            "card": {
+                "uuid": uuid,
+                "index": record.get("index"),
+                "check": state,
+                "exit_code": record.get("exit_code"),
+                "output": record.get("output", ""),
+            }
+        },
+    )
 
 
 def check_command_changed(command: NodeCommand, before: dict) -> None:
@@ -270,16 +273,8 @@ def _ended(node: Node, uuid: str, record: dict, command: NodeCommand, now) -> di
 def _passed_shown(node: Node, uuid: str, record: dict) -> None:
     """A card's check passed where it had not (never checked, failed, owed): audited; one
     that passes again is an observation."""
-    if record.get("audited") == checks.PASSED:
-        return
-    record["audited"] = checks.PASSED
-    audit_record(
-        actor=HEALTH_CHECK,
-        action="node.card_check",
-        target=node,
-        before={"card": {"uuid": uuid, "index": record.get("index"), "check": "running"}},
-        after={"card": _shown(uuid, record, checks.PASSED)},
-    )
+    if record.get("audited") != checks.PASSED:
+        _check_audited(node, uuid, record, checks.PASSED)
 
 
 def _cards_owed(command: NodeCommand) -> None:

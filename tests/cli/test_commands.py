@@ -145,6 +145,20 @@ def test_issue_49_every_error_of_a_spec_at_once_each_with_its_line_and_a_near_mi
     assert not TrainingJob.objects.exists()
 
 
+def test_issue_49_a_job_with_neither_script_nor_command_is_told_so(
+    lab, member, signed_in, tmp_path
+):
+    """A job on a node Fleet that says nothing to run is refused naming `command` and what
+    would do (a command, a script or an image's own), not admitted to fail on its node."""
+    signed_in(member)
+    result = tuneplane("apply", "-f", spec(tmp_path, name="nothing", cards=1))
+    assert result.exit_code == 1, result.stdout
+    said = result.stderr
+    assert "[command]" in said, said
+    assert "runs a command (argv), a script or an image's default command" in said, said
+    assert not TrainingJob.objects.exists()
+
+
 def test_dry_run_prints_what_admission_would_decide_and_makes_nothing(
     lab, member, signed_in, tmp_path
 ):

@@ -1,14 +1,14 @@
 """A removed node's agent stops (D4, issue 49): the console refuses its credential for good, so
 the real agent, served against a real gateway, exits non-zero at once and says how to join
-again — it does not loop on "credential … is revoked"."""
+again — it does not loop on "credential … is revoked". Which refusals are for good:
+tests/nodes/test_agent_refusal.py."""
 
 import signal
 
-import grpc
 import pytest
 
 from audit.services import Actor
-from nodes.agent.serve import EXIT_REFUSED, refused_for_good
+from nodes.agent.serve import EXIT_REFUSED
 from nodes.models import ControlSession
 from nodes.services.drains import node_drain
 from nodes.services.removal import node_remove
@@ -41,18 +41,3 @@ def test_D4_a_removed_nodes_agent_stops_and_says_how_to_join_again(
     assert f"tuneplane join-token {node.fleet_id}" in output
     assert f"move {directory} aside" in output and "tuneplane-node join --server" in output
     assert output.count("stream ended") <= 2  # refused once, not retried
-
-
-@pytest.mark.parametrize(
-    ("code", "details", "final"),
-    [
-        (grpc.StatusCode.PERMISSION_DENIED, "node n-1 is removed: its credential is dead", True),
-        (grpc.StatusCode.PERMISSION_DENIED, "credential 1f is revoked", True),
-        (grpc.StatusCode.PERMISSION_DENIED, "credential 1f has expired", True),
-        (grpc.StatusCode.PERMISSION_DENIED, "credential 1f is not valid yet", False),  # a clock
-        (grpc.StatusCode.UNAVAILABLE, "node n-1 is removed", False),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, "too many hellos", False),
-    ],
-)
-def test_D4_only_a_refusal_for_good_stops_the_agent(code, details, final):
-    assert refused_for_good(code, details) is final

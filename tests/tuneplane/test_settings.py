@@ -11,11 +11,13 @@ from tests.e2e.console import ROOT
 
 SHOW = (
     "import json; from django.conf import settings as s; import django; django.setup(); "
+    "from tuneplane.celery import app; "
     "print(json.dumps({'engine': s.DATABASES['default']['ENGINE'], "
     "'name': str(s.DATABASES['default']['NAME']), 'broker': s.CELERY_BROKER_URL, "
     "'ttl': s.TUNEPLANE_JOIN_TOKEN_TTL, 'fresh': s.TUNEPLANE_PLACEMENT_FRESHNESS, "
     "'train': s.TUNEPLANE_QUIET_TRAIN, 'serve': s.TUNEPLANE_QUIET_SERVE, "
-    "'env': s.TUNEPLANE_QUIET_ENV, 'min_runtime': s.TUNEPLANE_PREEMPT_MIN_RUNTIME}))"
+    "'env': s.TUNEPLANE_QUIET_ENV, 'min_runtime': s.TUNEPLANE_PREEMPT_MIN_RUNTIME, "
+    "'remote_control': app.conf.worker_enable_remote_control}))"
 )
 
 # Each test starts a Python process that loads the settings.
@@ -46,6 +48,8 @@ def test_embedded_defaults_are_sqlite_and_a_filesystem_broker(tmp_path):
         45,
     )
     assert (tmp_path / "broker" / "queue").is_dir()
+    # The folder broker's busiest writers, the remote control's broadcasts, are off (issue 49).
+    assert shown["remote_control"] is False
 
 
 def test_urls_move_it_onto_postgresql_and_redis(tmp_path):
@@ -58,6 +62,7 @@ def test_urls_move_it_onto_postgresql_and_redis(tmp_path):
     )
     assert shown["engine"] == "django.db.backends.postgresql" and shown["name"] == "console"
     assert shown["broker"] == "redis://cache.internal:6380/2"
+    assert shown["remote_control"] is True  # Celery's own default on a real broker
 
 
 def test_durations_are_whole_seconds_and_tests_can_shorten_them(tmp_path):

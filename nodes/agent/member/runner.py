@@ -24,6 +24,7 @@ from . import (
     logs,
     network,
     policy,
+    resolver,
     sandbox,
     scratchfs,
 )
@@ -464,6 +465,15 @@ class Runner:
             self._not_started(member, f"its network: {error}")
             return False
         member.address = attached.address
+        hostname = member_id[:63]
+        try:
+            names, written = resolver.write(
+                box_dir, hostname, attached.address, network.deny_networks(self.deny_cidrs)
+            )
+        except OSError as error:
+            self._not_started(member, f"its resolver files: {error.strerror or error}")
+            return False
+        binds = [*binds, *written]
         if "MASTER_ADDR" in env:  # a gang's master on this node is reached at its mapping
             env["MASTER_ADDR"] = network.reachable_address(env["MASTER_ADDR"], attached)
         box = bundle.Sandbox(
@@ -471,7 +481,7 @@ class Runner:
             argv=tuple(argv),
             env=env,
             cwd=str(self.scratch / member_id),
-            hostname=member_id[:63],
+            hostname=hostname,
             cgroups_path="/tuneplane/" + self.cgroup(member_id),
             cpus=spec.cpus,
             memory_bytes=spec.memory_bytes,
@@ -495,7 +505,9 @@ class Runner:
         root = "read-only /usr and /etc" if image is None else f"image {spec.image}, read-only"
         member.confinement = (
             f"{Path(member.sandbox).name}: uid {member.uid}; pid, ipc, uts, mount, network, "
-            f"cgroup namespaces; address {attached.address}; no capabilities; seccomp; "
+            f"cgroup namespaces; address {attached.address}; "
+            + (f"DNS {', '.join(names.servers)}; " if names.servers else "no DNS server; ")
+            + f"no capabilities; seccomp; "
             f"{root}; "
             + ("its cards only" if spec.cards else "no cards")
             + (f"; pids {spec.pids}" if spec.pids else "")

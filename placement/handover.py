@@ -192,7 +192,7 @@ def cluster_jobs_track() -> dict:
 def _fleet_jobs_track(model, kind: str, jobs: list[Job]) -> tuple[int, int]:
     """One Fleet's open jobs: cancels passed on first (R10), then every job's state read —
     from one list of them all where the Fleet's backend has one (a Kubernetes Fleet's paged
-    list of its RayJobs), else, and for each job the list cannot answer for (listed_read),
+    list of its RayJobs), else, and for each job the list cannot answer for (_listed_read),
     one read of that job. Returns (changed, failed)."""
     changed = failed = 0
     fleet = jobs[0].fleet
@@ -207,7 +207,7 @@ def _fleet_jobs_track(model, kind: str, jobs: list[Job]) -> tuple[int, int]:
     listed = _listed_states(backend, fleet.pk)
     for job in jobs:
         try:
-            read = listed_read(listed.get(job.backend_job_id))
+            read = _listed_read(listed.get(job.backend_job_id))
             read = read or _job_read(backend, job.backend_job_id)
         except Exception as exc:  # one job's trouble never stops the others
             failed += 1
@@ -232,7 +232,7 @@ def _listed_states(backend, fleet_id: str) -> dict[str, str]:
         return {}
 
 
-def listed_read(listed: str | None) -> JobRead | None:
+def _listed_read(listed: str | None) -> JobRead | None:
     """What a tracking pass takes from its Fleet's list of job states for one job: the state
     ``listed`` for it, or None where the job is read on its own — the list does not have it
     (deleted behind the console's back, which its own read tells from a job the list does

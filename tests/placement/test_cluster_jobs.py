@@ -305,7 +305,7 @@ def test_a_list_refused_leaves_each_job_read_alone(many_handed_over, status):
     ],
 )
 def test_what_a_pass_takes_from_the_list_and_what_it_reads_alone(listed, taken):
-    read = handover.listed_read(listed)
+    read = handover._listed_read(listed)
     assert (read == JobRead(listed)) if taken else read is None
 
 

@@ -10,6 +10,8 @@ key, found rather than submitted twice (cluster_job_handover).
 import logging
 import uuid
 from datetime import timedelta
+from itertools import groupby
+from operator import attrgetter
 
 from celery import current_app
 from django.conf import settings
@@ -20,7 +22,7 @@ from django.utils import timezone
 from audit.services import Actor, audit_record
 from fleets.choices import FleetKind
 from nodes.backends import BackendError, JobSpec, OutcomeUnknown, backend_for, job_state_is_final
-from nodes.backends.base import JobRead
+from nodes.backends.base import JobRead, ListsJobStates
 from nodes.selectors import card_series
 
 from . import faults
@@ -155,7 +157,8 @@ def _duplicate(job: Job, orphan: str) -> None:
 
 def cluster_jobs_track() -> dict:
     """Hand over what is still waiting (a retry once its backoff is past, H8), then read
-    back the state of every handed-over job not yet finished; record each change."""
+    back the state of every handed-over job not yet finished, a Fleet at a time; record each
+    change."""
     changed = failed = 0
     now = timezone.now()
     for kind, model in JOB_MODELS.items():
@@ -173,21 +176,71 @@ def cluster_jobs_track() -> dict:
             except Exception:  # the database, say: this job waits for the next pass
                 failed += 1
                 logger.exception("%s %s: handover not attempted", kind, job_id)
-        open_jobs = model.objects.exclude(backend_job_id="").select_related("fleet").order_by("id")
-        for job in open_jobs.iterator():
-            if job_state_is_final(job.backend_state):
-                continue
-            if job.cancel_requested_at is not None and job.backend_cancel_sent_at is None:
-                cluster_job_cancel(job.pk, kind)
-            try:
-                read = _job_read(backend_for(job.fleet), job.backend_job_id)
-            except Exception as exc:  # one job's trouble never stops the others
-                failed += 1
-                logger.warning("%s %s on %s: %s", kind, job.pk, job.fleet_id, exc)
-                continue
-            if read.state != job.backend_state:
-                changed += _record_state(model, job.pk, read)
+        open_jobs = (
+            model.objects.exclude(backend_job_id="")
+            .select_related("fleet")
+            .order_by("fleet_id", "id")
+        )
+        for _, fleet_jobs in groupby(open_jobs.iterator(), key=attrgetter("fleet_id")):
+            jobs = [job for job in fleet_jobs if not job_state_is_final(job.backend_state)]
+            if jobs:
+                counted = _fleet_jobs_track(model, kind, jobs)
+                changed, failed = changed + counted[0], failed + counted[1]
     return {"changed": changed, "failed": failed}
+
+
+def _fleet_jobs_track(model, kind: str, jobs: list[Job]) -> tuple[int, int]:
+    """One Fleet's open jobs: cancels passed on first (R10), then every job's state read —
+    from one list of them all where the Fleet's backend has one (a Kubernetes Fleet's paged
+    list of its RayJobs), else, and for each job the list cannot answer for (_listed_read),
+    one read of that job. Returns (changed, failed)."""
+    changed = failed = 0
+    fleet = jobs[0].fleet
+    for job in jobs:
+        if job.cancel_requested_at is not None and job.backend_cancel_sent_at is None:
+            cluster_job_cancel(job.pk, kind)
+    try:
+        backend = backend_for(fleet)
+    except Exception as exc:  # a config the backend refuses: every job waits
+        logger.warning("%s on %s: %s", kind, fleet.pk, exc)
+        return 0, len(jobs)
+    listed = _listed_states(backend, fleet.pk)
+    for job in jobs:
+        try:
+            read = _listed_read(listed.get(job.backend_job_id))
+            read = read or _job_read(backend, job.backend_job_id)
+        except Exception as exc:  # one job's trouble never stops the others
+            failed += 1
+            logger.warning("%s %s on %s: %s", kind, job.pk, job.fleet_id, exc)
+            continue
+        if read.state != job.backend_state:
+            changed += _record_state(model, job.pk, read)
+    return changed, failed
+
+
+def _listed_states(backend, fleet_id: str) -> dict[str, str]:
+    """The states of all the Fleet's jobs from one list, by id; none from a backend that
+    cannot list them, or from a list that failed (each job is then read alone, as a backend
+    without a list is: a manager that lets the console read a job but not list them still
+    has its jobs followed)."""
+    if not isinstance(backend, ListsJobStates):
+        return {}
+    try:
+        return backend.job_states()
+    except Exception as exc:
+        logger.warning("jobs on %s not listed, read one by one: %s", fleet_id, exc)
+        return {}
+
+
+def _listed_read(listed: str | None) -> JobRead | None:
+    """What a tracking pass takes from its Fleet's list of job states for one job: the state
+    ``listed`` for it, or None where the job is read on its own — the list does not have it
+    (deleted behind the console's back, which its own read tells from a job the list does
+    not cover), or it lists a failure: H1's class of a manager's end (H8) is read from the
+    manager's reason and message, which a list of states does not carry."""
+    if listed is None or MANAGER_STATES.get(listed.upper()) == JobState.FAILED:
+        return None
+    return JobRead(listed)
 
 
 def _job_read(backend, job_id: str) -> JobRead:

@@ -1,7 +1,7 @@
 """The interface a backend keeps, and the one shape of a machine every backend reports."""
 
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ..choices import SchedulingState
 
@@ -104,3 +104,14 @@ class Backend(Protocol):
     def cancel(self, job_id: str) -> None:
         """Asks the manager to stop a job it was handed (R10); one already gone is done.
         Its end is read back by ``job_state`` like any other."""
+
+
+@runtime_checkable
+class ListsJobStates(Protocol):
+    """A backend that reads the states of all the console's jobs at once (Kubernetes: one
+    paged list of RayJobs). The tracking pass uses it where a backend has it; a backend
+    without it is read a job at a time (``job_read``)."""
+
+    def job_states(self) -> dict[str, str]:
+        """Every job of the console's that the manager has, by id, with its state as
+        ``job_state`` reads it. A job missing from it is not said to be gone: read it alone."""

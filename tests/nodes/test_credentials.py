@@ -5,6 +5,10 @@ An administrator edits the config that names both the credential and the URL it 
 without these bounds, naming DATABASE_URL or the CA key would send the console's own secrets
 to a server of their choosing. Refused when the config is saved (F4's field-named 400) and
 again when it is read, for a Fleet saved before the rule.
+
+A Kubernetes Fleet's requests go to REPLAYED API responses (tests/nodes/kube_replay.py: a
+NodeList): what is proved is what the console reads and whether it sends anything, not how a
+real API server answers.
 """
 
 import os

@@ -3,7 +3,11 @@ row, error body or Fleet page, after a full scenario: a node joins and rotates i
 revoked and unknown join tokens are refused; an API token is revoked and presented again;
 cluster Fleets read their JWT from an environment variable or a file, and are refused with it.
 
-The real-Slurm equivalent of the cluster part is tests/slurm/test_slurm_secrets.py.
+The cluster Fleets' answers are REPLAYED (tests/nodes/kube_replay.py: stored Kubernetes API
+responses, a NodeList and a 401, and slurmrestd's refusals served from the same stand-in):
+what is proved is where each token is read from, that it is sent, and where it never goes,
+not how a real API server answers. The real-Slurm equivalent of the cluster part is
+tests/slurm/test_slurm_secrets.py.
 """
 
 import base64

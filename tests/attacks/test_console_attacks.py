@@ -1,21 +1,25 @@
-"""Attacks through the console on a real node (R15, R21): a gateway, a Celery worker and
+"""Attacks through the console on a real node (R15, R21, R22): a gateway, a Celery worker and
 the agent as root, its members confined under the runtime (running_node); project cv (A,
 vic) and project ml (B, mia, the attacker) on the one node of the public Fleet gpu-lab. A's
 job holds a secret in its env and prints it to its own log; whatever B reads — its job,
 its logs — is read back whole, and A's secret and A's name appear nowhere in it."""
 
+import json
 import time
 
 import pytest
 from django.utils import timezone
 
+from fleets.models import Fleet
+from fleets.services import fleet_update
 from nodes import bus
 from nodes.agent.wire import LOG_TAIL_MAX
 from nodes.models import ControlSession, LogFetch
-from placement.models import Member
-from tests.conftest import Api
+from placement.models import CardHold, Member
+from tests.conftest import SYSTEM, Api
 from tests.e2e.agents import wait_until
 from tests.e2e.running import state_is, submit
+from tuneplane.models import Project
 
 from .conftest import SECRET
 
@@ -87,3 +91,48 @@ def test_R15_R21_the_largest_log_tail_never_ends_the_nodes_stream_nor_touches_an
     read_by_b += member_api.get(f"/api/training-jobs/{job['id']}").content.decode()
     assert SECRET not in read_by_b and '"cv"' not in read_by_b and "Vision" not in read_by_b
     cancelled(vic, a["id"])
+
+
+def test_R22_a_job_queued_on_a_fleet_made_private_never_runs_there_when_a_card_frees(
+    running_node, member_api, vision
+):
+    """The review's: B queued on the public Fleet; an administrator made it private to A;
+    when a card freed, B's job ran on A's private Fleet. Here A's job holds the node's
+    eight cards, B's waits for them, the Fleet is made A's, and A cancels: the cards come
+    free on the real node, and the pass that follows — and the one after A's next job
+    ran there and freed them again — leaves B's job queued, ``fleet_closed``, naming
+    nothing of A."""
+    node = running_node[0]
+    vic = Api(vision)
+    a = victim(vic, cards=8)
+    wait_until(lambda: state_is(vic, a["id"], "running"), what="A's job running")
+    b = submit(member_api, cards=8, script="echo b-ran")
+    wait_until(lambda: member_api.get(f"/api/training-jobs/{b['id']}").json()["waiting"])
+    fleet_update(
+        actor=SYSTEM,
+        fleet=Fleet.objects.get(pk=node.fleet_id),
+        visibility="project",
+        project=Project.objects.get(slug="cv"),
+    )
+    cancelled(vic, a["id"])
+    wait_until(lambda: not CardHold.objects.filter(node=node).exists(), what="cards freed")
+
+    def waits_closed():
+        shown = member_api.get(f"/api/training-jobs/{b['id']}").json()
+        assert shown["state"] == "queued", shown  # never placed on A's Fleet
+        return shown if (shown["waiting"] or {}).get("reason") == "fleet_closed" else None
+
+    wait_until(waits_closed, what="B's job waiting fleet_closed")
+    # A's next job is placed on the cards B's could not take, runs, and frees them again.
+    again = submit(vic, project="cv", cards=8, script="echo a-again")
+    wait_until(lambda: state_is(vic, again["id"], "succeeded"), what="A's next job")
+    wait_until(lambda: not CardHold.objects.filter(node=node).exists(), what="cards freed")
+    shown = waits_closed()
+    assert shown is not None and shown["state"] == "queued", shown
+    assert shown["waiting"]["numbers"] == {"gate": "visibility"}
+    assert not Member.objects.filter(attempt__training_job_id=b["id"]).exists()
+    read_by_b = json.dumps(shown)
+    read_by_b += member_api.get(f"/api/training-jobs/{b['id']}/logs").content.decode()
+    read_by_b += member_api.get("/api/training-jobs").content.decode()
+    assert SECRET not in read_by_b, read_by_b
+    assert '"cv"' not in read_by_b and "Vision" not in read_by_b

@@ -1,13 +1,22 @@
 """Attacks through the network (R19), by project B's member on a real agent as root: the
-node's Redis and PostgreSQL, its web and every address it has, a squatted served port. The
-review of issue 46 reached all of them from a member sharing the node's network."""
+node's Redis and PostgreSQL, its web and every address it has, the web's and the gateway's
+/metrics, a squatted served port. The review of issue 46 reached all of them from a member
+sharing the node's network."""
 
 import json
 import socket
 import subprocess
+import sys
 import urllib.request
+from contextlib import contextmanager
 
+import pytest
+
+from placement.services.quotas import QuotaSpec, quotas_replace
 from tests.agent_members import SERVER, free_port, looked_at, until
+from tests.conftest import SYSTEM
+from tests.e2e.agents import running_gateway
+from tests.e2e.console import ROOT, console_env
 
 from .conftest import SECRET
 
@@ -134,3 +143,94 @@ def test_R19_members_of_two_jobs_do_not_reach_each_other_and_a_gangs_master_is_r
     # as it would from another machine.
     assert "direct: denied" in other, other
     assert "master: REACHED" in rank1 and "master-addr: 10." in rank1, rank1
+
+
+# An HTTP GET of each URL from inside the member, all at once: REACHED (any answer, its
+# status and what it said) or denied. Each carries the headers a forged scrape would.
+SCRAPE = """
+export GATEWAY=$(/usr/sbin/ip -4 route show default | awk '{print $3}')
+python3 - <<'PY'
+import concurrent.futures, os, urllib.error, urllib.request
+TARGETS = %r
+def get(target):
+    name, url = target
+    url = url.replace("GATEWAY", os.environ["GATEWAY"])
+    headers = {"X-Forwarded-For": "127.0.0.1", "X-Real-IP": "127.0.0.1"}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=3) as a:
+            return f"{name}: REACHED {a.status} {a.read()!r}"
+    except urllib.error.HTTPError as error:
+        return f"{name}: REACHED {error.code} {error.read()!r}"
+    except OSError as error:
+        return f"{name}: denied ({error})"
+with concurrent.futures.ThreadPoolExecutor(len(TARGETS)) as pool:
+    for line in pool.map(get, TARGETS):
+        print(line, flush=True)
+PY
+"""
+
+
+@contextmanager
+def web_on_every_address(tmp_path):
+    """The web as production runs it (gunicorn), on every address of the node and for any
+    Host: an operator's widest setting, so that only the wall and /metrics' own gate stand."""
+    port, log = free_port(), tmp_path / "web.log"
+    env = console_env(tmp_path, TUNEPLANE_ALLOWED_HOSTS="*", TUNEPLANE_SECRET_KEY="a" * 50)
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "tuneplane.wsgi", "-b", f"0.0.0.0:{port}"],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        until("the web answering", lambda: listening(port) or process.poll() is not None)
+        assert process.poll() is None, log.read_text()[-3000:]
+        yield port
+    finally:
+        process.terminate()
+        process.wait(20)
+
+
+def scraped(port: int) -> str:
+    """What /metrics on ``port`` tells the node itself, a configured scraper (loopback)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        return answer.read().decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_R19_R23_a_member_reads_neither_the_webs_nor_the_gateways_metrics(
+    node, tmp_path, console_pki, make_fleet, member, vision
+):
+    """The review's: from a member, the web's /metrics (loopback allowed) showed every
+    project's quota series. Here the web and the gateway serve /metrics on every address of
+    the node; the node itself, a configured scraper, reads both projects' quotas there. B's
+    member asks for them at loopback, at its gateway and at every address of the node, with
+    a forged client address: it reaches none, and reads no series and no project's name."""
+    fleet = make_fleet("shared", kind="node", capabilities=["train"])
+    specs = [QuotaSpec("ml", guaranteed=4), QuotaSpec("cv", guaranteed=4, limit=6)]
+    quotas_replace(actor=SYSTEM, fleet=fleet, specs=specs)
+    metrics_port = free_port()
+    with (
+        web_on_every_address(tmp_path) as web_port,
+        running_gateway(
+            tmp_path, console_pki, TUNEPLANE_GATEWAY_METRICS_BIND=f"0.0.0.0:{metrics_port}"
+        ),
+    ):
+        until("the gateway's metrics", lambda: listening(metrics_port))
+        # There to be read, by the node itself.
+        assert 'tuneplane_quota_limit{fleet="shared",project="cv",series=""} 6.0' in scraped(
+            web_port
+        )
+        assert "tuneplane_gateway" in scraped(metrics_port)
+        node.victim()
+        targets = []
+        for port in (web_port, metrics_port):
+            for host in ("127.0.0.1", "GATEWAY", *node_addresses()):
+                targets.append((f"{host}-{port}", f"http://{host}:{port}/metrics"))
+        output, ended = node.attack(SCRAPE % targets, timeout=120)
+    assert "tuneplane_" not in output and 'project="' not in output, output
+    assert "Vision" not in output and SECRET not in output, output
+    assert ended.exit_code == 0 and output.count(": denied ") == len(targets), output
+    assert "REACHED" not in output, output

@@ -3,6 +3,7 @@ by project B's member on a real agent as root, beside project A's member: every 
 fails, and A's secret appears nowhere in what B printed. The attacks are the review's of
 issue 46 and of the review before it."""
 
+import contextlib
 import os
 import subprocess
 import time
@@ -311,6 +312,43 @@ def test_R18_a_stop_reaches_the_member_through_its_init_and_is_recorded(node, gr
     node.executor.accept("s-b", "stop", {"member": "m-b", "grace_seconds": grace})
     ended = settled(node.executor, "m-b", timeout=grace + 10)
     assert "got-term" in node.output("m-b") and ended.exit_code == 7, node.output("m-b")
+
+
+def runtime_init_in(node, member_id: str, within: float) -> None:
+    """Waits up to ``within`` s for the runtime's init (``runc:[2:INIT]``, before it runs
+    tini) in the member's cgroup."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for pid in cgroups.cgroup_pids(node.executor.cgroup(member_id)):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().startswith("runc:"):
+                    return
+        time.sleep(0.0005)
+
+
+def test_R10_a_member_stopped_while_its_runtime_starts_it_ends_stopped_never_start_failed(node):
+    """A stop accepted right after the start races the runtime: its SIGTERM may reach runc's
+    own init, whose ``runc run`` then fails and the keeper records 125 (START_FAILED), the
+    code the console reads as the machine's failure to start it (H1). That end is the
+    stop's: 143, stopped. Ten rounds — stops at once, at small delays, and at the moment
+    runc's init is seen in the member's cgroup, the window itself, which some round must
+    have hit (the runtime's words in its log)."""
+    ends = []
+    for round_, delay in enumerate((0, 0.005, 0.01, 0.02, 0.03, 0.04, 0.06, None, None, None)):
+        member_id = f"m-b{round_}"
+        node.start(member_id, script="exec sleep 300")
+        if delay is None:
+            runtime_init_in(node, member_id, within=2)
+        else:
+            time.sleep(delay)
+        node.executor.accept(f"s-{member_id}", "stop", {"member": member_id, "grace_seconds": 1})
+        ended = settled(node.executor, member_id, timeout=20)
+        ends.append((delay, ended.exit_code, ended.reason, node.output(member_id)[-200:]))
+        assert node.clean(member_id).cleaned
+    assert [end for end in ends if "runc run failed" in end[3]], ends
+    # The SIGTERM reached it, or runc's init, even when it was sent before anything of the
+    # member was in its cgroup: never 125, and never a grace run out to SIGKILL (137).
+    assert {(code, reason) for _, code, reason, _ in ends} == {(143, "stopped")}, ends
 
 
 def test_R18_memory_over_its_limit_ends_oom(node):

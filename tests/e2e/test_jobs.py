@@ -6,15 +6,11 @@ machine has no GPU); the processes, signals and cgroups are real.
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
-from django.utils import timezone
 
-from nodes import bus
-from nodes.agent.wire import LOG_TAIL_MAX
-from nodes.models import ControlSession, LogFetch
+from nodes.models import ControlSession
 from placement.models import CardHold, Member, TrainingJob
 from tests.conftest import H100_DEVICE_INVENTORY
 
@@ -138,39 +134,6 @@ def test_R11_a_job_runs_as_a_uid_of_its_own_in_its_own_pid_namespace(
     finally:
         confined.send_signal(signal.SIGTERM)
         confined.wait(20)
-
-
-def test_R15_the_largest_log_tail_never_ends_the_nodes_stream(running_node, member_api):
-    """A member that wrote 3 MiB: the API's largest tail comes back whole, a console asking
-    the node for 4 MiB gets the agent's cap, and the node's control session is the same
-    one throughout (an answer past gRPC's 1 MiB limit ended the stream, RESOURCE_EXHAUSTED)."""
-    node = running_node[0]
-    job = submit(
-        member_api,
-        cards=1,
-        script="python3 -c \"import sys; sys.stdout.write('x' * (3 << 20))\"; echo; echo end",
-    )
-    wait_until(lambda: state_is(member_api, job["id"], "succeeded"), what="success")
-    session = ControlSession.objects.get(node=node, closed_at__isnull=True)
-    largest = member_api.get(f"/api/training-jobs/{job['id']}/logs?tail_bytes={LOG_TAIL_MAX}")
-    assert largest.status_code == 200, largest.content[:300]
-    assert len(largest.json()["output"]) == LOG_TAIL_MAX and largest.json()["output"].endswith(
-        "x\nend\n"
-    )
-    over = member_api.get(f"/api/training-jobs/{job['id']}/logs?tail_bytes={LOG_TAIL_MAX + 1}")
-    assert over.status_code == 400 and over.json()["error"]["field"] == "tail_bytes"
-    member = Member.objects.get(attempt__training_job_id=job["id"])
-    asked = LogFetch.objects.create(  # a console asking past the cap: the agent trims
-        node=node, member=member.command_id, tail_bytes=4 << 20, created_at=timezone.now()
-    )
-    bus.publish_on_commit(bus.COMMANDS, node.id)
-    answered = wait_until(
-        lambda: LogFetch.objects.filter(pk=asked.pk, answered_at__isnull=False).first(),
-        what="the node's answer",
-    )
-    assert len(answered.data) == LOG_TAIL_MAX
-    time.sleep(2)  # two heartbeats: a stream ended by the answer would show by now
-    assert ControlSession.objects.get(node=node, closed_at__isnull=True).pk == session.pk
 
 
 def test_logs_are_read_from_the_node_over_its_stream_and_a_503_when_it_is_not_connected(

@@ -172,10 +172,12 @@ def live_pids(name: str) -> list[int]:
     return [pid for pid in cgroup_pids(name) if not zombie(pid)]
 
 
-def signal_member(pid: int | None, member_id: str, signum: int) -> None:
-    """To its process group and to anything in its cgroup (a child that left the group)."""
+def signal_member(pid: int | None, member_id: str, signum: int) -> int:
+    """To its process group and to anything in its cgroup (a child that left the group):
+    how many of them it reached."""
     targets = [("group", pid)] if pid else []
     targets += [("pid", other) for other in cgroup_pids(member_id)]
+    reached = 0
     for kind, target in targets:
         try:
             if kind == "group":
@@ -184,6 +186,8 @@ def signal_member(pid: int | None, member_id: str, signum: int) -> None:
                 os.kill(target, signum)
         except (ProcessLookupError, PermissionError):
             continue
+        reached += 1
+    return reached
 
 
 def kill_all(member_id: str) -> None:

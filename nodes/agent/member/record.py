@@ -28,6 +28,9 @@ class Member:
     stop_at: float | None = None
     grace: float = 30.0
     killed_at: float | None = None
+    # A confined member's stop whose SIGTERM found nothing in its cgroup (its runtime had not
+    # put its init there yet): sent at the first tick that finds something there (R10).
+    term_pending: bool = False
     cleanup_wanted: bool = False
     # The runtime a member in a container runs under ("docker", "podman"); "": a process.
     container: str = ""

@@ -134,8 +134,11 @@ class Runner:
         if member.state != RUNNING or member.stop_at is not None:
             return member
         member.stop_at, member.grace = now, grace
+        reached = cgroups.signal_member(
+            self._group(member), self.cgroup(member.command_id), cgroups.SIGTERM
+        )
+        member.term_pending = bool(member.sandbox) and not reached
         self.store.save(member)
-        cgroups.signal_member(self._group(member), self.cgroup(member.command_id), cgroups.SIGTERM)
         driver_of(member).terminate(member, grace)
         return self._escalate(member, now)
 
@@ -293,6 +296,12 @@ class Runner:
         elif member.killed_at is not None and member.sandbox:
             # Killed while its runtime was still starting it: what started since dies too.
             cgroups.kill_all(self.cgroup(member.command_id))
+        elif member.term_pending and cgroups.signal_member(
+            None, self.cgroup(member.command_id), cgroups.SIGTERM
+        ):
+            # Stopped while its runtime was still starting it: the SIGTERM, now it is there.
+            member.term_pending = False
+            self.store.save(member)
         return member
 
     def _clean(self, member: Member, now: float) -> None:

@@ -29,6 +29,9 @@ def database_url(name: str | None = None) -> str:
     return f"sqlite:///{name or db['NAME']}"
 
 
+MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+
+
 def console_env(var_dir: Path, **extra) -> dict:
     env = {
         **os.environ,
@@ -39,6 +42,10 @@ def console_env(var_dir: Path, **extra) -> dict:
         **extra,
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
+    # A `make` a test runs (make token) is not inside the `make test` that ran pytest: its
+    # command-line variables (make test DATABASE_URL=…) would override the test's own.
+    for inherited in MAKE_ENV:
+        env.pop(inherited, None)
     return env
 
 

@@ -61,16 +61,25 @@ def stopped(*processes, timeout: float = 30) -> None:
     the run and the runs after it."""
     for process in processes:
         process.terminate()
-    lingering = []
+    lingering, said = [], []
     for process in processes:
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
+            # Where it was stuck first: beat dumps its threads' stacks on SIGUSR1
+            # (tuneplane/celery.py), the worker its own (Celery's), into its log.
+            process.send_signal(signal.SIGUSR1)
+            time.sleep(1)
             process.kill()
             process.wait(10)
             lingering.append(" ".join(process.args[3:6]))
+            log = getattr(process, "log", None)
+            if log is not None and log.exists():
+                said.append(f"--- {log.name}:\n" + log.read_text(errors="replace")[-6000:])
     if lingering:
-        raise AssertionError(f"killed after {timeout:.0f} s without stopping: {lingering}")
+        raise AssertionError(
+            f"killed after {timeout:.0f} s without stopping: {lingering}\n" + "\n".join(said)
+        )
 
 
 @contextmanager

@@ -1,0 +1,69 @@
+"""Admission's refusals on the boundaries a mutant moved (issue 47), on the real database:
+leaving machines named five at most, then counted, one said as one (P6, P8); a leaving
+node named where it would complete a gang, exactly (P8); a pinned request refused against
+its series' own limit, in its series' words (Q2). Each test was seen failing against the
+mutants it names; the pure ones are test_admission_boundaries.py's."""
+
+from nodes.choices import SchedulingState
+from nodes.models import Node
+from nodes.services.drains import node_drain
+from tests.conftest import SYSTEM
+from tests.placement.test_p8_coming_back import JOB, refused
+from tests.placement.test_quotas import QUOTAS
+
+RESUME = (
+    "A draining or drained machine takes no new work until an administrator resumes it "
+    "(rules D1, P8)."
+)
+
+
+def test_P8_leaving_nodes_are_named_five_at_most_then_counted(node_fleet, gpu_node, member_api):
+    """Six leaving: five named in order of id and one more; five: all named, none more
+    (xǁHoldingsǁleaving__mutmut_70–_75: the count said otherwise, from five on; _76, _78,
+    _81–_84: several said as one)."""
+    nodes = [gpu_node(node_fleet, address=f"10.0.0.{n}:1") for n in range(1, 7)]
+    for node in nodes:
+        node_drain(actor=SYSTEM, node=node, reason="rack 4")
+    ids = sorted(node.id for node in nodes)
+    named = ", ".join(f"{id} (drained: rack 4)" for id in ids[:5])
+    assert refused(member_api).endswith(
+        f" 6 nodes that would fit are leaving: {named} and 1 more. {RESUME}"
+    )
+    Node.objects.filter(pk=ids[5]).update(scheduling_state=SchedulingState.REMOVED)
+    assert refused(member_api).endswith(f" 5 nodes that would fit are leaving: {named}. {RESUME}")
+
+
+def test_P8_a_leaving_node_that_would_complete_a_gang_is_named_exactly(
+    node_fleet, two_nodes, member_api
+):
+    """One node fits, one is leaving: a gang of two is refused naming it (1 + 1 nodes,
+    xǁHoldingsǁleaving__mutmut_63, _64), as one node (_77, _79, _80); a gang of three is
+    not, the leaving one counted once (_60, _61)."""
+    leaving = node_drain(actor=SYSTEM, node=two_nodes[1], reason="rma")
+    assert refused(member_api, {**JOB, "nodes": 2}).endswith(
+        f" 1 node that would fit is leaving: {leaving.id} (drained: rma). {RESUME}"
+    )
+    assert "is leaving" not in refused(member_api, {**JOB, "nodes": 3})
+
+
+def test_Q2_a_pinned_request_is_refused_against_its_series_limit_in_its_words(
+    node_fleet, gpu_node, admin_api, member_api
+):
+    """A series quota of its own counts, not the any-card one, and is said by its series
+    (x__over_limits__mutmut_44); without one, the any-card quota counts
+    (x__over_limits__mutmut_14: the any-card row never read for a pinned request)."""
+    gpu_node(node_fleet)
+    quotas = [{"project": "ml"}, {"project": "ml", "series": "h100", "limit": 4}]
+    admin_api.request("PUT", QUOTAS, {"quotas": quotas})
+    response = member_api.post("/api/training-jobs", {**JOB, "series": "h100", "cards": 8})
+    assert response.status_code == 422, response.content
+    assert response.json()["error"]["message"] == (
+        "project ml may hold at most 4 h100 on gpu-lab; this asks 8 (rule Q2)."
+    )
+    assert member_api.post("/api/training-jobs", {**JOB, "cards": 8}).status_code == 201
+    admin_api.request("PUT", QUOTAS, {"quotas": [{"project": "ml", "limit": 4}]})
+    response = member_api.post("/api/training-jobs", {**JOB, "series": "h100", "cards": 8})
+    assert response.status_code == 422, response.content
+    assert response.json()["error"]["message"] == (
+        "project ml may hold at most 4 cards on gpu-lab; this asks 8 (rule Q2)."
+    )

@@ -2,18 +2,27 @@
 a mutant moved (issue 47), without a database: a request named as its records name it
 (Q7), why a victim was taken in the words its readers see (Q5, R23), the cards a victim
 frees by their series on the node the pass sees (Q5), a preemptor's reason to wait with
-its victims and the last deadline (Q8). Each test was seen failing against the mutants it
+its victims and the last deadline (Q8), the preemptor's audit event naming them (Q7).
+Each test was seen failing against the mutants it
 names."""
 
 from datetime import UTC, datetime
 from types import SimpleNamespace
+from unittest.mock import call, patch
 
 import pytest
 
 from placement.decide import NodeCapacity, Request
+from placement.models import LifecycleJob, TrainingJob
 from placement.preemption import Running
-from placement.services.preempting import _preempting, _why, _with_series, named
-from placement.services.waiting import Waiting
+from placement.services.preempting import (
+    _preempting,
+    _preemptors_record,
+    _why,
+    _with_series,
+    named,
+)
+from placement.services.waiting import ALLOCATOR, Waiting
 from placement.waits import Wait
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
@@ -99,3 +108,44 @@ def test_Q8_a_preemptor_waits_for_its_victims_by_name_until_the_last_deadline():
         2,
         3,
     )
+
+
+def test_Q7_each_preemptor_records_its_victims_in_one_event_a_statement_a_kind():
+    """x__preemptors_record__mutmut_1–_21: before, no victims; after, the preemptor by its
+    name and its victims; one call per kind of record."""
+    training, lifecycle = TrainingJob(pk=7), LifecycleJob(pk=3)
+    asks = [
+        Request(key=("trainingjob", 7, 0), order=(START,), cards=8),
+        Request(key=("lifecyclejob", 3, 0), order=(START,), cards=8),
+    ]
+    items = {asks[0]: Waiting(owner=training), asks[1]: Waiting(owner=lifecycle)}
+    shown = {"job": "trainingjob-4", "deadline": "2026-12-01T00:02:00+00:00", "project": 1}
+    stopped = {asks[0].key: [shown], asks[1].key: [shown, shown]}
+    with patch("placement.services.preempting.audit_record_each") as recording:
+        _preemptors_record(stopped, items)
+    assert recording.call_args_list == [
+        call(
+            actor=ALLOCATOR,
+            target_type="placement.trainingjob",
+            events=[
+                (
+                    "trainingjob.preempts",
+                    7,
+                    {"victims": []},
+                    {"preemptor": "trainingjob-7", "victims": [shown]},
+                )
+            ],
+        ),
+        call(
+            actor=ALLOCATOR,
+            target_type="placement.lifecyclejob",
+            events=[
+                (
+                    "lifecyclejob.preempts",
+                    3,
+                    {"victims": []},
+                    {"preemptor": "lifecyclejob-3", "victims": [shown, shown]},
+                )
+            ],
+        ),
+    ]

@@ -1,7 +1,8 @@
 """Admission's refusals on the boundaries a mutant moved (issue 47), on the real database:
 leaving machines named five at most, then counted, one said as one (P6, P8); a leaving
 node named where it would complete a gang, exactly (P8); a pinned request refused against
-its series' own limit, in its series' words (Q2). Each test was seen failing against the
+its series' own limit, in its series' words (Q2); a node without a card of the series
+asked holds none of it, not even one (J4, P1). Each test was seen failing against the
 mutants it names; the pure ones are test_admission_boundaries.py's."""
 
 from nodes.choices import SchedulingState
@@ -67,3 +68,13 @@ def test_Q2_a_pinned_request_is_refused_against_its_series_limit_in_its_words(
     assert response.json()["error"]["message"] == (
         "project ml may hold at most 4 cards on gpu-lab; this asks 8 (rule Q2)."
     )
+
+
+def test_J4_P1_a_node_without_the_series_asked_holds_none_of_it_not_even_one(
+    node_fleet, gpu_node, member_api
+):
+    """x__cards_counted__mutmut_19: a series missing from a node's cards counted as 1."""
+    gpu_node(node_fleet)  # eight h100, no h200
+    response = member_api.post("/api/training-jobs", {**JOB, "series": "h200", "cards": 1})
+    assert response.status_code == 422, response.content
+    assert response.json()["error"]["best_offer"] == ("no node of a Fleet you can see holds h200")

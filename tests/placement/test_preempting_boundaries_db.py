@@ -1,0 +1,63 @@
+"""Preemption's writer (placement.services.preempting._stop) on a boundary a mutant moved
+(issue 47), on the real database: a victim that ended, or whose job moved on, between the
+pass's read and its locks is left out, and the victims after it are still stopped (Q5,
+Q6). Each test was seen failing against the mutants it names; the pure ones are
+test_preempting_boundaries.py's."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from placement.decide import Request
+from placement.models import Attempt, TrainingJob
+from placement.preemption import Running
+from placement.services.allocator import allocate
+from placement.services.preempting import _stop
+from placement.services.waiting import WaitingJob
+from tests.placement import test_preempting
+from tests.placement.test_preempting import fresh, running_for
+from tests.placement.test_quotas import submit
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+lab = test_preempting.lab
+shared = test_preempting.shared
+
+
+def as_victim(job: TrainingJob) -> Running:
+    attempt = Attempt.objects.get(training_job=job)
+    return Running(
+        key=("trainingjob", job.pk),
+        project=job.project_id,
+        quota=(job.project_id, ""),
+        borrowed=True,
+        preemptible=False,
+        priority=0,
+        started_at=NOW,
+        members=(),
+        attempt=attempt.pk,
+    )
+
+
+@pytest.mark.parametrize("moved", ["attempt", "job"])
+def test_Q5_Q6_a_victim_gone_meanwhile_is_left_out_and_the_next_is_still_stopped(
+    shared, member, vision, moved
+):
+    """x__stop__mutmut_40 (its attempt ended: ``break``), _42 (its job ended:
+    ``break``)."""
+    first, second = (submit(member, "ml", f"borrower-{n}", cards=4) for n in (1, 2))
+    allocate(fleet_id=shared.id)
+    for job in (first, second):
+        running_for(job, 3600)
+    owner = submit(vision, "cv", "owner", cards=8)
+    if moved == "attempt":
+        Attempt.objects.filter(training_job=first).update(state="succeeded")
+    else:
+        TrainingJob.objects.filter(pk=first.pk).update(state="cancelled")
+    waiter = Request(
+        key=("trainingjob", owner.pk, 0), order=(NOW,), cards=8, project=owner.project_id
+    )
+    planned = [(waiter, [as_victim(first), as_victim(second)])]
+    stopped = _stop(planned, {waiter: WaitingJob(owner=owner)}, NOW)
+    assert [shown["job"] for shown in stopped[waiter.key]] == [f"trainingjob-{second.pk}"]
+    assert fresh(second).state == "preempting"
+    assert fresh(first).state == ("running" if moved == "attempt" else "cancelled")

@@ -1,13 +1,16 @@
 """Admission's refusals on the boundaries a mutant moved (issue 47), on the real database:
 leaving machines named five at most, then counted, one said as one (P6, P8); a leaving
 node named where it would complete a gang, exactly (P8); a pinned request refused against
-its series' own limit, in its series' words (Q2); a node without a card of the series
+its series' own limit, in its series' words, and only against its own project's quota
+on the Fleets asked (Q2); a node without a card of the series
 asked holds none of it, not even one (J4, P1). Each test was seen failing against the
 mutants it names; the pure ones are test_admission_boundaries.py's."""
 
 from nodes.choices import SchedulingState
 from nodes.models import Node
 from nodes.services.drains import node_drain
+from placement.admission import Need, _over_limits
+from placement.services.quotas import QuotaSpec, quotas_replace
 from tests.conftest import SYSTEM
 from tests.placement.test_p8_coming_back import JOB, refused
 from tests.placement.test_quotas import QUOTAS
@@ -78,3 +81,18 @@ def test_J4_P1_a_node_without_the_series_asked_holds_none_of_it_not_even_one(
     response = member_api.post("/api/training-jobs", {**JOB, "series": "h200", "cards": 1})
     assert response.status_code == 422, response.content
     assert response.json()["error"]["best_offer"] == ("no node of a Fleet you can see holds h200")
+
+
+def test_Q2_only_the_projects_own_quota_on_the_fleets_asked_limits_it(
+    node_fleet, make_fleet, project, vision
+):
+    """x__over_limits__mutmut_11 (every project's quotas read as the requester's), _12
+    (every Fleet's quotas read)."""
+    other = make_fleet("other-lab", capabilities=["train"])
+    quotas_replace(actor=SYSTEM, fleet=node_fleet, specs=[QuotaSpec(project="cv", limit=4)])
+    quotas_replace(actor=SYSTEM, fleet=other, specs=[QuotaSpec(project="ml", limit=4)])
+    need = Need("train", cards=8)
+    assert _over_limits(project, [node_fleet.id], need) == {}
+    assert _over_limits(project, [node_fleet.id, other.id], need) == {
+        "other-lab": "project ml may hold at most 4 cards on other-lab; this asks 8 (rule Q2)."
+    }

@@ -1,10 +1,11 @@
 """A Fleet's quotas (placement.services.quotas) on the boundaries a mutant moved (issue 47):
 what a refused PUT says, word for word and by field (Q1); the rows read back in one order,
 from the service as from the API, the same again included (Q1); one replace at a time per
-Fleet, asking for a pass when it changed something (Q1, Q3); a gang's queued cards counted
-on every node, against its series' quota (Q1, Q2); the fair share by the configured
-half-life and the quota's weight, to three places (Q3); the rows read in the same queries
-whatever their number (Q1). Each test was seen failing against the mutant it names."""
+Fleet, asking for a pass when it changed something (Q1, Q3); queued cards summed on their
+own Fleet, a gang's on every node, against its series' quota (Q1, Q2); the fair share by
+the configured half-life and the quota's weight, to three places (Q3); the rows read in the
+same queries whatever their number (Q1). Each test was seen failing against the mutants it
+names."""
 
 from unittest.mock import call, patch
 
@@ -13,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from placement.models import Usage
+from placement.models import TrainingJob, Usage
 from placement.services.ledger import fair_share_tau
 from placement.services.quotas import QuotaSpec, quota_rows, quotas_replace
 from tests.conftest import SYSTEM
@@ -105,18 +106,22 @@ def test_Q1_a_replace_locks_its_fleet_and_asks_for_a_pass_only_when_it_changed_s
 
 
 def test_Q1_Q2_a_queued_gang_counts_its_cards_on_every_node_against_its_series_quota(
-    node_fleet, two_nodes, admin_api, member, project
+    node_fleet, two_nodes, admin_api, member, project, make_fleet
 ):
     """2 cards × 2 nodes queues 4 cards (x_quota_rows__mutmut_66: 2 / 2); a job pinned to
-    a series with a quota of its own counts there, a job for any card on the any-card row
-    (x_quota_rows__mutmut_56: every job on its any-card row)."""
+    a series with a quota of its own counts there, jobs for any card on the any-card row,
+    summed (x_quota_rows__mutmut_56: every job on its any-card row; _61: the last job
+    alone); another Fleet's queued job not at all (_44)."""
     admin_api.request(
         "PUT", QUOTAS, {"quotas": [{"project": "ml"}, {"project": "ml", "series": "h100"}]}
     )
     submit(member, "ml", "gang", cards=2, nodes=2, series="h100")
     submit(member, "ml", "one", cards=3)
+    submit(member, "ml", "two", cards=1)
+    elsewhere = submit(member, "ml", "elsewhere", cards=5)
+    TrainingJob.objects.filter(pk=elsewhere.pk).update(fleet=make_fleet("other-lab"))
     rows = {r["series"]: (r["in_use"], r["queued"]) for r in quota_rows(node_fleet)}
-    assert rows == {"": (0, 3), "h100": (0, 4)}
+    assert rows == {"": (0, 4), "h100": (0, 4)}
     assert all(isinstance(r["queued"], int) for r in quota_rows(node_fleet))
 
 
@@ -125,7 +130,7 @@ def test_Q3_the_fair_share_is_use_by_the_configured_half_life_over_the_weight(
 ):
     """A project that used τ card-seconds holds one card's worth: over a weight of 3, a
     share of 0.333 — three places (x_quota_rows__mutmut_88–_90, _92), the weight read
-    (_19, _22), τ the configured half-life's, not the default week's (_12, _16), the use
+    (_19, _21, _22), τ the configured half-life's, not the default week's (_12, _16), the use
     read (_11, _15, _23–_32)."""
     settings.TUNEPLANE_FAIR_SHARE_HALF_LIFE = 86400
     admin_api.request("PUT", QUOTAS, {"quotas": [{"project": "ml", "weight": 3}]})

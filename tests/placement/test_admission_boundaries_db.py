@@ -3,15 +3,16 @@ leaving machines named five at most, then counted, one said as one (P6, P8); a l
 node named where it would complete a gang, exactly (P8); a pinned request refused against
 its series' own limit, in its series' words, and only against its own project's quota
 on the Fleets asked (Q2); a node without a card of the series
-asked holds none of it, not even one (J4, P1). Each test was seen failing against the
+asked holds none of it, not even one (J4, P1); a node listing no devices is never among
+where a request fits (Q9, P7). Each test was seen failing against the
 mutants it names; the pure ones are test_admission_boundaries.py's."""
 
 from nodes.choices import SchedulingState
 from nodes.models import Node
 from nodes.services.drains import node_drain
-from placement.admission import Need, _over_limits
+from placement.admission import Need, _over_limits, admit_named
 from placement.services.quotas import QuotaSpec, quotas_replace
-from tests.conftest import SYSTEM
+from tests.conftest import H100_INVENTORY, SYSTEM, placeable_node
 from tests.placement.test_p8_coming_back import JOB, refused
 from tests.placement.test_quotas import QUOTAS
 
@@ -96,3 +97,17 @@ def test_Q2_only_the_projects_own_quota_on_the_fleets_asked_limits_it(
     assert _over_limits(project, [node_fleet.id, other.id], need) == {
         "other-lab": "project ml may hold at most 4 cards on other-lab; this asks 8 (rule Q2)."
     }
+
+
+def test_Q9_P7_a_node_listing_no_devices_is_never_where_a_request_fits(
+    node_fleet, gpu_node, mint, project
+):
+    """The admission records the nodes that fit: a node counting eight cards but listing no
+    devices holds none, not one (xǁHoldingsǁ__init____mutmut_33); a request for no cards,
+    as one naming an image may be, fits it, holding 0, not null (_25, _27, _32)."""
+    listed = gpu_node(node_fleet, container_runtime="docker")
+    unlisted = {**H100_INVENTORY, "container_runtime": "docker"}  # cards, no devices
+    bare = placeable_node(mint, node_fleet, unlisted, "10.0.0.9:1")
+    assert admit_named(project, node_fleet.id, Need("train", cards=1)).nodes == [listed.id]
+    image = Need("train", cards=0, container=True)
+    assert admit_named(project, node_fleet.id, image).nodes == [listed.id, bare.id]

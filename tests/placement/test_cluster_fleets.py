@@ -63,6 +63,12 @@ def test_only_the_ready_schedulable_node_fits_and_the_gfd_label_maps_to_h100(kub
     assert refusal(project, Need("train", "a100-80gb", 1)).reason == "inventory_fit"  # NotReady
 
 
+def test_P7_a_clusters_machines_never_fit_a_workload_naming_an_image(kube, member, project):
+    """A cluster's manager runs its own way (issue 47: xǁHoldingsǁ__init____mutmut_42, its
+    machines counted for an image, survived every test)."""
+    assert refusal(project, Need("train", "h100", 8, container=True)).reason == "inventory_fit"
+
+
 def test_D1_a_draining_cluster_fleet_takes_no_new_work(kube, member, project):
     kube.state = "draining"
     kube.save(update_fields=["state"])

@@ -63,6 +63,16 @@ def test_only_the_ready_schedulable_node_fits_and_the_gfd_label_maps_to_h100(kub
     assert refusal(project, Need("train", "a100-80gb", 1)).reason == "inventory_fit"  # NotReady
 
 
+def test_P1_a_clusters_machine_fits_a_request_for_any_card_by_its_count(kube, member, project):
+    """Issue 47: xǁHoldingsǁ_held__mutmut_2, _3 (a machine's card count misread) survived
+    every test, each of which pinned a series."""
+    admitted = admit_automatically(project, Need("train", "", 8))
+    assert (admitted.fleet_id, admitted.nodes) == ("k8s-lab", ["gpu-h100-01"])
+    assert refusal(project, Need("train", "", 9)).details["best_offer"] == (
+        "largest fit: 8 × cards on one node in k8s-lab"
+    )
+
+
 def test_P7_a_clusters_machines_never_fit_a_workload_naming_an_image(kube, member, project):
     """A cluster's manager runs its own way (issue 47: xǁHoldingsǁ__init____mutmut_42, its
     machines counted for an image, survived every test)."""

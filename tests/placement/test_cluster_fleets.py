@@ -73,6 +73,19 @@ def test_P1_a_clusters_machine_fits_a_request_for_any_card_by_its_count(kube, me
     )
 
 
+def test_P1_a_clusters_card_names_are_mapped_in_one_query_whatever_its_machines(
+    kube, member, project
+):
+    """Issue 47: xǁHoldingsǁcluster_machines__mutmut_9 (each machine's names mapped on their
+    own: a query a machine) survived every test."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        admit_automatically(project, Need("train", "h100", 8))
+    assert sum('"nodes_cardalias"' in query["sql"] for query in captured) == 1
+
+
 def test_P7_a_clusters_machines_never_fit_a_workload_naming_an_image(kube, member, project):
     """A cluster's manager runs its own way (issue 47: xǁHoldingsǁ__init____mutmut_42, its
     machines counted for an image, survived every test)."""

@@ -1,15 +1,17 @@
 """Preemption's writer (placement.services.preempting._stop) on a boundary a mutant moved
 (issue 47), on the real database: a victim that ended, or whose job moved on, between the
 pass's read and its locks is left out, and the victims after it are still stopped (Q5,
-Q6). Each test was seen failing against the mutants it names; the pure ones are
+Q6); the one stopped audited with its move whole and its members' stop stamped with the
+pass's time (Q6, Q7). Each test was seen failing against the mutants it names; the pure ones are
 test_preempting_boundaries.py's."""
 
 from datetime import UTC, datetime
 
 import pytest
 
+from audit.models import AuditEvent
 from placement.decide import Request
-from placement.models import Attempt, TrainingJob
+from placement.models import Attempt, Member, TrainingJob
 from placement.preemption import Running
 from placement.services.allocator import allocate
 from placement.services.preempting import _stop
@@ -43,7 +45,8 @@ def test_Q5_Q6_a_victim_gone_meanwhile_is_left_out_and_the_next_is_still_stopped
     shared, member, vision, moved
 ):
     """x__stop__mutmut_40 (its attempt ended: ``break``), _42 (its job ended:
-    ``break``)."""
+    ``break``); the victim's event before and after (_126–_135), its members' stop at the
+    pass's time (_138)."""
     first, second = (submit(member, "ml", f"borrower-{n}", cards=4) for n in (1, 2))
     allocate(fleet_id=shared.id)
     for job in (first, second):
@@ -59,5 +62,21 @@ def test_Q5_Q6_a_victim_gone_meanwhile_is_left_out_and_the_next_is_still_stopped
     planned = [(waiter, [as_victim(first), as_victim(second)])]
     stopped = _stop(planned, {waiter: WaitingJob(owner=owner)}, NOW)
     assert [shown["job"] for shown in stopped[waiter.key]] == [f"trainingjob-{second.pk}"]
-    assert fresh(second).state == "preempting"
+    victim = fresh(second)
+    assert victim.state == "preempting"
+    [event] = AuditEvent.objects.filter(action="trainingjob.preempting")
+    assert (event.target_id, event.before, event.after) == (
+        str(second.pk),
+        {"state": "running"},
+        {
+            "state": "preempting",
+            "reason": "preempted",
+            "preemption": victim.preemption,
+            "attempt": 1,
+        },
+    )
+    stamps = Member.objects.filter(attempt__training_job=second).values_list(
+        "stop_requested_at", flat=True
+    )
+    assert list(stamps) == [NOW]
     assert fresh(first).state == ("running" if moved == "attempt" else "cancelled")

@@ -1,11 +1,13 @@
 """Admission's refusals on the boundaries a mutant moved (issue 47), on the real database:
-leaving machines named five at most, then counted, one said as one (P6, P8); a leaving
-node named where it would complete a gang, exactly (P8); a pinned request refused against
-its series' own limit, in its series' words, and only against its own project's quota
-on the Fleets asked (Q2); a node without a card of the series
-asked holds none of it, not even one (J4, P1); a node listing no devices is never among
-where a request fits (Q9, P7). Each test was seen failing against the
-mutants it names; the pure ones are test_admission_boundaries.py's."""
+leaving machines named five at most, then counted, one said as one (P6, P8); a leaving node
+named where it would complete a gang, exactly (P8); a pinned request refused against its
+series' own limit, in its series' words, and only against its own project's quota on the
+Fleets asked (Q2); a node without a card of the series asked holds none of it, not even one
+(J4, P1); a node listing no devices is never where a request for cards fits, and a leaving
+one is named where a request for no cards would fit it (Q9, P7, P8). Each test was seen
+failing against the mutants it names; the pure ones are test_admission_boundaries.py's."""
+
+import pytest
 
 from nodes.choices import SchedulingState
 from nodes.models import Node
@@ -15,6 +17,7 @@ from placement.services.quotas import QuotaSpec, quotas_replace
 from tests.conftest import H100_INVENTORY, SYSTEM, placeable_node
 from tests.placement.test_p8_coming_back import JOB, refused
 from tests.placement.test_quotas import QUOTAS
+from tuneplane.errors import PlacementRefused
 
 RESUME = (
     "A draining or drained machine takes no new work until an administrator resumes it "
@@ -111,3 +114,17 @@ def test_Q9_P7_a_node_listing_no_devices_is_never_where_a_request_fits(
     assert admit_named(project, node_fleet.id, Need("train", cards=1)).nodes == [listed.id]
     image = Need("train", cards=0, container=True)
     assert admit_named(project, node_fleet.id, image).nodes == [listed.id, bare.id]
+
+
+def test_P8_a_leaving_node_listing_no_devices_is_named_for_a_request_of_no_cards(
+    node_fleet, mint, project
+):
+    """It holds 0 cards, not null (xǁHoldingsǁleaving__mutmut_15, _17, _23): a request
+    naming an image and no cards would fit it."""
+    bare = placeable_node(
+        mint, node_fleet, {**H100_INVENTORY, "container_runtime": "docker"}, "10.0.0.9:1"
+    )
+    node_drain(actor=SYSTEM, node=bare, reason="rma")
+    with pytest.raises(PlacementRefused) as raised:
+        admit_named(project, node_fleet.id, Need("train", cards=0, container=True))
+    assert f" 1 node that would fit is leaving: {bare.id} (drained: rma). " in str(raised.value)

@@ -86,6 +86,15 @@ def test_P1_a_clusters_card_names_are_mapped_in_one_query_whatever_its_machines(
     assert sum('"nodes_cardalias"' in query["sql"] for query in captured) == 1
 
 
+def test_P6_P8_a_refusal_among_cluster_fleets_alone_names_no_leaving_node(kube, member, project):
+    """Issue 47: xǁHoldingsǁleaving__mutmut_2 (words added where no node Fleet is asked)
+    survived every test."""
+    assert str(refusal(project, Need("train", "h100", 9))) == (
+        "No Fleet you can see fits 9 × h100 on one node, counting nodes coming back and none"
+        " leaving (rule P8); largest fit: 8 × h100 on one node in k8s-lab."
+    )
+
+
 def test_P7_a_clusters_machines_never_fit_a_workload_naming_an_image(kube, member, project):
     """A cluster's manager runs its own way (issue 47: xǁHoldingsǁ__init____mutmut_42, its
     machines counted for an image, survived every test)."""

@@ -120,7 +120,7 @@ def test_P8_a_leaving_node_listing_no_devices_is_named_for_a_request_of_no_cards
     node_fleet, mint, project
 ):
     """It holds 0 cards, not null (xǁHoldingsǁleaving__mutmut_15, _17, _23): a request
-    naming an image and no cards would fit it."""
+    naming an image and no cards would fit it; not 1 (_24): one asking a card would not."""
     bare = placeable_node(
         mint, node_fleet, {**H100_INVENTORY, "container_runtime": "docker"}, "10.0.0.9:1"
     )
@@ -128,3 +128,6 @@ def test_P8_a_leaving_node_listing_no_devices_is_named_for_a_request_of_no_cards
     with pytest.raises(PlacementRefused) as raised:
         admit_named(project, node_fleet.id, Need("train", cards=0, container=True))
     assert f" 1 node that would fit is leaving: {bare.id} (drained: rma). " in str(raised.value)
+    with pytest.raises(PlacementRefused) as raised:
+        admit_named(project, node_fleet.id, Need("train", cards=1, container=True))
+    assert "is leaving" not in str(raised.value)

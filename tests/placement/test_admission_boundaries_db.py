@@ -46,12 +46,20 @@ def test_P8_a_leaving_node_that_would_complete_a_gang_is_named_exactly(
 ):
     """One node fits, one is leaving: a gang of two is refused naming it (1 + 1 nodes,
     xǁHoldingsǁleaving__mutmut_63, _64), as one node (_77, _79, _80); a gang of three is
-    not, the leaving one counted once (_60, _61)."""
+    not, the leaving one counted once (_60, _61), and nothing is said of it (_66). Both
+    leaving: a gang of two is refused naming both, counted per Fleet (_56)."""
     leaving = node_drain(actor=SYSTEM, node=two_nodes[1], reason="rma")
     assert refused(member_api, {**JOB, "nodes": 2}).endswith(
         f" 1 node that would fit is leaving: {leaving.id} (drained: rma). {RESUME}"
     )
-    assert "is leaving" not in refused(member_api, {**JOB, "nodes": 3})
+    assert refused(member_api, {**JOB, "nodes": 3}).endswith(
+        "; largest fit: 8 × cards on one node in gpu-lab."
+    )
+    other = node_drain(actor=SYSTEM, node=two_nodes[0], reason="rma")
+    named = ", ".join(f"{id} (drained: rma)" for id in sorted([leaving.id, other.id]))
+    assert refused(member_api, {**JOB, "nodes": 2}).endswith(
+        f" 2 nodes that would fit are leaving: {named}. {RESUME}"
+    )
 
 
 def test_Q2_a_pinned_request_is_refused_against_its_series_limit_in_its_words(

@@ -2,7 +2,8 @@
 (issue 47), on the real database: a victim that ended, or whose job moved on, between the
 pass's read and its locks is left out, and the victims after it are still stopped (Q5,
 Q6); the one stopped audited with its move whole and its members' stop stamped with the
-pass's time (Q6, Q7). Each test was seen failing against the mutants it names; the pure ones are
+pass's time (Q6, Q7); a pass with nothing running preempts nothing, and says so (Q5).
+Each test was seen failing against the mutants it names; the pure ones are
 test_preempting_boundaries.py's."""
 
 from datetime import UTC, datetime
@@ -10,12 +11,15 @@ from datetime import UTC, datetime
 import pytest
 
 from audit.models import AuditEvent
+from nodes.models import Node
+from nodes.services.cordons import node_cordon
 from placement.decide import Request
 from placement.models import Attempt, Member, TrainingJob
 from placement.preemption import Running
 from placement.services.allocator import allocate
 from placement.services.preempting import _stop
 from placement.services.waiting import WaitingJob
+from tests.conftest import SYSTEM
 from tests.placement import test_preempting
 from tests.placement.test_preempting import fresh, running_for
 from tests.placement.test_quotas import submit
@@ -80,3 +84,11 @@ def test_Q5_Q6_a_victim_gone_meanwhile_is_left_out_and_the_next_is_still_stopped
     )
     assert list(stamps) == [NOW]
     assert fresh(first).state == ("running" if moved == "attempt" else "cancelled")
+
+
+def test_Q5_a_pass_with_nothing_running_preempts_nothing(shared, vision):
+    """A request within its guarantee waits on a cordoned node, nothing runs to take from:
+    the pass counts none preempted (x_preempt__mutmut_34: one)."""
+    node_cordon(actor=SYSTEM, node=Node.objects.get(fleet=shared), reason="firmware")
+    submit(vision, "cv", "owner", cards=8)
+    assert allocate(fleet_id=shared.id) == {"allocated": 0, "waiting": 1, "preempted": 0}

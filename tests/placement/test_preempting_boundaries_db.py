@@ -1,10 +1,10 @@
-"""Preemption's writer (placement.services.preempting._stop) on a boundary a mutant moved
+"""Preemption's writer (placement.services.preempting) on the boundaries a mutant moved
 (issue 47), on the real database: a victim that ended, or whose job moved on, between the
-pass's read and its locks is left out, and the victims after it are still stopped (Q5,
-Q6); the one stopped audited with its move whole and its members' stop stamped with the
-pass's time (Q6, Q7); a pass with nothing running preempts nothing, and says so (Q5).
-Each test was seen failing against the mutants it names; the pure ones are
-test_preempting_boundaries.py's."""
+pass's read and its locks is left out, and the victims after it are still stopped (Q5, Q6);
+the one stopped audited with its move whole and its members' stop stamped with the pass's
+time (Q6, Q7); a pass with nothing running preempts nothing, and says so; one that placed a
+request still preempts for the next (Q5). Each test was seen failing against the mutants it
+names; the pure ones are test_preempting_boundaries.py's."""
 
 from datetime import UTC, datetime
 
@@ -22,7 +22,7 @@ from placement.services.waiting import WaitingJob
 from tests.conftest import SYSTEM
 from tests.placement import test_preempting
 from tests.placement.test_preempting import fresh, running_for
-from tests.placement.test_quotas import submit
+from tests.placement.test_quotas import QUOTAS, submit
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 lab = test_preempting.lab
@@ -92,3 +92,21 @@ def test_Q5_a_pass_with_nothing_running_preempts_nothing(shared, vision):
     node_cordon(actor=SYSTEM, node=Node.objects.get(fleet=shared), reason="firmware")
     submit(vision, "cv", "owner", cards=8)
     assert allocate(fleet_id=shared.id) == {"allocated": 0, "waiting": 1, "preempted": 0}
+
+
+def test_Q5_a_request_placed_in_the_pass_does_not_end_preemption_for_the_next(
+    node_fleet, gpu_node, admin_api, member, vision
+):
+    """cv is owed 12 cards: its first job is placed on the free node, its second waits and
+    takes the borrower's 8 (x_preempt__mutmut_7: the placed one ended the loop)."""
+    gpu_node(node_fleet, address="10.0.0.1:1")
+    gpu_node(node_fleet, cards=4, address="10.0.0.2:1")
+    quotas = [{"project": "cv", "guaranteed": 12}, {"project": "ml"}]
+    assert admin_api.request("PUT", QUOTAS, {"quotas": quotas}).status_code == 200
+    borrower = submit(member, "ml", "borrower", cards=8)
+    allocate(fleet_id=node_fleet.id)
+    running_for(borrower, 3600)
+    small = submit(vision, "cv", "small", cards=4)
+    submit(vision, "cv", "big", cards=8)
+    assert allocate(fleet_id=node_fleet.id)["preempted"] == 1
+    assert (fresh(small).state, fresh(borrower).state) == ("starting", "preempting")

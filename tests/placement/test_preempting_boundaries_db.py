@@ -3,7 +3,8 @@
 pass's read and its locks is left out, and the victims after it are still stopped (Q5, Q6);
 the one stopped audited with its move whole and its members' stop stamped with the pass's
 time (Q6, Q7); a pass with nothing running preempts nothing, and says so; one that placed a
-request still preempts for the next (Q5). Each test was seen failing against the mutants it
+request still preempts for the next (Q5); a preemptor's wait on its victims the same on the
+pass after (Q8). Each test was seen failing against the mutants it
 names; the pure ones are test_preempting_boundaries.py's."""
 
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from placement.services.preempting import _stop
 from placement.services.waiting import WaitingJob
 from tests.conftest import SYSTEM
 from tests.placement import test_preempting
-from tests.placement.test_preempting import fresh, running_for
+from tests.placement.test_preempting import borrowed_job_running, fresh, running_for
 from tests.placement.test_quotas import QUOTAS, submit
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -110,3 +111,28 @@ def test_Q5_a_request_placed_in_the_pass_does_not_end_preemption_for_the_next(
     submit(vision, "cv", "big", cards=8)
     assert allocate(fleet_id=node_fleet.id)["preempted"] == 1
     assert (fresh(small).state, fresh(borrower).state) == ("starting", "preempting")
+
+
+def test_Q8_a_preemptors_wait_on_its_stopping_victims_is_the_same_on_the_next_pass(
+    shared, member, vision
+):
+    """Whose each victim is, kept on the pass after (x__stopping__mutmut_31, _32: a reader
+    of the victim's project would be told it is another project's work, R23)."""
+    victim, _ = borrowed_job_running(shared, member)
+    owner = submit(vision, "cv", "owner", cards=8)
+    allocate(fleet_id=shared.id)
+    first = fresh(owner).waiting
+    allocate(fleet_id=shared.id)
+    assert (
+        fresh(owner).waiting["numbers"]
+        == first["numbers"]
+        == {
+            "victims": [
+                {
+                    "job": f"trainingjob-{victim.pk}",
+                    "deadline": fresh(victim).preemption["deadline"],
+                    "project": victim.project_id,
+                }
+            ]
+        }
+    )

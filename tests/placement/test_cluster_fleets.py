@@ -68,6 +68,12 @@ def test_P1_a_clusters_machine_fits_a_request_for_any_card_by_its_count(kube, me
     every test, each of which pinned a series."""
     admitted = admit_automatically(project, Need("train", "", 8))
     assert (admitted.fleet_id, admitted.nodes) == ("k8s-lab", ["gpu-h100-01"])
+    # Where one card fits: the machine with the most first (xǁHoldingsǁfitting_nodes__mutmut_5,
+    # _7: the fewest first).
+    assert admit_automatically(project, Need("train", "", 1)).nodes == [
+        "gpu-h100-01",
+        "gpu-l4-03",
+    ]
     assert refusal(project, Need("train", "", 9)).details["best_offer"] == (
         "largest fit: 8 × cards on one node in k8s-lab"
     )

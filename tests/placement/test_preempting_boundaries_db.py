@@ -4,7 +4,8 @@ pass's read and its locks is left out, and the victims after it are still stoppe
 the one stopped audited with its move whole and its members' stop stamped with the pass's
 time (Q6, Q7); a pass with nothing running preempts nothing, and says so; one that placed a
 request still preempts for the next (Q5); a preemptor's wait on its victims the same on the
-pass after (Q8). Each test was seen failing against the mutants it
+pass after (Q8); a lifecycle job on borrowed cards is preempted as a training job is (Q5).
+Each test was seen failing against the mutants it
 names; the pure ones are test_preempting_boundaries.py's."""
 
 from datetime import UTC, datetime
@@ -12,18 +13,21 @@ from datetime import UTC, datetime
 import pytest
 
 from audit.models import AuditEvent
+from audit.services import Actor
 from nodes.models import Node
 from nodes.services.cordons import node_cordon
 from placement.decide import Request
-from placement.models import Attempt, Member, TrainingJob
+from placement.models import Attempt, LifecycleJob, Member, TrainingJob
 from placement.preemption import Running
 from placement.services.allocator import allocate
 from placement.services.preempting import _stop
+from placement.services.submission import lifecycle_job_submit
 from placement.services.waiting import WaitingJob
 from tests.conftest import SYSTEM
 from tests.placement import test_preempting
 from tests.placement.test_preempting import borrowed_job_running, fresh, running_for
 from tests.placement.test_quotas import QUOTAS, submit
+from tests.placement.test_running_rules import report
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 lab = test_preempting.lab
@@ -136,3 +140,26 @@ def test_Q8_a_preemptors_wait_on_its_stopping_victims_is_the_same_on_the_next_pa
             ]
         }
     )
+
+
+def test_Q5_a_lifecycle_job_on_borrowed_cards_is_preempted_as_a_training_job_is(
+    shared, member, vision
+):
+    """x_running_jobs__mutmut_86, _89, _90 (a lifecycle job's members matched to no
+    running job: never a victim)."""
+    job = lifecycle_job_submit(
+        actor=Actor.of_user(member),
+        project="ml",
+        name="merge",
+        kind="merge",
+        cards=8,
+        script="python merge.py",
+    )
+    allocate(fleet_id=shared.id)
+    for one in Member.objects.filter(attempt__lifecycle_job=job):
+        report(one)
+    Attempt.objects.filter(lifecycle_job=job).update(started_at=NOW)
+    assert LifecycleJob.objects.get(pk=job.pk).state == "running"
+    submit(vision, "cv", "owner", cards=8)
+    assert allocate(fleet_id=shared.id)["preempted"] == 1
+    assert LifecycleJob.objects.get(pk=job.pk).state == "preempting"

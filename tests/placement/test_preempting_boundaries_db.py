@@ -5,8 +5,8 @@ the one stopped audited with its move whole and its members' stop stamped with t
 time (Q6, Q7); a pass with nothing running preempts nothing, and says so; one that placed a
 request still preempts for the next (Q5); a preemptor's wait on its victims the same on the
 pass after (Q8); a lifecycle job on borrowed cards is preempted as a training job is (Q5).
-Each test was seen failing against the mutants it
-names; the pure ones are test_preempting_boundaries.py's."""
+Each test was seen failing against the mutants it names; the pure ones are
+test_preempting_boundaries.py's."""
 
 from datetime import UTC, datetime
 

@@ -3,7 +3,8 @@ leaving machines named five at most, then counted, one said as one (P6, P8); a l
 named where it would complete a gang, exactly (P8); a pinned request refused against its
 series' own limit, in its series' words, and only against its own project's quota on the
 Fleets asked (Q2); a node without a card of the series asked holds none of it, not even one
-(J4, P1); a node listing no devices is never where a request for cards fits, and a leaving
+(J4, P1); where a request fits, of its Fleet only, placeable ones first (P7, P8); a node
+listing no devices is never where a request for cards fits, and a leaving
 one is named where a request for no cards would fit it (Q9, P7, P8). Each test was seen
 failing against the mutants it names; the pure ones are test_admission_boundaries.py's."""
 
@@ -11,8 +12,9 @@ import pytest
 
 from nodes.choices import SchedulingState
 from nodes.models import Node
+from nodes.services.cordons import node_cordon
 from nodes.services.drains import node_drain
-from placement.admission import Need, _over_limits, admit_named
+from placement.admission import Need, _over_limits, admit_automatically, admit_named
 from placement.services.quotas import QuotaSpec, quotas_replace
 from tests.conftest import H100_INVENTORY, SYSTEM, placeable_node
 from tests.placement.test_p8_coming_back import JOB, refused
@@ -139,3 +141,16 @@ def test_P8_a_leaving_node_listing_no_devices_is_named_for_a_request_of_no_cards
     with pytest.raises(PlacementRefused) as raised:
         admit_named(project, node_fleet.id, Need("train", cards=1, container=True))
     assert "is leaving" not in str(raised.value)
+
+
+def test_P7_P8_where_a_request_fits_is_its_fleets_nodes_placeable_ones_first(
+    node_fleet, make_fleet, gpu_node, project
+):
+    """The chosen Fleet's nodes only (xǁHoldingsǁfitting_nodes__mutmut_30: every candidate
+    Fleet's), a node placeable now before a cordoned one with more cards (_25)."""
+    cordoned = gpu_node(node_fleet, address="10.0.0.1:1")
+    node_cordon(actor=SYSTEM, node=cordoned, reason="firmware")
+    placeable = gpu_node(node_fleet, cards=4, address="10.0.0.2:1")
+    gpu_node(make_fleet("other-lab", capabilities=["train"]), cards=2, address="10.0.0.3:1")
+    admitted = admit_automatically(project, Need("train", cards=2))
+    assert (admitted.fleet_id, admitted.nodes) == (node_fleet.id, [placeable.id, cordoned.id])

@@ -3,10 +3,11 @@ leaving machines named five at most, then counted, one said as one (P6, P8); a l
 named where it would complete a gang, exactly (P8); a pinned request refused against its
 series' own limit, in its series' words, and only against its own project's quota on the
 Fleets asked (Q2); a node without a card of the series asked holds none of it, not even one
-(J4, P1); where a request fits, of its Fleet only, placeable ones first (P7, P8); a node
-listing no devices is never where a request for cards fits, and a leaving
-one is named where a request for no cards would fit it (Q9, P7, P8). Each test was seen
-failing against the mutants it names; the pure ones are test_admission_boundaries.py's."""
+(J4, P1); Fleets without nodes refuse a request in words (P6); where a request fits, of its
+Fleet only, placeable ones first (P7, P8); a node listing no devices is never where a
+request for cards fits, and a leaving one is named where a request for no cards would fit
+it (Q9, P7, P8). Each test was seen failing against the mutants it names; the pure ones
+are test_admission_boundaries.py's."""
 
 import pytest
 
@@ -154,3 +155,13 @@ def test_P7_P8_where_a_request_fits_is_its_fleets_nodes_placeable_ones_first(
     gpu_node(make_fleet("other-lab", capabilities=["train"]), cards=2, address="10.0.0.3:1")
     admitted = admit_automatically(project, Need("train", cards=2))
     assert (admitted.fleet_id, admitted.nodes) == (node_fleet.id, [placeable.id, cordoned.id])
+
+
+def test_P6_fleets_without_a_node_refuse_a_request_in_words(make_fleet, project):
+    """Each Fleet's fit names its Fleet even with no node counted
+    (xǁHoldingsǁper_fleet__mutmut_2: two unnamed fits compared, a TypeError)."""
+    for fleet_id in ("a-lab", "b-lab"):
+        make_fleet(fleet_id, capabilities=["train"])
+    with pytest.raises(PlacementRefused) as raised:
+        admit_automatically(project, Need("train", cards=1))
+    assert raised.value.details["best_offer"] == "no node of a Fleet you can see holds cards"

@@ -63,6 +63,50 @@ def test_only_the_ready_schedulable_node_fits_and_the_gfd_label_maps_to_h100(kub
     assert refusal(project, Need("train", "a100-80gb", 1)).reason == "inventory_fit"  # NotReady
 
 
+def test_P1_a_clusters_machine_fits_a_request_for_any_card_by_its_count(kube, member, project):
+    """Issue 47: xǁHoldingsǁ_held__mutmut_2, _3 (a machine's card count misread) survived
+    every test, each of which pinned a series."""
+    admitted = admit_automatically(project, Need("train", "", 8))
+    assert (admitted.fleet_id, admitted.nodes) == ("k8s-lab", ["gpu-h100-01"])
+    # Where one card fits: the machine with the most first (xǁHoldingsǁfitting_nodes__mutmut_5,
+    # _7: the fewest first).
+    assert admit_automatically(project, Need("train", "", 1)).nodes == [
+        "gpu-h100-01",
+        "gpu-l4-03",
+    ]
+    assert refusal(project, Need("train", "", 9)).details["best_offer"] == (
+        "largest fit: 8 × cards on one node in k8s-lab"
+    )
+
+
+def test_P1_a_clusters_card_names_are_mapped_in_one_query_whatever_its_machines(
+    kube, member, project
+):
+    """Issue 47: xǁHoldingsǁcluster_machines__mutmut_9 (each machine's names mapped on their
+    own: a query a machine) survived every test."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        admit_automatically(project, Need("train", "h100", 8))
+    assert sum('"nodes_cardalias"' in query["sql"] for query in captured) == 1
+
+
+def test_P6_P8_a_refusal_among_cluster_fleets_alone_names_no_leaving_node(kube, member, project):
+    """Issue 47: xǁHoldingsǁleaving__mutmut_2 (words added where no node Fleet is asked)
+    survived every test."""
+    assert str(refusal(project, Need("train", "h100", 9))) == (
+        "No Fleet you can see fits 9 × h100 on one node, counting nodes coming back and none"
+        " leaving (rule P8); largest fit: 8 × h100 on one node in k8s-lab."
+    )
+
+
+def test_P7_a_clusters_machines_never_fit_a_workload_naming_an_image(kube, member, project):
+    """A cluster's manager runs its own way (issue 47: xǁHoldingsǁ__init____mutmut_42, its
+    machines counted for an image, survived every test)."""
+    assert refusal(project, Need("train", "h100", 8, container=True)).reason == "inventory_fit"
+
+
 def test_D1_a_draining_cluster_fleet_takes_no_new_work(kube, member, project):
     kube.state = "draining"
     kube.save(update_fields=["state"])
